@@ -1,0 +1,1 @@
+"""adapter-fabric: move LoRA adapters between inference nodes and serve them from a slot pool."""

@@ -1,0 +1,96 @@
+"""Errors a caller can act on.
+
+Every failure the library raises on purpose is a ``FabricError`` subclass. The
+node maps each class to one gRPC status code, in one place
+(``node/status.py``); nothing else in the library knows about gRPC.
+
+Messages name the problem (the key, the tensor, the module, the numbers) and,
+where there is one, what a person can do about it.
+"""
+
+from __future__ import annotations
+
+
+class FabricError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+    #: True when the same call may succeed later without any change.
+    retryable: bool = False
+
+
+# --- bad input: the caller must change what it sent ------------------------
+
+
+class InvalidArgument(FabricError):
+    """A request argument is malformed (an id, a name, an offset)."""
+
+
+class InvalidAdapterId(InvalidArgument):
+    """An adapter id outside the documented alphabet or length."""
+
+
+class InvalidAdapter(InvalidArgument):
+    """An adapter's files are malformed or unsupported."""
+
+
+class InvalidConfig(InvalidAdapter):
+    """``adapter_config.json`` is malformed or asks for an unsupported setting."""
+
+
+class InvalidHeader(InvalidAdapter):
+    """A safetensors header breaks a rule of the format."""
+
+
+class InvalidTensors(InvalidAdapter):
+    """The tensors are well-formed but are not a PEFT LoRA adapter that matches its config."""
+
+
+class ConfigMismatch(InvalidArgument):
+    """The caller's PEFT fields disagree with the staged adapter's config."""
+
+
+# --- the adapter does not fit this node -------------------------------------
+
+
+class IncompatibleAdapter(FabricError):
+    """A valid adapter that this node's model or pool cannot hold (module, shape, rank)."""
+
+
+class AdaptersUnsupported(FabricError):
+    """The model behind this node has no adapter support."""
+
+
+# --- state ------------------------------------------------------------------
+
+
+class AdapterNotFound(FabricError):
+    """No adapter by that id (or name) is staged or resident here."""
+
+
+class SlotBusy(FabricError):
+    """The slot holds a reference from a running sequence and cannot be overwritten."""
+
+
+class PoolFull(FabricError):
+    """Every slot is busy or pinned; retry once a sequence ends."""
+
+    retryable = True
+
+
+class QuotaExceeded(FabricError):
+    """Accepting this would pass a configured limit (store bytes, adapter size, streams)."""
+
+    retryable = True
+
+
+# --- bytes and peers --------------------------------------------------------
+
+
+class IntegrityError(FabricError):
+    """Bytes do not match their digest (a chunk, a file, or a manifest)."""
+
+
+class PeerUnavailable(FabricError):
+    """No reachable peer could serve the request."""
+
+    retryable = True

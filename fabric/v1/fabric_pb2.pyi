@@ -1,0 +1,375 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PeftFields(_message.Message):
+    __slots__ = ("r", "lora_alpha", "use_rslora", "target_modules", "rank_pattern", "alpha_pattern", "target_modules_pattern")
+    class RankPatternEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class AlphaPatternEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    R_FIELD_NUMBER: _ClassVar[int]
+    LORA_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    USE_RSLORA_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    RANK_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    r: int
+    lora_alpha: float
+    use_rslora: bool
+    target_modules: _containers.RepeatedScalarFieldContainer[str]
+    rank_pattern: _containers.ScalarMap[str, int]
+    alpha_pattern: _containers.ScalarMap[str, float]
+    target_modules_pattern: str
+    def __init__(self, r: _Optional[int] = ..., lora_alpha: _Optional[float] = ..., use_rslora: _Optional[bool] = ..., target_modules: _Optional[_Iterable[str]] = ..., rank_pattern: _Optional[_Mapping[str, int]] = ..., alpha_pattern: _Optional[_Mapping[str, float]] = ..., target_modules_pattern: _Optional[str] = ...) -> None: ...
+
+class FileEntry(_message.Message):
+    __slots__ = ("name", "size", "sha256", "chunk_size", "chunk_sha256")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SHA256_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    sha256: str
+    chunk_size: int
+    chunk_sha256: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., chunk_size: _Optional[int] = ..., chunk_sha256: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class TensorEntry(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "begin", "end")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    begin: int
+    end: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class Manifest(_message.Message):
+    __slots__ = ("adapter_id", "digest", "content_id", "files", "config_json", "peft", "tensors", "header_size")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    PEFT_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    HEADER_SIZE_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    digest: str
+    content_id: int
+    files: _containers.RepeatedCompositeFieldContainer[FileEntry]
+    config_json: bytes
+    peft: PeftFields
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorEntry]
+    header_size: int
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., config_json: _Optional[bytes] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., header_size: _Optional[int] = ...) -> None: ...
+
+class StageBegin(_message.Message):
+    __slots__ = ("adapter_id", "config_json", "safetensors_size", "safetensors_sha256", "offset")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    SAFETENSORS_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SAFETENSORS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    config_json: bytes
+    safetensors_size: int
+    safetensors_sha256: str
+    offset: int
+    def __init__(self, adapter_id: _Optional[str] = ..., config_json: _Optional[bytes] = ..., safetensors_size: _Optional[int] = ..., safetensors_sha256: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class StageData(_message.Message):
+    __slots__ = ("offset", "data")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class StageRequest(_message.Message):
+    __slots__ = ("begin", "data")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    begin: StageBegin
+    data: StageData
+    def __init__(self, begin: _Optional[_Union[StageBegin, _Mapping]] = ..., data: _Optional[_Union[StageData, _Mapping]] = ...) -> None: ...
+
+class StageResponse(_message.Message):
+    __slots__ = ("adapter_id", "digest", "content_id", "bytes_received", "already_staged")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_STAGED_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    digest: str
+    content_id: int
+    bytes_received: int
+    already_staged: bool
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., bytes_received: _Optional[int] = ..., already_staged: _Optional[bool] = ...) -> None: ...
+
+class UploadOffsetRequest(_message.Message):
+    __slots__ = ("adapter_id", "safetensors_sha256")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    SAFETENSORS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    safetensors_sha256: str
+    def __init__(self, adapter_id: _Optional[str] = ..., safetensors_sha256: _Optional[str] = ...) -> None: ...
+
+class UploadOffsetResponse(_message.Message):
+    __slots__ = ("offset",)
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
+class GetManifestRequest(_message.Message):
+    __slots__ = ("adapter_id",)
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    def __init__(self, adapter_id: _Optional[str] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("adapter_id", "digest", "file", "offset", "length")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    digest: str
+    file: str
+    offset: int
+    length: int
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("offset", "data")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class AvailabilityRequest(_message.Message):
+    __slots__ = ("digest", "file")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    file: str
+    def __init__(self, digest: _Optional[str] = ..., file: _Optional[str] = ...) -> None: ...
+
+class AvailabilityResponse(_message.Message):
+    __slots__ = ("complete", "chunk_count", "verified_bitmap")
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_BITMAP_FIELD_NUMBER: _ClassVar[int]
+    complete: bool
+    chunk_count: int
+    verified_bitmap: bytes
+    def __init__(self, complete: _Optional[bool] = ..., chunk_count: _Optional[int] = ..., verified_bitmap: _Optional[bytes] = ...) -> None: ...
+
+class LocateRequest(_message.Message):
+    __slots__ = ("adapter_id", "digest")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    digest: str
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class PeerHolding(_message.Message):
+    __slots__ = ("address", "complete", "verified_chunks")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    complete: bool
+    verified_chunks: int
+    def __init__(self, address: _Optional[str] = ..., complete: _Optional[bool] = ..., verified_chunks: _Optional[int] = ...) -> None: ...
+
+class LocateResponse(_message.Message):
+    __slots__ = ("digest", "peers")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    peers: _containers.RepeatedCompositeFieldContainer[PeerHolding]
+    def __init__(self, digest: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerHolding, _Mapping]]] = ...) -> None: ...
+
+class ListAdaptersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StagedAdapter(_message.Message):
+    __slots__ = ("adapter_id", "digest", "content_id", "size", "peft")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    PEFT_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    digest: str
+    content_id: int
+    size: int
+    peft: PeftFields
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., size: _Optional[int] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ...) -> None: ...
+
+class SlotInfo(_message.Message):
+    __slots__ = ("slot", "name", "content_id", "ref_count", "pinned", "active", "last_used", "rank", "digest")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    name: str
+    content_id: int
+    ref_count: int
+    pinned: bool
+    active: bool
+    last_used: int
+    rank: int
+    digest: str
+    def __init__(self, slot: _Optional[int] = ..., name: _Optional[str] = ..., content_id: _Optional[int] = ..., ref_count: _Optional[int] = ..., pinned: _Optional[bool] = ..., active: _Optional[bool] = ..., last_used: _Optional[int] = ..., rank: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class ListAdaptersResponse(_message.Message):
+    __slots__ = ("staged", "slots", "max_rank", "device")
+    STAGED_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RANK_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    staged: _containers.RepeatedCompositeFieldContainer[StagedAdapter]
+    slots: _containers.RepeatedCompositeFieldContainer[SlotInfo]
+    max_rank: int
+    device: str
+    def __init__(self, staged: _Optional[_Iterable[_Union[StagedAdapter, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., max_rank: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
+
+class PromoteRequest(_message.Message):
+    __slots__ = ("peer", "adapter_id", "name", "peft", "pin")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PEFT_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    adapter_id: str
+    name: str
+    peft: PeftFields
+    pin: bool
+    def __init__(self, peer: _Optional[str] = ..., adapter_id: _Optional[str] = ..., name: _Optional[str] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., pin: _Optional[bool] = ...) -> None: ...
+
+class PromoteResponse(_message.Message):
+    __slots__ = ("slot", "evicted_name", "content_id", "digest", "bytes_transferred", "source_peer")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_PEER_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    evicted_name: str
+    content_id: int
+    digest: str
+    bytes_transferred: int
+    source_peer: str
+    def __init__(self, slot: _Optional[int] = ..., evicted_name: _Optional[str] = ..., content_id: _Optional[int] = ..., digest: _Optional[str] = ..., bytes_transferred: _Optional[int] = ..., source_peer: _Optional[str] = ...) -> None: ...
+
+class SetActiveRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SetActiveResponse(_message.Message):
+    __slots__ = ("slot", "content_id")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    content_id: int
+    def __init__(self, slot: _Optional[int] = ..., content_id: _Optional[int] = ...) -> None: ...
+
+class PinRequest(_message.Message):
+    __slots__ = ("name", "pinned")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    pinned: bool
+    def __init__(self, name: _Optional[str] = ..., pinned: _Optional[bool] = ...) -> None: ...
+
+class PinResponse(_message.Message):
+    __slots__ = ("slot",)
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    def __init__(self, slot: _Optional[int] = ...) -> None: ...
+
+class UnstageRequest(_message.Message):
+    __slots__ = ("adapter_id",)
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    def __init__(self, adapter_id: _Optional[str] = ...) -> None: ...
+
+class UnstageResponse(_message.Message):
+    __slots__ = ("bytes_removed",)
+    BYTES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    bytes_removed: bool
+    def __init__(self, bytes_removed: _Optional[bool] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("adapter", "use_base", "input_ids", "max_new_tokens", "return_logits")
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    USE_BASE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    adapter: str
+    use_base: bool
+    input_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_new_tokens: int
+    return_logits: bool
+    def __init__(self, adapter: _Optional[str] = ..., use_base: _Optional[bool] = ..., input_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., return_logits: _Optional[bool] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("output_ids", "last_logits", "slot", "content_id")
+    OUTPUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    output_ids: _containers.RepeatedScalarFieldContainer[int]
+    last_logits: _containers.RepeatedScalarFieldContainer[float]
+    slot: int
+    content_id: int
+    def __init__(self, output_ids: _Optional[_Iterable[int]] = ..., last_logits: _Optional[_Iterable[float]] = ..., slot: _Optional[int] = ..., content_id: _Optional[int] = ...) -> None: ...
+
+class ErrorDetail(_message.Message):
+    __slots__ = ("kind", "message", "retryable")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    message: str
+    retryable: bool
+    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ...) -> None: ...

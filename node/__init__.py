@@ -1,0 +1,1 @@
+"""The adapter-fabric node: a gRPC service process over the fabric library."""
