@@ -90,6 +90,12 @@ class PeftAdapterConfig:
         if isinstance(self.target_modules, str):
             if self.target_modules != ALL_LINEAR:
                 _check_regex("target_modules", self.target_modules)
+            if self.layers_to_transform is not None:
+                # PEFT refuses this pair too: a pattern target ignores the layer limit.
+                raise InvalidConfig(
+                    f"layers_to_transform={list(self.layers_to_transform)!r} cannot be combined with target_modules={self.target_modules!r}; "
+                    "list the module names instead"
+                )
         elif not self.target_modules:
             raise InvalidConfig("target_modules is empty: the adapter targets no module")
 

@@ -125,6 +125,12 @@ def test_unsupported_settings_are_refused_by_name(written: dict, key: str, value
         PeftAdapterConfig.from_dict(raw)
 
 
+def test_layer_limit_with_a_pattern_target_is_refused(written: dict) -> None:
+    raw = dict(written["regex"], layers_to_transform=[0])
+    with pytest.raises(InvalidConfig, match=r"layers_to_transform=\[0\] cannot be combined with target_modules="):
+        PeftAdapterConfig.from_dict(raw)
+
+
 def test_neutral_unknown_keys_and_training_only_settings_are_accepted(written: dict) -> None:
     raw = dict(written["plain"], lora_dropout=0.3, some_future_flag=None, another_future_list=[])
     assert PeftAdapterConfig.from_dict(raw) == PeftAdapterConfig.from_dict(written["plain"])
