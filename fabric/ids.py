@@ -1,0 +1,57 @@
+"""Validation of adapter ids and digests, the two names the wire and the store use.
+
+An adapter id is a caller-chosen reference such as ``team-a/support-v3``. The
+store keeps one file per id, so the rules below exist to make every valid id a
+safe, unambiguous name on disk and on the wire.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fabric.errors import InvalidAdapterId, InvalidArgument
+
+MAX_ID_LENGTH = 128
+_ID_CHARS = re.compile(r"[A-Za-z0-9._\-/]+")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _show(value: object, limit: int = 60) -> str:
+    """``repr`` cut short, so a megabyte of junk does not become a megabyte of message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(value) if isinstance(value, (str, bytes)) else '?'} chars)"
+
+
+def validate_adapter_id(value: object) -> str:
+    """Return ``value`` if it is a valid adapter id, else raise ``InvalidAdapterId``.
+
+    Rules:
+
+    - a ``str`` of 1 to 128 characters;
+    - only characters from ``[A-Za-z0-9._-/]`` (ASCII letters, digits, dot,
+      underscore, hyphen and slash; no NUL, whitespace or other characters);
+    - no leading or trailing ``/``;
+    - ``/`` separates segments, and no segment is empty, ``.`` or ``..``.
+    """
+    if not isinstance(value, str):
+        raise InvalidAdapterId(f"adapter id {_show(value)} must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidAdapterId("adapter id '' is empty: an id has 1 to 128 characters")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidAdapterId(f"adapter id {_show(value)} has {len(value)} characters: at most {MAX_ID_LENGTH} are allowed")
+    if _ID_CHARS.fullmatch(value) is None:
+        bad = next(c for c in value if _ID_CHARS.fullmatch(c) is None)
+        raise InvalidAdapterId(f"adapter id {_show(value)} holds {bad!r}: only [A-Za-z0-9._-/] are allowed")
+    if value.startswith("/") or value.endswith("/"):
+        raise InvalidAdapterId(f"adapter id {_show(value)} starts or ends with '/'")
+    for segment in value.split("/"):
+        if segment in ("", ".", ".."):
+            raise InvalidAdapterId(f"adapter id {_show(value)} has an empty, '.' or '..' segment between '/'")
+    return value
+
+
+def validate_digest(value: object, what: str = "digest") -> str:
+    """Return ``value`` if it is a lowercase hex sha256 (64 characters), else raise ``InvalidArgument``."""
+    if not isinstance(value, str) or _DIGEST.fullmatch(value) is None:
+        raise InvalidArgument(f"{what} {_show(value)} is not a sha256: expected 64 lowercase hex characters")
+    return value
