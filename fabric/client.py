@@ -1,0 +1,146 @@
+"""A blocking client of one node, for the CLI, the demo, scripts and tests.
+
+Failed calls raise the library error they stand for (``fabric.status.error_from_rpc``),
+so callers handle ``PoolFull`` or ``AdapterNotFound`` the same way in-process or remote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import grpc
+
+from fabric import wire
+from fabric.config import CONFIG_FILE
+from fabric.errors import InvalidAdapter
+from fabric.status import error_from_rpc
+from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+
+WEIGHTS_FILE = "adapter_model.safetensors"
+UPLOAD_PIECE = 1 << 20
+
+# Unary calls retry on UNAVAILABLE by gRPC's own retry policy (a node restarting, a
+# connection reset); streams resume by offset instead, which only the caller can do.
+_RETRY_SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "fabric.v1.Fabric", "method": m} for m in ("GetManifest", "ListAdapters", "UploadOffset", "Availability")],
+                "retryPolicy": {
+                    "maxAttempts": 4,
+                    "initialBackoff": "0.2s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+
+def sha256_file(path: Path, piece: int = 4 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(piece):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    output_ids: list[int]
+    last_logits: list[float]
+    slot: int
+    content_id: int
+
+
+class NodeClient:
+    def __init__(self, address: str, *, credentials: grpc.ChannelCredentials | None = None, timeout: float = 120.0) -> None:
+        options = [*wire.CHANNEL_OPTIONS, ("grpc.service_config", _RETRY_SERVICE_CONFIG), ("grpc.enable_retries", 1)]
+        self.address = address
+        self.channel = grpc.secure_channel(address, credentials, options=options) if credentials else grpc.insecure_channel(address, options=options)
+        self.stub = fabric_pb2_grpc.FabricStub(self.channel)
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "NodeClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method, request, **kwargs):
+        try:
+            return method(request, timeout=kwargs.pop("timeout", self.timeout), **kwargs)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, peer=self.address) from None
+
+    # ------------------------------------------------------------ staging
+
+    def stage(self, adapter_dir: str | Path, adapter_id: str, progress: Callable[[int, int], None] | None = None) -> fabric_pb2.StageResponse:
+        """Upload a PEFT directory; resumes where an interrupted upload of the same bytes stopped."""
+        adapter_dir = Path(adapter_dir)
+        config_path, weights_path = adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
+        for path in (config_path, weights_path):
+            if not path.is_file():
+                raise InvalidAdapter(f"{path} does not exist: a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")
+        size = weights_path.stat().st_size
+        digest = sha256_file(weights_path)
+        offset = self._call(self.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_sha256=digest)).offset
+        begin = fabric_pb2.StageBegin(
+            adapter_id=adapter_id, config_json=config_path.read_bytes(), safetensors_size=size, safetensors_sha256=digest, offset=offset
+        )
+
+        def requests() -> Iterator[fabric_pb2.StageRequest]:
+            yield fabric_pb2.StageRequest(begin=begin)
+            with open(weights_path, "rb") as f:
+                f.seek(offset)
+                position = offset
+                if progress:
+                    progress(position, size)
+                while block := f.read(UPLOAD_PIECE):
+                    yield fabric_pb2.StageRequest(data=fabric_pb2.StageData(offset=position, data=block))
+                    position += len(block)
+                    if progress:
+                        progress(position, size)
+
+        return self._call(self.stub.Stage, requests())
+
+    def unstage(self, adapter_id: str) -> bool:
+        return self._call(self.stub.Unstage, fabric_pb2.UnstageRequest(adapter_id=adapter_id)).bytes_removed
+
+    def manifest(self, adapter_id: str) -> fabric_pb2.Manifest:
+        return self._call(self.stub.GetManifest, fabric_pb2.GetManifestRequest(adapter_id=adapter_id))
+
+    # ------------------------------------------------------------ slots
+
+    def promote(
+        self, adapter_id: str, *, peer: str = "", name: str = "", peft: fabric_pb2.PeftFields | None = None, pin: bool = False
+    ) -> fabric_pb2.PromoteResponse:
+        request = fabric_pb2.PromoteRequest(peer=peer, adapter_id=adapter_id, name=name, pin=pin)
+        if peft is not None:
+            request.peft.CopyFrom(peft)
+        return self._call(self.stub.Promote, request)
+
+    def list(self) -> fabric_pb2.ListAdaptersResponse:
+        return self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest())
+
+    def set_active(self, name: str) -> fabric_pb2.SetActiveResponse:
+        return self._call(self.stub.SetActive, fabric_pb2.SetActiveRequest(name=name))
+
+    def pin(self, name: str, pinned: bool = True) -> int:
+        return self._call(self.stub.Pin, fabric_pb2.PinRequest(name=name, pinned=pinned)).slot
+
+    def generate(self, input_ids: list[int], adapter: str = "", *, use_base: bool = False, max_new_tokens: int = 0, return_logits: bool = False) -> GenerateResult:
+        reply = self._call(
+            self.stub.Generate,
+            fabric_pb2.GenerateRequest(adapter=adapter, use_base=use_base, input_ids=input_ids, max_new_tokens=max_new_tokens, return_logits=return_logits),
+        )
+        return GenerateResult(list(reply.output_ids), list(reply.last_logits), reply.slot, reply.content_id)

@@ -1,0 +1,107 @@
+"""The one place where library errors become gRPC status codes, and back.
+
+Servicer methods raise ``fabric.errors`` types; ``rpc_errors`` turns each into
+its code, with the message and a serialized ``ErrorDetail`` in the trailing
+metadata so a client in any language can act on the kind. Clients turn a
+status back into the same library type with ``error_from_rpc``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any, Callable
+
+import grpc
+
+from fabric import errors
+from fabric.v1 import fabric_pb2
+
+log = logging.getLogger(__name__)
+
+ERROR_DETAIL_KEY = "fabric-error-bin"
+
+# Most specific first: the first isinstance match wins.
+_CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
+    (errors.AdapterNotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.PoolFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.SlotBusy, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.IncompatibleAdapter, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.AdaptersUnsupported, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.IntegrityError, grpc.StatusCode.DATA_LOSS),
+    (errors.PeerUnavailable, grpc.StatusCode.UNAVAILABLE),
+)
+
+_ADVICE: dict[grpc.StatusCode, str] = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "retry once a running sequence ends or space is freed",
+    grpc.StatusCode.UNAVAILABLE: "check the peer address and that the peer is running, then retry",
+    grpc.StatusCode.DATA_LOSS: "the bytes were not used; retry, or re-stage the adapter on its source",
+}
+
+
+def status_code_for(exc: errors.FabricError) -> grpc.StatusCode:
+    for kind, code in _CODES:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _detail(exc: errors.FabricError) -> bytes:
+    return fabric_pb2.ErrorDetail(kind=type(exc).__name__, message=str(exc), retryable=exc.retryable).SerializeToString()
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError) -> None:
+    code = status_code_for(exc)
+    message = str(exc)
+    if code in _ADVICE:
+        message = f"{message} ({_ADVICE[code]})"
+    context.set_trailing_metadata(((ERROR_DETAIL_KEY, _detail(exc)),))
+    await context.abort(code, message)
+
+
+def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a grpc.aio servicer method (coroutine or async generator) to map FabricError."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream_wrapper(self, request, context):
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except errors.FabricError as exc:
+                log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, exc)
+                await abort_with(context, exc)
+
+        return stream_wrapper
+
+    @functools.wraps(method)
+    async def unary_wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except errors.FabricError as exc:
+            log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, exc)
+            await abort_with(context, exc)
+
+    return unary_wrapper
+
+
+def error_from_rpc(exc: grpc.RpcError, *, peer: str = "") -> errors.FabricError:
+    """The library error a failed call stands for (clients re-raise it)."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == ERROR_DETAIL_KEY:
+            detail = fabric_pb2.ErrorDetail.FromString(value)
+            kind = getattr(errors, detail.kind, None)
+            if isinstance(kind, type) and issubclass(kind, errors.FabricError):
+                return kind(detail.message)
+    where = f" from {peer}" if peer else ""
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        return errors.PeerUnavailable(f"peer{where} unavailable: {code.name}: {details}")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return errors.AdapterNotFound(details)
+    return errors.FabricError(f"call{where} failed: {code.name}: {details}")

@@ -1,0 +1,21 @@
+"""``fabric-node``: the entry point of a node process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Sequence
+
+from node.settings import parse_settings
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from node.server import serve  # after argument parsing: --help stays instant
+
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

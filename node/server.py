@@ -1,0 +1,79 @@
+"""The node process: a grpc.aio server for fabric.v1 plus health checking and reflection.
+
+SIGTERM (or SIGINT) shuts down gracefully: health turns NOT_SERVING first, so
+load balancers stop sending, then in-flight calls get a grace period to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from fabric import wire
+from fabric.store import AdapterStore
+from fabric.transfer import PeerPuller
+from fabric.v1 import fabric_pb2
+from node.servicer import FabricServicer
+from node.settings import NodeSettings
+
+log = logging.getLogger("fabric.node")
+
+SERVICE_NAME = fabric_pb2.DESCRIPTOR.services_by_name["Fabric"].full_name
+SHUTDOWN_GRACE_S = 10.0
+
+
+def build_model(settings: NodeSettings):
+    """The multi-adapter model, or None for a store-only node."""
+    if settings.store_only:
+        return None
+    from fabric.multi_lora import MultiLoraModel
+    from fabric.tiny import load_base_model
+
+    base = load_base_model(settings.model)
+    return MultiLoraModel(
+        base,
+        slots=settings.slots,
+        max_rank=settings.max_rank,
+        target_modules=settings.target_modules,
+        device=settings.device,
+    )
+
+
+async def serve(settings: NodeSettings) -> None:
+    store = AdapterStore(settings.store)
+    model = build_model(settings)
+    servicer = FabricServicer(store=store, model=model, puller=PeerPuller(store), peers=settings.peers)
+
+    server = grpc.aio.server(options=wire.SERVER_OPTIONS)
+    wire.add_fabric_servicer_to_server(servicer, server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+
+    port = server.add_insecure_port(settings.listen)
+    if port == 0:
+        raise SystemExit(f"fabric-node: cannot listen on {settings.listen}")
+    await server.start()
+    for service in ("", SERVICE_NAME):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    host = settings.listen.rsplit(":", 1)[0]
+    device = model.device if model is not None else "store-only"
+    # Tests and the demo read this line to learn the port when --listen ends in :0.
+    print(f"fabric-node listening on {host}:{port} (model={settings.model}, device={device}, store={settings.store})", flush=True)
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+
+    log.info("shutting down: health NOT_SERVING, %.0fs grace for in-flight calls", SHUTDOWN_GRACE_S)
+    await health.enter_graceful_shutdown()
+    await server.stop(SHUTDOWN_GRACE_S)
+    servicer.close()

@@ -1,0 +1,261 @@
+"""The fabric.v1 servicer: translates RPCs into library calls.
+
+Threads, and what may block them:
+- the event loop: never blocks; it only moves messages;
+- the default thread pool: store I/O, hashing and peer pulls;
+- one model worker thread: swaps at the quiescent point and forwards. It
+  never waits on the network or the disk (DESIGN invariant 7), so while a
+  pull runs, Generate keeps answering with the resident adapters.
+Library errors become status codes in one place: ``fabric.status.rpc_errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import AsyncIterator, Callable, Sequence, TypeVar
+
+import grpc
+
+from fabric import wire
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument
+from fabric.ids import validate_adapter_id
+from fabric.manifest import Manifest
+from fabric.peft_fields import check_agrees, peft_fields_of
+from fabric.status import rpc_errors
+from fabric.store import AdapterStore
+from fabric.transfer import PeerPuller, PullStats
+from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+
+log = logging.getLogger("fabric.node")
+T = TypeVar("T")
+
+#: the name a GenerateRequest uses for the base model
+BASE_NAME = "base"
+
+
+class FabricServicer(fabric_pb2_grpc.FabricServicer):
+    def __init__(self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = ()) -> None:
+        self.store = store
+        self.model = model
+        self.puller = puller
+        self.peers = tuple(peers)
+        self._model_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+
+    def close(self) -> None:
+        self._model_worker.shutdown(wait=True)
+        self.puller.channels.close()
+
+    # ------------------------------------------------------------ helpers
+
+    async def _io(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _on_model(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._model_worker, partial(fn, *args, **kwargs))
+
+    def _require_model(self, what: str):
+        if self.model is None:
+            raise AdaptersUnsupported(f"this node is store-only (started with --model none): it cannot {what}; use a node with a model")
+        return self.model
+
+    def _manifest_for(self, adapter_id: str, digest: str) -> Manifest:
+        if digest:
+            manifest = self.store.by_digest(digest)
+            if manifest is None:
+                raise AdapterNotFound(f"no adapter with digest {digest} is staged here")
+            return manifest
+        return self.store.get(validate_adapter_id(adapter_id))
+
+    # ------------------------------------------------------------ staging
+
+    @rpc_errors
+    async def Stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest], context) -> fabric_pb2.StageResponse:
+        upload = None
+        received = 0
+        try:
+            async for message in request_iterator:
+                kind = message.WhichOneof("kind")
+                if kind == "begin":
+                    if upload is not None:
+                        raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
+                    begin = message.begin
+                    upload = await self._io(
+                        self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
+                    )
+                    if begin.offset != upload.offset:
+                        raise InvalidArgument(
+                            f"Stage of {begin.adapter_id!r} resumes at offset {begin.offset} but this node holds {upload.offset} bytes; "
+                            f"ask UploadOffset and resume from there"
+                        )
+                elif kind == "data":
+                    if upload is None:
+                        raise InvalidArgument("Stage stream sent data before its StageBegin")
+                    await self._io(upload.append, message.data.offset, message.data.data)
+                    received += len(message.data.data)
+                else:
+                    raise InvalidArgument("Stage stream sent an empty StageRequest")
+            if upload is None:
+                raise InvalidArgument("Stage stream ended without a StageBegin")
+            already = self.store.by_digest_of_upload(upload) if hasattr(self.store, "by_digest_of_upload") else None
+            manifest = await self._io(upload.commit)
+        except BaseException:
+            # The verified prefix stays in the upload area for a resume; nothing is committed.
+            raise
+        log.info("staged %s digest=%s (%d bytes received)", manifest.adapter_id, manifest.digest[:12], received)
+        return fabric_pb2.StageResponse(
+            adapter_id=manifest.adapter_id,
+            digest=manifest.digest,
+            content_id=manifest.content_id,
+            bytes_received=received,
+            already_staged=already is not None,
+        )
+
+    @rpc_errors
+    async def UploadOffset(self, request, context) -> fabric_pb2.UploadOffsetResponse:
+        offset = await self._io(self.store.upload_offset, request.adapter_id, request.safetensors_sha256)
+        return fabric_pb2.UploadOffsetResponse(offset=offset)
+
+    @rpc_errors
+    async def Unstage(self, request, context) -> fabric_pb2.UnstageResponse:
+        removed = await self._io(self.store.unstage, validate_adapter_id(request.adapter_id))
+        return fabric_pb2.UnstageResponse(bytes_removed=removed)
+
+    # ------------------------------------------------------------ serving peers
+
+    @rpc_errors
+    async def GetManifest(self, request, context) -> fabric_pb2.Manifest:
+        return self.store.get(validate_adapter_id(request.adapter_id)).to_proto()
+
+    @rpc_errors
+    async def Fetch(self, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
+        manifest = self._manifest_for(request.adapter_id, request.digest)
+        entry = manifest.file(request.file) if request.file else manifest.weights
+        if request.offset % entry.chunk_size:
+            raise InvalidArgument(f"Fetch offset {request.offset} is not a multiple of the chunk size {entry.chunk_size}")
+        if request.offset > entry.size:
+            raise InvalidArgument(f"Fetch offset {request.offset} is past the end of {entry.name} ({entry.size} bytes)")
+        end = entry.size if request.length == 0 else min(entry.size, request.offset + request.length)
+        path = self.store.blob_path(entry.sha256)
+        with open(path, "rb") as f:
+            offset = request.offset
+            while offset < end:
+                length = min(entry.chunk_size, end - offset)
+                data = await self._io(_pread, f, length, offset)
+                yield wire.encode_chunk(offset, data)
+                offset += length
+
+    @rpc_errors
+    async def Availability(self, request, context) -> fabric_pb2.AvailabilityResponse:
+        manifest = self.store.by_digest(request.digest)
+        if manifest is None:
+            raise AdapterNotFound(f"no adapter with digest {request.digest} is staged here")
+        count = manifest.weights.chunk_count
+        bitmap = bytearray(b"\xff" * ((count + 7) // 8))
+        if count % 8:
+            bitmap[-1] = (1 << (count % 8)) - 1
+        return fabric_pb2.AvailabilityResponse(complete=True, chunk_count=count, verified_bitmap=bytes(bitmap))
+
+    @rpc_errors
+    async def Locate(self, request, context) -> fabric_pb2.LocateResponse:
+        digest = request.digest
+        if not digest:
+            manifest, _ = await self._io(self.puller.manifest, list(self.peers), request.adapter_id)
+            digest = manifest.digest
+        holdings = await asyncio.gather(*(self._io(self.puller.availability, peer, digest) for peer in self.peers))
+        peers = [h for h in holdings if h is not None]
+        return fabric_pb2.LocateResponse(digest=digest, peers=peers)
+
+    # ------------------------------------------------------------ slots
+
+    @rpc_errors
+    async def ListAdapters(self, request, context) -> fabric_pb2.ListAdaptersResponse:
+        staged = [
+            fabric_pb2.StagedAdapter(
+                adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config)
+            )
+            for m in await self._io(self.store.list)
+        ]
+        reply = fabric_pb2.ListAdaptersResponse(staged=staged)
+        if self.model is not None:
+            reply.max_rank = self.model.max_rank
+            reply.device = str(self.model.device)
+            for info in self.model.slots_info():
+                reply.slots.append(
+                    fabric_pb2.SlotInfo(
+                        slot=info["slot"],
+                        name=info["name"] or "",
+                        content_id=info["content_id"],
+                        ref_count=info["ref_count"],
+                        pinned=info["pinned"],
+                        active=info["active"],
+                        last_used=info["last_used"],
+                        rank=info["rank"],
+                        digest=info.get("digest") or "",
+                    )
+                )
+        return reply
+
+    @rpc_errors
+    async def Promote(self, request: fabric_pb2.PromoteRequest, context) -> fabric_pb2.PromoteResponse:
+        model = self._require_model("promote adapters")
+        adapter_id = validate_adapter_id(request.adapter_id)
+        name = request.name or adapter_id
+        requested = request.peft if request.HasField("peft") else None
+
+        def check(manifest: Manifest) -> None:
+            # Before any byte moves: the caller's PEFT fields, then this model and pool.
+            check_agrees(requested, manifest.config, adapter_id)
+            model.check_compatible(manifest.config, manifest.tensors)
+
+        stats = PullStats()
+        if request.peer:
+            manifest, stats = await self._io(self.puller.pull, [request.peer, *self.peers], adapter_id, check)
+        else:
+            manifest = self.store.get(adapter_id)
+            check(manifest)
+        adapter_dir = await self._io(self.store.materialize, manifest.adapter_id)
+        prepared = await self._io(model.prepare_adapter, adapter_dir, name)
+        slot, evicted = await self._on_model(model.commit_adapter, prepared, pin=request.pin)
+        log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved)", adapter_id, name, slot, evicted, stats.bytes_transferred)
+        return fabric_pb2.PromoteResponse(
+            slot=slot,
+            evicted_name=evicted or "",
+            content_id=model.adapter_id_for(slot),
+            digest=manifest.digest,
+            bytes_transferred=stats.bytes_transferred,
+            source_peer=",".join(stats.source_peers),
+        )
+
+    @rpc_errors
+    async def SetActive(self, request, context) -> fabric_pb2.SetActiveResponse:
+        model = self._require_model("set an active adapter")
+        slot = await self._on_model(model.set_active_lora, request.name)
+        return fabric_pb2.SetActiveResponse(slot=slot, content_id=model.adapter_id_for(slot))
+
+    @rpc_errors
+    async def Pin(self, request, context) -> fabric_pb2.PinResponse:
+        model = self._require_model("pin adapters")
+        slot = await self._on_model(model.pin, request.name, request.pinned)
+        return fabric_pb2.PinResponse(slot=slot)
+
+    @rpc_errors
+    async def Generate(self, request: fabric_pb2.GenerateRequest, context) -> fabric_pb2.GenerateResponse:
+        model = self._require_model("generate")
+        if not request.input_ids:
+            raise InvalidArgument("Generate needs at least one input token id")
+        target = BASE_NAME if request.use_base or request.adapter == BASE_NAME else (request.adapter or None)
+        result = await self._on_model(
+            model.generate, list(request.input_ids), target, max_new_tokens=request.max_new_tokens, return_logits=request.return_logits
+        )
+        return fabric_pb2.GenerateResponse(
+            output_ids=result.output_ids, last_logits=result.last_logits or [], slot=result.slot, content_id=result.content_id
+        )
+
+
+def _pread(f, length: int, offset: int) -> bytes:
+    import os
+
+    return os.pread(f.fileno(), length, offset)
