@@ -292,18 +292,61 @@ def fetch_method_handler(behavior: FetchBehavior) -> grpc.RpcMethodHandler:
     )
 
 
-def fetch_stub(channel: Union[grpc.aio.Channel, grpc.Channel]) -> Any:
-    """A Fetch callable on ``channel`` whose responses are ``(offset, memoryview)`` tuples.
+def _decode_or_error(buf: bytes) -> Union[tuple[int, memoryview], IntegrityError]:
+    """The stub's deserializer: returns the error instead of raising it.
 
-    Works on grpc.aio and sync channels; call it like ``FabricStub.Fetch``.
+    gRPC swallows a deserializer's exception: grpc.aio then hands the caller
+    ``None`` as if it were a message (a malformed chunk would look like a
+    short stream). Returning the error lets the stub raise it in the caller.
+    """
+    try:
+        return decode_chunk(buf)
+    except IntegrityError as exc:
+        return exc
+
+
+def fetch_stub(channel: Union[grpc.aio.Channel, grpc.Channel]) -> Callable[..., Any]:
+    """A Fetch function on ``channel`` that yields ``(offset, data: memoryview)`` tuples.
+
+    On a grpc.aio channel: ``fetch(request, timeout=..., metadata=...)`` is an
+    async generator (``async for offset, data in fetch(req)``); on a sync
+    channel, a plain generator. Keyword arguments go to the gRPC call.
+    A malformed chunk raises ``IntegrityError`` and cancels the call; gRPC
+    failures raise ``grpc.RpcError`` / ``grpc.aio.AioRpcError`` as usual;
+    closing the generator early (``break``, ``aclose()``) cancels the call.
     Interoperates with any server that speaks fabric.v1 (generated or this module).
     """
-    return channel.unary_stream(
+    multicallable = channel.unary_stream(
         FETCH_METHOD,
         request_serializer=fabric_pb2.FetchRequest.SerializeToString,
-        response_deserializer=decode_chunk,
+        response_deserializer=_decode_or_error,
         _registered_method=True,
     )
+    if isinstance(channel, grpc.aio.Channel):
+
+        async def fetch_aio(request: fabric_pb2.FetchRequest, **call_kwargs: Any) -> AsyncIterator[tuple[int, memoryview]]:
+            call = multicallable(request, **call_kwargs)
+            try:
+                async for item in call:
+                    if not isinstance(item, tuple):
+                        raise item if isinstance(item, IntegrityError) else IntegrityError(f"Fetch stream yielded {item!r}")
+                    yield item
+            finally:
+                call.cancel()  # a no-op once the call has finished
+
+        return fetch_aio
+
+    def fetch_sync(request: fabric_pb2.FetchRequest, **call_kwargs: Any) -> Iterator[tuple[int, memoryview]]:
+        call = multicallable(request, **call_kwargs)
+        try:
+            for item in call:
+                if not isinstance(item, tuple):
+                    raise item if isinstance(item, IntegrityError) else IntegrityError(f"Fetch stream yielded {item!r}")
+                yield item
+        finally:
+            call.cancel()
+
+    return fetch_sync
 
 
 class _Capture:
