@@ -1,0 +1,55 @@
+"""Shared by the manifest and store tests: real PEFT adapters made once, and store snapshots."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+SMALL_CHUNK = 4096  # tiny adapters are ~15 KB: several chunks each
+
+
+def make_adapters(out: Path) -> dict[str, Path]:
+    """Real adapters written by PEFT's save_pretrained, plus hand-broken copies of them."""
+    from fabric.tiny import build_tiny_model, make_peft_adapter
+
+    base = build_tiny_model()
+    dirs = {
+        "a": make_peft_adapter(out / "a", base_model=base, seed=1, r=8),
+        "b": make_peft_adapter(out / "b", base_model=base, seed=2, r=4, target_modules=("q_proj", "k_proj", "v_proj")),
+    }
+    # Same weights as "a", another alpha: a different adapter (digest) sharing the weights file.
+    dirs["a_alpha"] = _edited_copy(dirs["a"], out / "a_alpha", lora_alpha=32)
+    dirs["dora"] = _edited_copy(dirs["a"], out / "dora", use_dora=True)
+    dirs["corrupt_header"] = _copy(dirs["a"], out / "corrupt_header")
+    weights = dirs["corrupt_header"] / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[9] = ord("!")  # inside the JSON header
+    weights.write_bytes(bytes(data))
+    dirs["no_weights"] = _copy(dirs["a"], out / "no_weights")
+    (dirs["no_weights"] / "adapter_model.safetensors").unlink()
+    return dirs
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edited_copy(src: Path, dst: Path, **changes: object) -> Path:
+    _copy(src, dst)
+    path = dst / "adapter_config.json"
+    raw = json.loads(path.read_text())
+    raw.update(changes)
+    path.write_text(json.dumps(raw, indent=2))
+    return dst
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under root with a digest of its content ("dir" for directories)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        found[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
