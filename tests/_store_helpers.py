@@ -18,6 +18,7 @@ def make_adapters(out: Path) -> dict[str, Path]:
     dirs = {
         "a": make_peft_adapter(out / "a", base_model=base, seed=1, r=8),
         "b": make_peft_adapter(out / "b", base_model=base, seed=2, r=4, target_modules=("q_proj", "k_proj", "v_proj")),
+        "c": make_peft_adapter(out / "c", base_model=base, seed=3, r=2, target_modules=("o_proj", "down_proj")),
     }
     # Same weights as "a", another alpha: a different adapter (digest) sharing the weights file.
     dirs["a_alpha"] = _edited_copy(dirs["a"], out / "a_alpha", lora_alpha=32)
