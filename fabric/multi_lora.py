@@ -150,15 +150,11 @@ class MultiLoraModel(ModelAdapters):
         from safetensors.torch import load as load_safetensors
 
         tensors = load_safetensors(data)
-        weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for module, pair in pairs.items():
-            a, b = tensors[pair.a.name], tensors[pair.b.name]
-            for tensor, info in ((a, pair.a), (b, pair.b)):
-                if not torch.isfinite(tensor).all():
-                    bad = int((~torch.isfinite(tensor)).sum())
-                    raise InvalidTensors(f"module {module}: tensor {info.name!r} holds {bad} non-finite value(s)")
-            weights[module] = (a, b)
+        weights = {module: (tensors[pair.a.name], tensors[pair.b.name]) for module, pair in pairs.items()}
         staged = self.pool.stage(weights, {m: config.scaling_for(m) for m in pairs})
+        # One pass over the staged row finds NaN/inf (and fp32 -> fp16 overflow); name the tensor only then.
+        if not bool(torch.isfinite(staged.row).all()):
+            raise InvalidTensors(_non_finite_message(weights, pairs, self.dtype))
         sha = hashlib.sha256(data).hexdigest()
         return PreparedAdapter(name, config, sha, content_id(sha, config, pairs), staged, adapter_dir)
 
@@ -271,3 +267,12 @@ class MultiLoraModel(ModelAdapters):
             return ids
         finally:
             self.release(resolved)
+
+
+def _non_finite_message(weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]], pairs: Mapping[str, Any], dtype: torch.dtype) -> str:
+    for module, (a, b) in weights.items():
+        for tensor, info in ((a, pairs[module].a), (b, pairs[module].b)):
+            bad = int((~torch.isfinite(tensor.to(dtype))).sum())
+            if bad:
+                return f"module {module}: tensor {info.name!r} holds {bad} non-finite value(s) in {dtype}"
+    return "the adapter holds non-finite values"
