@@ -80,16 +80,16 @@ _MAX_FIELD = (1 << 29) - 1  # protobuf's largest field number
 _TAG_OFFSET = 0x08  # field 1, wire type 0 (varint)
 _TAG_DATA = 0x12  # field 2, wire type 2 (length-delimited)
 
-# Measured on loopback (docs/BENCHMARKS.md): a fixed 16 MiB HTTP/2 stream
-# window (lookahead_bytes) with the BDP estimator off beat the defaults, the
-# BDP estimator starting from 16 MiB, 8 MiB and 64 MiB windows; larger frames,
-# write buffers and TCP read chunks measured no better or worse, so they stay
-# at their defaults. 16 MiB is also the most a stream can hold unread per peer.
+# Measured with `bench_transfer.py --sweep-options` (docs/BENCHMARKS.md): on
+# loopback only the explicit message limits helped; a fixed 16 MiB HTTP/2 window
+# (lookahead_bytes, BDP probe off) was slower, 1-4 MiB windows, 16 MiB frames and
+# an 8 MiB write buffer no better. The BDP estimator stays on (the default, set
+# explicitly) so windows grow to a real network's bandwidth-delay product by
+# themselves. What did help is tune_malloc() below.
 _COMMON_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.http2.lookahead_bytes", 16 << 20),
-    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.bdp_probe", 1),
 )
 
 #: Options for every channel to a peer (``grpc.aio.insecure_channel(addr, options=...)``).

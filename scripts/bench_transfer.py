@@ -3,18 +3,24 @@
 
 Side by side, for one payload of random bytes (default 256 MiB):
 
-  raw-socket       TCP sendall / recv_into a preallocated buffer: the physical baseline
-  grpc-default     generated stubs, fabric_pb2.Chunk messages, default channel/server options
-  tuned            fabric.wire: hand-encoded chunks, raw-bytes handler and stub, tuned options
-  tuned+sha256     the same, hashing every 1 MiB on the receiving side (as a pulling node does)
+  raw socket       TCP sendall / recv_into a preallocated buffer: the physical baseline
+  grpc default     generated stubs, fabric_pb2.Chunk messages, default gRPC options
+  tuned            fabric.wire: hand-encoded chunks, raw-bytes handler and stub, tuned
+                   options, wire.tune_malloc() in both processes
+  tuned + sha256   the same, hashing every chunk on the receiving side (as a pulling node does)
 
-plus sweeps: Fetch chunk size, tuned codec with default options (what the options
-buy), a sync client instead of grpc.aio. Every server runs in its own process
-(spawned with this script's --serve), the client in this one; the receiving side
-always lands the bytes in a preallocated buffer, as a store write would.
-A single stream throughout: no parallel streams.
+plus what each piece buys (tuned without tune_malloc; with default gRPC options)
+and sweeps: Fetch chunk size, a sync client instead of grpc.aio, the generated
+stub as client. A single stream throughout: no parallel streams.
 
-Usage:  .venv/bin/python scripts/bench_transfer.py [--mib 256] [--reps 3] [--quick]
+Every server is its own process, serving the payload from an mmap of one temp
+file (page cache, as a node's store would); every transfer is a fresh client
+process with a fresh connection (connection set-up is not timed) that lands the
+bytes in a pre-touched buffer and checks their sha256 after the clock stops.
+Rounds are interleaved (each round runs every path once) so that load from
+other processes on a shared machine spreads over all rows.
+
+Usage:  .venv/bin/python scripts/bench_transfer.py [--mib 256] [--rounds 5] [--quick | --sweep-options]
 Prints MB/s (10**6 bytes/s) and the ratio to the raw socket. Figures: docs/BENCHMARKS.md.
 """
 
@@ -22,17 +28,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import json
+import mmap
 import os
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,58 +49,79 @@ sys.path.insert(0, str(ROOT))
 MIB = 1 << 20
 
 
+@dataclasses.dataclass
+class Path_:
+    """One row of the table: a server process and how each client transfer runs."""
+
+    label: str
+    server: str  # "raw-socket" | "grpc-default" | "wire"
+    client: str  # "raw-socket" | "generated" | "wire" | "wire-sha256" | "wire-sync"
+    chunk: int = MIB
+    options: Optional[list] = None  # both sides; None = fabric.wire's tuned options
+    malloc: bool = True  # wire.tune_malloc() in server and client
+
+    def resolved_options(self) -> list:
+        if self.options is not None:
+            return self.options
+        from fabric import wire
+
+        return [list(o) for o in wire.CHANNEL_OPTIONS]
+
+
 # ------------------------------------------------------------------ servers
 
 
-def _serve(mode: str, payload_path: str, chunk_size: int, options: list) -> None:
-    """Runs in the server process: print the port, then serve until stdin closes."""
-    payload = Path(payload_path).read_bytes()
-    if mode == "tuned":
+def serve(path: Path_, payload_path: str) -> None:
+    """Server process: print the port, serve until stdin closes."""
+    if path.malloc and path.server != "raw-socket":
         from fabric import wire
 
         wire.tune_malloc()
-    if mode == "raw-socket":
-        _serve_raw_socket(payload)
+    with open(payload_path, "rb") as f:
+        payload = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if path.server == "raw-socket":
+        listener = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=_serve_raw_socket, args=(listener, payload), daemon=True).start()
+        print(listener.getsockname()[1], flush=True)
+        sys.stdin.read()
     else:
-        asyncio.run(_serve_grpc(mode, payload, chunk_size, options))
+        asyncio.run(_serve_grpc(path, payload))
 
 
-def _serve_raw_socket(payload: bytes) -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-    print(listener.getsockname()[1], flush=True)
+def _serve_raw_socket(listener: socket.socket, payload: mmap.mmap) -> None:
     view = memoryview(payload)
     while True:
         conn, _ = listener.accept()
         with conn:
-            if not conn.recv(1):  # the client's "go" byte; empty = shut down
-                return
-            conn.sendall(view)
+            if conn.recv(1):  # the client's "go" byte
+                conn.sendall(view)
 
 
-async def _serve_grpc(mode: str, payload: bytes, chunk_size: int, options: list) -> None:
+async def _serve_grpc(path: Path_, payload: mmap.mmap) -> None:
     import grpc
 
     from fabric import wire
     from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
     view = memoryview(payload)
+    chunk = path.chunk
 
     def byte_range(request: Any) -> range:
         end = len(payload) if request.length == 0 else min(len(payload), request.offset + request.length)
-        return range(request.offset, end, chunk_size)
+        return range(request.offset, end, chunk)
 
     class Servicer(fabric_pb2_grpc.FabricServicer):
         async def Fetch(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
-            if mode == "grpc-default":
-                # What generated code invites: slice (a copy), then the message copies again.
+            if path.server == "grpc-default":
+                # What generated code invites: slice to bytes, the message copies it again.
                 for offset in byte_range(request):
-                    yield fabric_pb2.Chunk(offset=offset, data=payload[offset : offset + chunk_size])
+                    yield fabric_pb2.Chunk(offset=offset, data=payload[offset : offset + chunk])
             else:
                 for offset in byte_range(request):
-                    yield wire.encode_chunk(offset, view[offset : offset + chunk_size])
+                    yield wire.encode_chunk(offset, view[offset : offset + chunk])
 
-    server = grpc.aio.server(options=[tuple(o) for o in options])
-    if mode == "grpc-default":
+    server = grpc.aio.server(options=[tuple(o) for o in path.resolved_options()])
+    if path.server == "grpc-default":
         fabric_pb2_grpc.add_FabricServicer_to_server(Servicer(), server)
     else:
         wire.add_fabric_servicer_to_server(Servicer(), server)
@@ -103,15 +133,12 @@ async def _serve_grpc(mode: str, payload: bytes, chunk_size: int, options: list)
 
 
 class ServerProcess:
-    """A server in a child process (a real process, as a peer node is)."""
-
-    def __init__(self, mode: str, payload_path: str, chunk_size: int = MIB, options: Sequence = ()) -> None:
-        argv = [sys.executable, __file__, "--serve", mode, "--payload", payload_path, "--chunk", str(chunk_size)]
-        argv += ["--options", json.dumps(list(options))]
+    def __init__(self, path: Path_, payload_path: str) -> None:
+        argv = [sys.executable, __file__, "--serve", json.dumps(dataclasses.asdict(path)), "--payload", payload_path]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"server {mode} exited before listening (rc={self.proc.wait()})")
+            raise SystemExit(f"server for {path.label!r} exited before listening (rc={self.proc.wait()})")
         self.port = int(line)
 
     def close(self) -> None:
@@ -122,23 +149,29 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self) -> "ServerProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 # ------------------------------------------------------------------ clients
-# Each returns the seconds one full transfer took, after checking the bytes.
 
 
-def _check(buf: bytearray, expected_digest: bytes) -> None:
-    if hashlib.sha256(buf).digest() != expected_digest:
-        raise SystemExit("received bytes differ from the payload")
+def client(path: Path_, port: int, size: int, digest: str) -> None:
+    """Client process: one timed transfer on a fresh connection; print seconds."""
+    if path.malloc and path.client != "raw-socket":
+        from fabric import wire
+
+        wire.tune_malloc()
+    out = bytearray(b"\x01") * size  # pre-touched: page faults on the target are not what we measure
+    if path.client == "raw-socket":
+        seconds = _client_raw_socket(port, size, out)
+    elif path.client == "wire-sync":
+        seconds = _client_sync(path, port, size, out)
+    else:
+        seconds = asyncio.run(_client_aio(path, port, size, out))
+    if hashlib.sha256(out).hexdigest() != digest:
+        raise SystemExit(f"{path.label}: received bytes differ from the payload")
+    print(seconds)
 
 
-def client_raw_socket(port: int, size: int, out: bytearray) -> float:
+def _client_raw_socket(port: int, size: int, out: bytearray) -> float:
     view = memoryview(out)
     with socket.create_connection(("127.0.0.1", port)) as sock:
         start = time.perf_counter()
@@ -152,159 +185,164 @@ def client_raw_socket(port: int, size: int, out: bytearray) -> float:
         return time.perf_counter() - start
 
 
-def _shutdown_raw_socket(port: int) -> None:
-    with socket.create_connection(("127.0.0.1", port)):
-        pass
-
-
-async def client_grpc_aio(port: int, size: int, out: bytearray, kind: str, options: Sequence, reps: int) -> list[float]:
+async def _client_aio(path: Path_, port: int, size: int, out: bytearray) -> float:
     import grpc
 
     from fabric import wire
     from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
     view = memoryview(out)
-    times = []
+    request = fabric_pb2.FetchRequest(digest="bench")
+    got = 0
+    options = [tuple(o) for o in path.resolved_options()]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-        if kind == "generated":
-            fetch = fabric_pb2_grpc.FabricStub(channel).Fetch
-        else:
-            fetch = wire.fetch_stub(channel)
         await channel.channel_ready()
-        for _ in range(reps):
-            start = time.perf_counter()
-            got = 0
-            async for message in fetch(fabric_pb2.FetchRequest(digest="bench")):
-                if kind == "generated":
-                    offset, data = message.offset, message.data
-                else:
-                    offset, data = message
+        start = time.perf_counter()
+        if path.client == "generated":
+            async for chunk in fabric_pb2_grpc.FabricStub(channel).Fetch(request):
+                view[chunk.offset : chunk.offset + len(chunk.data)] = chunk.data
+                got += len(chunk.data)
+        else:
+            sha = path.client == "wire-sha256"
+            async for offset, data in wire.fetch_stub(channel)(request):
                 n = len(data)
                 view[offset : offset + n] = data
-                if kind == "sha256":
-                    # A pulling node checks every chunk before it counts as received.
-                    hashlib.sha256(data).digest()
+                if sha:
+                    hashlib.sha256(data).digest()  # a pulling node checks every chunk
                 got += n
-            times.append(time.perf_counter() - start)
-            if got != size:
-                raise SystemExit(f"{kind}: got {got} of {size} bytes")
-    return times
+        seconds = time.perf_counter() - start
+    if got != size:
+        raise SystemExit(f"{path.label}: got {got} of {size} bytes")
+    return seconds
 
 
-def client_grpc_sync(port: int, size: int, out: bytearray, options: Sequence, reps: int) -> list[float]:
+def _client_sync(path: Path_, port: int, size: int, out: bytearray) -> float:
     import grpc
 
     from fabric import wire
     from fabric.v1 import fabric_pb2
 
     view = memoryview(out)
-    times = []
+    got = 0
+    options = [tuple(o) for o in path.resolved_options()]
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
         grpc.channel_ready_future(channel).result(timeout=30)
-        fetch = wire.fetch_stub(channel)
-        for _ in range(reps):
-            start = time.perf_counter()
-            got = 0
-            for offset, data in fetch(fabric_pb2.FetchRequest(digest="bench")):
-                view[offset : offset + len(data)] = data
-                got += len(data)
-            times.append(time.perf_counter() - start)
-            if got != size:
-                raise SystemExit(f"sync: got {got} of {size} bytes")
-    return times
+        start = time.perf_counter()
+        for offset, data in wire.fetch_stub(channel)(fabric_pb2.FetchRequest(digest="bench")):
+            view[offset : offset + len(data)] = data
+            got += len(data)
+        seconds = time.perf_counter() - start
+    if got != size:
+        raise SystemExit(f"{path.label}: got {got} of {size} bytes")
+    return seconds
+
+
+def run_client(path: Path_, port: int, size: int, digest: str) -> float:
+    argv = [sys.executable, __file__, "--client", json.dumps(dataclasses.asdict(path))]
+    argv += ["--port", str(port), "--mib", str(size // MIB), "--digest", digest]
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=120)
+    if done.returncode != 0:
+        raise SystemExit(f"client for {path.label!r} failed (rc={done.returncode})")
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 # ------------------------------------------------------------------ driver
 
 
-class Bench:
-    def __init__(self, payload_path: str, size: int, digest: bytes, reps: int) -> None:
-        self.payload_path, self.size, self.digest, self.reps = payload_path, size, digest, reps
-        self.out = bytearray(size)
-        self.rows: list[tuple[str, list[float]]] = []
+def option_sweep() -> list[Path_]:
+    """--sweep-options: gRPC options that were candidates for wire.CHANNEL_OPTIONS."""
+    from fabric import wire
 
-    def record(self, label: str, times: list[float]) -> None:
-        _check(self.out, self.digest)
-        self.out[:] = bytes(self.size)  # the next run must really land every byte
-        self.rows.append((label, times))
-        best = self.size / min(times) / 1e6
-        print(f"  {label:<44} best {best:8.0f} MB/s  runs {[round(self.size / t / 1e6) for t in times]}", flush=True)
+    cs = wire.FETCH_CHUNK_SIZE
+    msg = [["grpc.max_send_message_length", 64 * MIB], ["grpc.max_receive_message_length", 64 * MIB]]
+    nobdp = [["grpc.http2.bdp_probe", 0]]
+    candidates = {
+        "none (grpc defaults)": [],
+        "msg sizes only": msg,
+        "msg + window 1M, no bdp": msg + [["grpc.http2.lookahead_bytes", 1 * MIB]] + nobdp,
+        "msg + window 4M, no bdp": msg + [["grpc.http2.lookahead_bytes", 4 * MIB]] + nobdp,
+        "msg + window 16M, no bdp": msg + [["grpc.http2.lookahead_bytes", 16 * MIB]] + nobdp,
+        "msg + window 16M, bdp": msg + [["grpc.http2.lookahead_bytes", 16 * MIB]],
+        "msg + max frame 16M": msg + [["grpc.http2.max_frame_size", 16 * MIB - 1]],
+        "msg + write buffer 8M": msg + [["grpc.http2.write_buffer_size", 8 * MIB]],
+    }
+    rows = [Path_("raw socket (sendall / recv_into)", "raw-socket", "raw-socket")]
+    rows += [Path_(f"opts: {name}", "wire", "wire", cs, options=opts) for name, opts in candidates.items()]
+    return rows
 
-    def raw_socket(self) -> None:
-        with ServerProcess("raw-socket", self.payload_path) as server:
-            times = [client_raw_socket(server.port, self.size, self.out) for _ in range(self.reps)]
-            _shutdown_raw_socket(server.port)
-        self.record("raw socket (sendall / recv_into)", times)
 
-    def grpc(
-        self, label: str, mode: str, kind: str, chunk: int, options: Optional[Sequence] = None, sync: bool = False
-    ) -> None:
-        """``options`` apply to both server and channel; None = fabric.wire's tuned options."""
-        from fabric import wire
+def paths(quick: bool) -> list[Path_]:
+    from fabric import wire
 
-        if options is None:
-            options = wire.CHANNEL_OPTIONS
-        with ServerProcess(mode, self.payload_path, chunk, options) as server:
-            if sync:
-                times = client_grpc_sync(server.port, self.size, self.out, options, self.reps)
-            else:
-                times = asyncio.run(client_grpc_aio(server.port, self.size, self.out, kind, options, self.reps))
-        self.record(label, times)
-
-    def table(self) -> str:
-        base = self.size / min(self.rows[0][1])
-        lines = [
-            f"payload {self.size // MIB} MiB, {self.reps} runs each, best and median; ratio = best / raw socket best",
-            f"{'path':<46}{'best MB/s':>10}{'median MB/s':>13}{'ratio':>8}",
-        ]
-        for label, times in self.rows:
-            best = self.size / min(times)
-            median = self.size / statistics.median(times)
-            lines.append(f"{label:<46}{best / 1e6:>10.0f}{median / 1e6:>13.0f}{best / base:>8.2f}")
-        return "\n".join(lines)
+    cs = wire.FETCH_CHUNK_SIZE
+    k = f"{cs // 1024}K"
+    rows = [
+        Path_("raw socket (sendall / recv_into)", "raw-socket", "raw-socket"),
+        Path_(f"grpc default (pb2.Chunk, default opts) {k}", "grpc-default", "generated", cs, options=[], malloc=False),
+        Path_(f"tuned (fabric.wire, aio client) {k}", "wire", "wire", cs),
+        Path_(f"tuned + sha256 per chunk {k}", "wire", "wire-sha256", cs),
+    ]
+    if quick:
+        return rows
+    rows += [
+        Path_(f"tuned without tune_malloc {k}", "wire", "wire", cs, malloc=False),
+        Path_(f"tuned with default grpc opts {k}", "wire", "wire", cs, options=[]),
+        Path_(f"tuned, sync client {k}", "wire", "wire-sync", cs),
+        Path_(f"tuned server, generated client stub {k}", "wire", "generated", cs),
+    ]
+    for chunk in (256 << 10, MIB, 2 * MIB, 4 * MIB):
+        if chunk != cs:
+            rows.append(Path_(f"tuned, chunk {chunk // 1024}K", "wire", "wire", chunk))
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=256, help="payload size in MiB")
-    parser.add_argument("--reps", type=int, default=3, help="timed transfers per path")
+    parser.add_argument("--rounds", type=int, default=5, help="timed transfers per path, interleaved")
     parser.add_argument("--quick", action="store_true", help="headline paths only, no sweeps")
+    parser.add_argument("--sweep-options", action="store_true", help="compare candidate gRPC options instead")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--payload", help=argparse.SUPPRESS)
-    parser.add_argument("--chunk", type=int, default=MIB, help=argparse.SUPPRESS)
-    parser.add_argument("--options", default="[]", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--digest", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        _serve(args.serve, args.payload, args.chunk, json.loads(args.options))
-        return
-
-    from fabric import wire
-
     size = args.mib * MIB
+    if args.serve:
+        return serve(Path_(**json.loads(args.serve)), args.payload)
+    if args.client:
+        return client(Path_(**json.loads(args.client)), args.port, size, args.digest)
+
     t0 = time.perf_counter()
+    rows = option_sweep() if args.sweep_options else paths(args.quick)
+    times: dict[str, list[float]] = {row.label: [] for row in rows}
     with tempfile.TemporaryDirectory(prefix="bench_transfer_") as tmp:
         payload_path = os.path.join(tmp, "payload.bin")
         payload = os.urandom(size)
         Path(payload_path).write_bytes(payload)
-        digest = hashlib.sha256(payload).digest()
+        digest = hashlib.sha256(payload).hexdigest()
         del payload
-        bench = Bench(payload_path, size, digest, args.reps)
-        cs = wire.FETCH_CHUNK_SIZE
-        print(f"cpus {os.cpu_count()}, load {os.getloadavg()[0]:.1f}, chunk {cs // 1024} KiB", flush=True)
-        bench.raw_socket()
-        bench.grpc(f"grpc default (pb2.Chunk, default opts) {cs // 1024}K", "grpc-default", "generated", cs, ())
-        bench.grpc(f"tuned (fabric.wire, aio) {cs // 1024}K", "tuned", "raw", cs)
-        bench.grpc(f"tuned + sha256 per chunk {cs // 1024}K", "tuned", "sha256", cs)
-        if not args.quick:
-            for chunk in (256 << 10, 2 * MIB, 4 * MIB):
-                if chunk != cs:
-                    bench.grpc(f"tuned, chunk {chunk // 1024}K", "tuned", "raw", chunk)
-            bench.grpc(f"fabric.wire codec, default opts {cs // 1024}K", "tuned", "raw", cs, options=())
-            bench.grpc(f"tuned, sync client {cs // 1024}K", "tuned", "raw", cs, sync=True)
-            bench.grpc(f"generated stub vs fabric.wire server {cs // 1024}K", "tuned", "generated", cs)
-    print()
-    print(bench.table())
-    print(f"\nwall {time.perf_counter() - t0:.0f} s")
+        load_before = os.getloadavg()[0]
+        servers = {row.label: ServerProcess(row, payload_path) for row in rows}
+        try:
+            for round_ in range(args.rounds):
+                for row in rows:
+                    times[row.label].append(run_client(row, servers[row.label].port, size, digest))
+                print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+        finally:
+            for server in servers.values():
+                server.close()
+    base = size / min(times[rows[0].label])
+    print(f"payload {args.mib} MiB, {args.rounds} interleaved rounds, cpus {os.cpu_count()}, "
+          f"load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after")
+    print(f"{'path':<46}{'best MB/s':>10}{'median MB/s':>13}{'ratio':>7}{'med.ratio':>11}")
+    base_median = size / statistics.median(times[rows[0].label])
+    for row in rows:
+        best = size / min(times[row.label])
+        median = size / statistics.median(times[row.label])
+        print(f"{row.label:<46}{best / 1e6:>10.0f}{median / 1e6:>13.0f}{best / base:>7.2f}{median / base_median:>11.2f}")
+    print(f"ratio = best / raw socket best; med.ratio = median / raw socket median; wall {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":
