@@ -344,7 +344,7 @@ class AdapterStore:
         sources = {manifest.files[0].sha256: self._temp_blob(manifest.config_json)}
         try:
             sources[manifest.weights.sha256] = self._copy_weights(weights_path, manifest)
-            self._commit(manifest, adapter_id, sources)
+            self._commit(manifest, adapter_id, sources, check_quota=True)
         finally:
             for path in sources.values():
                 path.unlink(missing_ok=True)
@@ -371,12 +371,17 @@ class AdapterStore:
 
     # ------------------------------------------------------------ commit, refs, garbage
 
-    def _commit(self, manifest: Manifest, adapter_id: str, sources: dict[str, Path]) -> bool:
-        """Install blobs (renaming ``sources``: sha256 -> temp file), manifest, then ref. True if the digest was already here."""
+    def _commit(self, manifest: Manifest, adapter_id: str, sources: dict[str, Path], check_quota: bool = False) -> bool:
+        """Install blobs (renaming ``sources``: sha256 -> temp file), manifest, then ref. True if the digest was already here.
+
+        Partials and uploads reserved their bytes when opened, so only staging
+        re-checks the quota here (another writer may have taken the room).
+        """
         with self._locked():
             existed = self._manifest_path(manifest.digest).is_file()
             if not existed:
-                self._check_quota(self._missing_bytes(manifest), f"committing {adapter_id!r}")
+                if check_quota:
+                    self._check_quota(self._missing_bytes(manifest), f"staging {adapter_id!r}")
                 for entry in manifest.files:
                     self._install_blob(entry.sha256, sources[entry.sha256])
                 self._write_atomic(self._manifest_path(manifest.digest), manifest.to_json())
@@ -527,6 +532,11 @@ class AdapterStore:
                 raise
             self._open_partials[manifest.digest] = partial
             return partial
+
+    def partial_for(self, digest: str) -> "PartialDownload | None":
+        """The download of ``digest`` open in this store object, if any (to answer Availability and serve its verified chunks)."""
+        with self._open_lock:
+            return self._open_partials.get(digest)
 
     def _forget_partial(self, digest: str) -> None:
         with self._open_lock:

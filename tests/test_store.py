@@ -470,3 +470,16 @@ def test_kill_9_of_a_staging_process_leaves_the_store_consistent(tmp_path: Path,
         partial.write_chunk(index, _chunk(adapters, manifest, "c", index))
     assert partial.commit("pulled/again").digest == manifest.digest
     assert_consistent(root)
+
+
+def test_a_download_that_fits_the_quota_when_opened_commits(tmp_path: Path, adapters, manifests) -> None:
+    """The partial's bytes are reserved when it opens: committing them does not count them twice."""
+    manifest = manifests["c"]
+    store = _store(tmp_path, max_bytes=manifest.total_size)
+    partial = store.open_partial(manifest)
+    assert store.partial_for(manifest.digest) is partial
+    for index in range(manifest.weights.chunk_count):
+        partial.write_chunk(index, _chunk(adapters, manifest, "c", index))
+    assert partial.commit("c").digest == manifest.digest
+    assert store.partial_for(manifest.digest) is None
+    assert store.usage() == manifest.total_size
