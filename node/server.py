@@ -46,9 +46,9 @@ def build_model(settings: NodeSettings):
 
 
 async def serve(settings: NodeSettings) -> None:
-    store = AdapterStore(settings.store)
+    store = AdapterStore(settings.store, chunk_size=settings.chunk_size)
     model = build_model(settings)
-    servicer = FabricServicer(store=store, model=model, puller=PeerPuller(store), peers=settings.peers)
+    servicer = FabricServicer(store=store, model=model, puller=PeerPuller(store), peers=settings.peers, upload_rate=settings.upload_rate)
 
     server = grpc.aio.server(options=wire.SERVER_OPTIONS)
     wire.add_fabric_servicer_to_server(servicer, server)

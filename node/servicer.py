@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import AsyncIterator, Callable, Sequence, TypeVar
 
-import grpc
+from aiolimiter import AsyncLimiter
 
 from fabric import wire
 from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument
@@ -37,8 +38,10 @@ BASE_NAME = "base"
 
 
 class FabricServicer(fabric_pb2_grpc.FabricServicer):
-    def __init__(self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = ()) -> None:
+    def __init__(self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0) -> None:
         self.store = store
+        # One bucket for all streams: the flag bounds what the node serves in total.
+        self._upload_limit = AsyncLimiter(upload_rate, 1.0) if upload_rate > 0 else None
         self.model = model
         self.puller = puller
         self.peers = tuple(peers)
@@ -75,42 +78,38 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     async def Stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest], context) -> fabric_pb2.StageResponse:
         upload = None
         received = 0
-        try:
-            async for message in request_iterator:
-                kind = message.WhichOneof("kind")
-                if kind == "begin":
-                    if upload is not None:
-                        raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
-                    begin = message.begin
-                    upload = await self._io(
-                        self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
+        async for message in request_iterator:
+            kind = message.WhichOneof("kind")
+            if kind == "begin":
+                if upload is not None:
+                    raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
+                begin = message.begin
+                upload = await self._io(
+                    self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
+                )
+                if begin.offset != upload.offset:
+                    raise InvalidArgument(
+                        f"Stage of {begin.adapter_id!r} resumes at offset {begin.offset} but this node holds {upload.offset} bytes; "
+                        f"ask UploadOffset and resume from there"
                     )
-                    if begin.offset != upload.offset:
-                        raise InvalidArgument(
-                            f"Stage of {begin.adapter_id!r} resumes at offset {begin.offset} but this node holds {upload.offset} bytes; "
-                            f"ask UploadOffset and resume from there"
-                        )
-                elif kind == "data":
-                    if upload is None:
-                        raise InvalidArgument("Stage stream sent data before its StageBegin")
-                    await self._io(upload.append, message.data.offset, message.data.data)
-                    received += len(message.data.data)
-                else:
-                    raise InvalidArgument("Stage stream sent an empty StageRequest")
-            if upload is None:
-                raise InvalidArgument("Stage stream ended without a StageBegin")
-            already = self.store.by_digest_of_upload(upload) if hasattr(self.store, "by_digest_of_upload") else None
-            manifest = await self._io(upload.commit)
-        except BaseException:
-            # The verified prefix stays in the upload area for a resume; nothing is committed.
-            raise
+            elif kind == "data":
+                if upload is None:
+                    raise InvalidArgument("Stage stream sent data before its StageBegin")
+                await self._io(upload.append, message.data.offset, message.data.data)
+                received += len(message.data.data)
+            else:
+                raise InvalidArgument("Stage stream sent an empty StageRequest")
+        if upload is None:
+            raise InvalidArgument("Stage stream ended without a StageBegin")
+        # A stream that ends early leaves its verified prefix in the upload area for a resume.
+        manifest = await self._io(upload.commit)
         log.info("staged %s digest=%s (%d bytes received)", manifest.adapter_id, manifest.digest[:12], received)
         return fabric_pb2.StageResponse(
             adapter_id=manifest.adapter_id,
             digest=manifest.digest,
             content_id=manifest.content_id,
             bytes_received=received,
-            already_staged=already is not None,
+            already_staged=upload.already_staged,
         )
 
     @rpc_errors
@@ -143,7 +142,9 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
             offset = request.offset
             while offset < end:
                 length = min(entry.chunk_size, end - offset)
-                data = await self._io(_pread, f, length, offset)
+                if self._upload_limit is not None:
+                    await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
+                data = await self._io(os.pread, f.fileno(), length, offset)
                 yield wire.encode_chunk(offset, data)
                 offset += length
 
@@ -254,8 +255,3 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
             output_ids=result.output_ids, last_logits=result.last_logits or [], slot=result.slot, content_id=result.content_id
         )
 
-
-def _pread(f, length: int, offset: int) -> bytes:
-    import os
-
-    return os.pread(f.fileno(), length, offset)

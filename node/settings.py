@@ -24,6 +24,8 @@ class NodeSettings:
     target_modules: tuple[str, ...]
     peers: tuple[str, ...]
     log_level: str
+    chunk_size: int = 1 << 20
+    upload_rate: int = 0  # bytes/s served to peers; 0 = unlimited
 
     @property
     def store_only(self) -> bool:
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-rank", type=_positive, default=int(_env("max_rank", "16")), help="largest LoRA rank a slot holds")
     parser.add_argument("--target-modules", default=_env("target_modules", ",".join(DEFAULT_TARGET_MODULES)), help="comma-separated linear module names the pool adapts")
     parser.add_argument("--peers", default=_env("peers", ""), help="comma-separated host:port of known peers (failover and lookup)")
+    parser.add_argument("--chunk-size", type=_positive, default=int(_env("chunk_size", str(1 << 20))), help="bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB)")
+    parser.add_argument("--upload-rate", type=int, default=int(_env("upload_rate", "0")), help="bytes/s this node serves to peers in all; 0 = unlimited")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -76,4 +80,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> NodeSettings:
         target_modules=_csv(args.target_modules),
         peers=_csv(args.peers),
         log_level=args.log_level,
+        chunk_size=args.chunk_size,
+        upload_rate=args.upload_rate,
     )
