@@ -7,7 +7,8 @@ Side by side, for one payload of random bytes (default 256 MiB):
   grpc default     generated stubs, fabric_pb2.Chunk messages, default gRPC options
   tuned            fabric.wire: hand-encoded chunks, raw-bytes handler and stub, tuned
                    options, wire.tune_malloc() in both processes
-  tuned + sha256   the same, hashing every chunk on the receiving side (as a pulling node does)
+  tuned + sha256   the same, hashing every chunk on the receiving side (as a pulling node does),
+                   in the event loop, or in a worker thread overlapping the next receive
 
 plus what each piece buys (tuned without tune_malloc; with default gRPC options)
 and sweeps: Fetch chunk size, a sync client instead of grpc.aio, the generated
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -55,7 +58,7 @@ class Path_:
 
     label: str
     server: str  # "raw-socket" | "grpc-default" | "wire"
-    client: str  # "raw-socket" | "generated" | "wire" | "wire-sha256" | "wire-sync"
+    client: str  # "raw-socket" | "generated" | "wire" | "wire-sha256" | "wire-sha256-thread" | "wire-sync"
     chunk: int = MIB
     options: Optional[list] = None  # both sides; None = fabric.wire's tuned options
     malloc: bool = True  # wire.tune_malloc() in server and client
@@ -202,6 +205,20 @@ async def _client_aio(path: Path_, port: int, size: int, out: bytearray) -> floa
             async for chunk in fabric_pb2_grpc.FabricStub(channel).Fetch(request):
                 view[chunk.offset : chunk.offset + len(chunk.data)] = chunk.data
                 got += len(chunk.data)
+        elif path.client == "wire-sha256-thread":
+            # Hash in a worker thread (hashlib drops the GIL) while the loop receives.
+            loop = asyncio.get_running_loop()
+            pending: collections.deque = collections.deque()
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                async for offset, data in wire.fetch_stub(channel)(request):
+                    n = len(data)
+                    view[offset : offset + n] = data
+                    pending.append(loop.run_in_executor(pool, _sha256, data))
+                    if len(pending) > 4:
+                        await pending.popleft()
+                    got += n
+                for future in pending:
+                    await future
         else:
             sha = path.client == "wire-sha256"
             async for offset, data in wire.fetch_stub(channel)(request):
@@ -214,6 +231,10 @@ async def _client_aio(path: Path_, port: int, size: int, out: bytearray) -> floa
     if got != size:
         raise SystemExit(f"{path.label}: got {got} of {size} bytes")
     return seconds
+
+
+def _sha256(data: memoryview) -> bytes:
+    return hashlib.sha256(data).digest()
 
 
 def _client_sync(path: Path_, port: int, size: int, out: bytearray) -> float:
@@ -281,6 +302,7 @@ def paths(quick: bool) -> list[Path_]:
         Path_(f"grpc default (pb2.Chunk, default opts) {k}", "grpc-default", "generated", cs, options=[], malloc=False),
         Path_(f"tuned (fabric.wire, aio client) {k}", "wire", "wire", cs),
         Path_(f"tuned + sha256 per chunk {k}", "wire", "wire-sha256", cs),
+        Path_(f"tuned + sha256 per chunk in a thread {k}", "wire", "wire-sha256-thread", cs),
     ]
     if quick:
         return rows
