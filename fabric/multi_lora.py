@@ -142,6 +142,8 @@ class MultiLoraModel(ModelAdapters):
             data = path.read_bytes()
         except FileNotFoundError:
             raise InvalidAdapter(f"{path} does not exist: a PEFT adapter directory holds {SAFETENSORS_FILE}") from None
+        # hashlib drops the GIL on large inputs: hash on a second core while the rest is checked and staged.
+        digest = _Sha256InBackground(data)
         # Validate the very bytes that are hashed and loaded.
         index = parse_header(data, len(data))
         pairs = lora_pairs(index, config)
@@ -152,10 +154,11 @@ class MultiLoraModel(ModelAdapters):
         tensors = load_safetensors(data)
         weights = {module: (tensors[pair.a.name], tensors[pair.b.name]) for module, pair in pairs.items()}
         staged = self.pool.stage(weights, {m: config.scaling_for(m) for m in pairs})
-        # One pass over the staged row finds NaN/inf (and fp32 -> fp16 overflow); name the tensor only then.
-        if not bool(torch.isfinite(staged.row).all()):
+        # One reduction over the staged row: NaN/inf anywhere (or fp32 -> fp16 overflow) makes the sum
+        # non-finite. Only then run the exact per-tensor check, which names the tensor.
+        if not bool(torch.isfinite(staged.row.sum(dtype=torch.float32))) and not bool(torch.isfinite(staged.row).all()):
             raise InvalidTensors(_non_finite_message(weights, pairs, self.dtype))
-        sha = hashlib.sha256(data).hexdigest()
+        sha = digest.hexdigest()
         return PreparedAdapter(name, config, sha, content_id(sha, config, pairs), staged, adapter_dir)
 
     def commit(self, prepared: PreparedAdapter, *, slot: int | None = None, make_active: bool = True) -> tuple[int, str | None]:
@@ -276,3 +279,16 @@ def _non_finite_message(weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
             if bad:
                 return f"module {module}: tensor {info.name!r} holds {bad} non-finite value(s) in {dtype}"
     return "the adapter holds non-finite values"
+
+
+class _Sha256InBackground:
+    """sha256 of immutable bytes, computed on a helper thread; ``hexdigest`` waits for it."""
+
+    def __init__(self, data: bytes) -> None:
+        self._result: list[str] = []
+        self._thread = threading.Thread(target=lambda: self._result.append(hashlib.sha256(data).hexdigest()), daemon=True)
+        self._thread.start()
+
+    def hexdigest(self) -> str:
+        self._thread.join()
+        return self._result[0]
