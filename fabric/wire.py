@@ -1,13 +1,13 @@
 """The hot path for chunk bytes over gRPC: a hand-written ``fabric.v1.Chunk`` codec,
-throughput-tuned channel/server options, and a raw-bytes ``Fetch`` handler and stub.
+measured channel/server options, and a raw-bytes ``Fetch`` handler and stub.
 
 Why: the generated ``Chunk`` class copies its ``bytes`` field on every parse and
-serialize, and with default HTTP/2 windows a single stream stalls on flow control.
-Here a chunk is encoded with one copy (header + data joined into the message
-bytes that gRPC sends) and decoded with none (``data`` is a memoryview into the
-message bytes gRPC hands us). The encoding is byte-for-byte the one
+serialize. Here a chunk is encoded with one copy (header + data joined into the
+message bytes that gRPC sends) and decoded with none (``data`` is a memoryview
+into the message bytes gRPC hands us). The encoding is byte-for-byte the one
 ``fabric_pb2.Chunk.SerializeToString`` produces, so peers written in any
-language, or using the generated stubs, interoperate.
+language, or using the generated stubs, interoperate. Figures and what each
+piece buys: docs/BENCHMARKS.md, "Transfer" (scripts/bench_transfer.py).
 
 Wire format of ``message Chunk { uint64 offset = 1; bytes data = 2; }`` (proto3,
 defaults omitted):  ``0x08 varint(offset)`` when offset != 0, then
@@ -16,10 +16,12 @@ defaults omitted):  ``0x08 varint(offset)`` when offset != 0, then
 Server side (grpc.aio), registering the whole ``Fabric`` service with the
 generated code except ``Fetch``::
 
+    wire.tune_malloc()                                     # once, at process start
     server = grpc.aio.server(options=wire.SERVER_OPTIONS)
-    wire.add_fabric_servicer_to_server(servicer, server)   # not add_FabricServicer_to_server
+    wire.add_fabric_servicer_to_server(servicer, server)   # instead of add_FabricServicer_to_server
     # servicer.Fetch(request: FetchRequest, context) is an async generator that
-    # yields wire.encode_chunk(offset, data) bytes, not Chunk messages.
+    # yields wire.encode_chunk(offset, data): ``bytes`` (gRPC refuses bytearray
+    # and memoryview here), not Chunk messages. Every other method is unchanged.
 
 Do NOT instead add a generic handler for Fetch next to
 ``add_FabricServicer_to_server``: the generated function also registers every
@@ -30,12 +32,12 @@ Client side::
 
     channel = grpc.aio.insecure_channel(peer, options=wire.CHANNEL_OPTIONS)
     fetch = wire.fetch_stub(channel)
-    async for offset, data in fetch(FetchRequest(digest=..., offset=...)):
-        ...   # data: memoryview, valid as long as you hold it
+    async for offset, data in fetch(FetchRequest(digest=..., offset=...), timeout=...):
+        ...   # data: memoryview into the received message, valid while you hold it
 
-Errors: a malformed chunk on the wire raises ``IntegrityError`` (the bytes a
-peer sent are not a valid Chunk: drop the stream, resume elsewhere); bad
-arguments to the encoder raise ``InvalidArgument``.
+Errors: a malformed chunk on the wire raises ``IntegrityError`` from the stub
+(the bytes a peer sent are not a valid Chunk: drop the stream, resume
+elsewhere); bad arguments to the encoder raise ``InvalidArgument``.
 """
 
 from __future__ import annotations
@@ -65,8 +67,9 @@ __all__ = [
     "tune_malloc",
 ]
 
-#: Bytes of file data per Fetch message (and the default manifest chunk size).
-#: Measured by scripts/bench_transfer.py (docs/BENCHMARKS.md, "Transfer").
+#: Bytes of file data per Fetch message (and the suggested manifest chunk size).
+#: 1 MiB measured fastest of 256 KiB / 1 / 2 / 4 MiB (docs/BENCHMARKS.md,
+#: "Transfer"), and is a fine grain for per-chunk sha256 and resume.
 FETCH_CHUNK_SIZE = 1 << 20
 
 #: Message size limit set explicitly on both sides, far above FETCH_CHUNK_SIZE
