@@ -113,8 +113,8 @@ def tune_malloc(mmap_threshold: int = 16 << 20, trim_threshold: int = 128 << 20)
     Every chunk makes several short-lived buffers of about FETCH_CHUNK_SIZE
     (gRPC slices, the Python bytes of each message). By default glibc serves
     them with mmap or trims the heap after each free, so every message pays
-    page faults: measured, that costs a receiving process about half its
-    throughput (docs/BENCHMARKS.md). Raising both thresholds keeps those pages
+    page faults: measured, a Fetch stream without it was 30-45 % slower
+    (docs/BENCHMARKS.md). Raising both thresholds keeps those pages
     in the process (up to ``trim_threshold`` of free heap is retained).
 
     Process-wide: call once at start-up of a node or a pulling process, not
