@@ -236,6 +236,8 @@ class PeerPuller:
                     partial.write_chunk(index, data)
                 except IntegrityError as exc:
                     raise _CorruptChunk(exc, moved) from None
+        except IntegrityError as exc:  # a malformed Chunk message (fetch_stub cancels the call)
+            raise _CorruptChunk(exc, moved) from None
         except grpc.RpcError as exc:
             raise _StreamBroken(error_from_rpc(exc, peer=peer), moved) from None
         if partial.verified_offset < weights.size:
