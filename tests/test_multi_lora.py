@@ -208,13 +208,13 @@ def test_invariant_3_refused_or_failed_swap_leaves_slot_bytes_name_and_id(dirs, 
     held = model.acquire("b")
     before = snapshot(model)
     failures = [
-        (lambda: model.promote_lora_from_disk(truncated, "c"), InvalidHeader),
-        (lambda: model.promote_lora_from_disk(nan, "c"), InvalidTensors),
-        (lambda: model.swap_lora_from_disk(dirs["c"], "c", 1), SlotBusy),
-        (lambda: model.swap_lora_from_disk(nan, "a", 0), InvalidTensors),  # a failed reload of a resident name
+        (lambda: model.promote_lora_from_disk(truncated, "c"), InvalidHeader, r"file has \d+ \(10 missing\)"),
+        (lambda: model.promote_lora_from_disk(nan, "c"), InvalidTensors, rf"{first}' holds 1 non-finite value"),
+        (lambda: model.swap_lora_from_disk(dirs["c"], "c", 1), SlotBusy, "slot 1 holds 1 reference"),
+        (lambda: model.swap_lora_from_disk(nan, "a", 0), InvalidTensors, "non-finite"),  # a failed reload of a resident name
     ]
-    for call, error in failures:
-        with pytest.raises(error):
+    for call, error, message in failures:
+        with pytest.raises(error, match=message):
             call()
         assert_unchanged(model, before)
     model.release(held)
