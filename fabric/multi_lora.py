@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from fabric.adapter_tensors import lora_pairs
+from fabric.adapter_tensors import LoraPair, lora_pairs
 from fabric.adapters import ModelAdapters
 from fabric.config import PeftAdapterConfig
 from fabric.content_id import content_id
@@ -147,8 +147,7 @@ class MultiLoraModel(ModelAdapters):
         # Validate the very bytes that are hashed and loaded.
         index = parse_header(data, len(data))
         pairs = lora_pairs(index, config)
-        for pair in pairs.values():
-            self._check_fits(pair.module, pair.rank, pair.in_features, pair.out_features)
+        self.check_compatible(pairs)
         from safetensors.torch import load as load_safetensors
 
         tensors = load_safetensors(data)
@@ -165,6 +164,14 @@ class MultiLoraModel(ModelAdapters):
         """Land a prepared adapter at the quiescent point; ``(slot, evicted_name or None)``."""
         with self.lock:
             return self.pool.commit(prepared.staged, prepared.name, prepared.content_id, slot=slot, make_active=make_active)
+
+    def check_compatible(self, pairs: Mapping[str, LoraPair]) -> None:
+        """Refuse, naming the module and numbers, an adapter this model and pool cannot hold.
+
+        Needs only the tensor index, so a node checks a peer's manifest before any byte moves.
+        """
+        for pair in pairs.values():
+            self._check_fits(pair.module, pair.rank, pair.in_features, pair.out_features)
 
     def _check_fits(self, module: str, rank: int, fan_in: int, fan_out: int) -> None:
         if module not in self.pool.module_index:

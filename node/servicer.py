@@ -18,12 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import AsyncIterator, Callable, Sequence, TypeVar
 
+import torch
 from aiolimiter import AsyncLimiter
 
 from fabric import wire
+from fabric.adapter_tensors import lora_pairs
 from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument
 from fabric.ids import validate_adapter_id
 from fabric.manifest import Manifest
+from fabric.pool import ACTIVE
 from fabric.peft_fields import check_agrees, peft_fields_of
 from fabric.status import rpc_errors
 from fabric.store import AdapterStore
@@ -181,7 +184,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         ]
         reply = fabric_pb2.ListAdaptersResponse(staged=staged)
         if self.model is not None:
-            reply.max_rank = self.model.max_rank
+            reply.max_rank = self.model.pool.max_rank
             reply.device = str(self.model.device)
             for info in self.model.slots_info():
                 reply.slots.append(
@@ -209,7 +212,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         def check(manifest: Manifest) -> None:
             # Before any byte moves: the caller's PEFT fields, then this model and pool.
             check_agrees(requested, manifest.config, adapter_id)
-            model.check_compatible(manifest.config, manifest.tensors)
+            model.check_compatible(lora_pairs(manifest.index, manifest.config))
 
         stats = PullStats()
         if request.peer:
@@ -218,8 +221,10 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
             manifest = self.store.get(adapter_id)
             check(manifest)
         adapter_dir = await self._io(self.store.materialize, manifest.adapter_id)
-        prepared = await self._io(model.prepare_adapter, adapter_dir, name)
-        slot, evicted = await self._on_model(model.commit_adapter, prepared, pin=request.pin)
+        prepared = await self._io(model.prepare, adapter_dir, name)  # read, check, stage: off the model worker
+        slot, evicted = await self._on_model(model.commit, prepared)  # the memory copy, at the quiescent point
+        if request.pin:
+            await self._on_model(model.pin, name, True)
         log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved)", adapter_id, name, slot, evicted, stats.bytes_transferred)
         return fabric_pb2.PromoteResponse(
             slot=slot,
@@ -233,25 +238,37 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     @rpc_errors
     async def SetActive(self, request, context) -> fabric_pb2.SetActiveResponse:
         model = self._require_model("set an active adapter")
-        slot = await self._on_model(model.set_active_lora, request.name)
+        await self._on_model(model.set_active_lora, request.name)
+        slot = model.pool.active_slot
         return fabric_pb2.SetActiveResponse(slot=slot, content_id=model.adapter_id_for(slot))
 
     @rpc_errors
     async def Pin(self, request, context) -> fabric_pb2.PinResponse:
         model = self._require_model("pin adapters")
-        slot = await self._on_model(model.pin, request.name, request.pinned)
-        return fabric_pb2.PinResponse(slot=slot)
+        await self._on_model(model.pin, request.name, request.pinned)
+        return fabric_pb2.PinResponse(slot=model.pool.slot_of(request.name))
 
     @rpc_errors
     async def Generate(self, request: fabric_pb2.GenerateRequest, context) -> fabric_pb2.GenerateResponse:
         model = self._require_model("generate")
         if not request.input_ids:
             raise InvalidArgument("Generate needs at least one input token id")
-        target = BASE_NAME if request.use_base or request.adapter == BASE_NAME else (request.adapter or None)
-        result = await self._on_model(
-            model.generate, list(request.input_ids), target, max_new_tokens=request.max_new_tokens, return_logits=request.return_logits
-        )
-        return fabric_pb2.GenerateResponse(
-            output_ids=result.output_ids, last_logits=result.last_logits or [], slot=result.slot, content_id=result.content_id
-        )
+        # None = base model, -1 = the active adapter (base when none is active), else a resident name.
+        target = None if request.use_base or request.adapter == BASE_NAME else (request.adapter or ACTIVE)
+        return await self._on_model(_generate, model, list(request.input_ids), target, request.max_new_tokens, request.return_logits)
 
+
+def _generate(model, input_ids: list[int], target, max_new_tokens: int, return_logits: bool) -> fabric_pb2.GenerateResponse:
+    """One sequence on the model worker: a ref from prefill to the last token."""
+    ids = torch.tensor([input_ids])
+    resolved = model.acquire(target)
+    try:
+        row = None if resolved == ACTIVE else resolved
+        reply = fabric_pb2.GenerateResponse(slot=resolved, content_id=model.adapter_id_for(row) if row is not None else 0)
+        if return_logits:
+            reply.last_logits.extend(model.forward(ids, [row])[0, -1].float().tolist())
+        out = model.generate(ids, row, max_new_tokens) if max_new_tokens else ids
+        reply.output_ids.extend(out[0, len(input_ids):].tolist())
+        return reply
+    finally:
+        model.release(resolved)
