@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -52,6 +53,7 @@ def run_demo(workdir: str | None = None, keep: bool = False) -> int:
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="fabric-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, not ours
     print(f"adapter-fabric demo (work directory {root})")
 
     print("1. making three LoRA adapters with PEFT save_pretrained on the built-in tiny Llama")

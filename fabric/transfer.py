@@ -40,9 +40,8 @@ log = logging.getLogger(__name__)
 CORRUPT_RETRIES_PER_PEER = 2
 #: seconds for a manifest call; a dead peer answers UNAVAILABLE long before this
 MANIFEST_TIMEOUT_S = 10.0
-#: the slowest stream we tolerate before calling a peer stalled (bytes/s, for the stream deadline)
-MIN_STREAM_RATE = 4 << 20
-STREAM_DEADLINE_FLOOR_S = 30.0
+#: a peer that sends nothing for this long is cancelled and the pull moves on (a slow peer that keeps sending is fine)
+STALL_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -88,9 +87,10 @@ class PeerChannels:
 class PeerPuller:
     """Pulls adapters from peers into one store; safe to call from many threads."""
 
-    def __init__(self, store: AdapterStore, channels: PeerChannels | None = None) -> None:
+    def __init__(self, store: AdapterStore, channels: PeerChannels | None = None, stall_timeout: float = STALL_TIMEOUT_S) -> None:
         self.store = store
         self.channels = channels or PeerChannels()
+        self.stall_timeout = stall_timeout
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
 
@@ -222,12 +222,14 @@ class PeerPuller:
         """Stream from the verified offset to the end; returns the bytes moved."""
         weights = manifest.weights
         start = partial.verified_offset
-        deadline = max(STREAM_DEADLINE_FLOOR_S, (weights.size - start) / MIN_STREAM_RATE)
         fetch = wire.fetch_stub(self.channels.get(peer))
         request = fabric_pb2.FetchRequest(digest=manifest.digest, file=weights.name, offset=start)
         moved = 0
+        call = fetch(request)
+        watchdog = _StallWatchdog(call, self.stall_timeout)
         try:
-            for offset, data in fetch(request, timeout=deadline):
+            for offset, data in call:
+                watchdog.feed()
                 index, rest = divmod(offset, weights.chunk_size)
                 if rest or offset != partial.verified_offset:
                     raise _CorruptChunk(IntegrityError(f"peer sent offset {offset}, expected {partial.verified_offset}"), moved)
@@ -239,10 +241,40 @@ class PeerPuller:
         except IntegrityError as exc:  # a malformed Chunk message (fetch_stub cancels the call)
             raise _CorruptChunk(exc, moved) from None
         except grpc.RpcError as exc:
+            if watchdog.fired:
+                raise _StreamBroken(PeerUnavailable(f"{peer} sent nothing for {self.stall_timeout:g}s: treated as stalled"), moved) from None
             raise _StreamBroken(error_from_rpc(exc, peer=peer), moved) from None
+        finally:
+            watchdog.close()
+            call.cancel()  # no-op when the stream ended; stops the peer's sending when we left early
         if partial.verified_offset < weights.size:
             raise _StreamBroken(PeerUnavailable(f"{peer} ended the stream at {partial.verified_offset} of {weights.size} bytes"), moved)
         return moved
+
+
+class _StallWatchdog:
+    """Cancels a stream that delivers nothing for ``timeout`` seconds (a deadline would also cut slow, healthy peers)."""
+
+    def __init__(self, call, timeout: float) -> None:
+        self._call = call
+        self._timeout = timeout
+        self._last = time.monotonic()
+        self._done = threading.Event()
+        self.fired = False
+        threading.Thread(target=self._watch, name="stall-watchdog", daemon=True).start()
+
+    def feed(self) -> None:
+        self._last = time.monotonic()
+
+    def close(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(1.0, self._timeout / 4)):
+            if time.monotonic() - self._last > self._timeout:
+                self.fired = True
+                self._call.cancel()
+                return
 
 
 class _CorruptChunk(Exception):

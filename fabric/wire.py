@@ -339,17 +339,30 @@ def fetch_stub(channel: Union[grpc.aio.Channel, grpc.Channel]) -> Callable[..., 
 
         return fetch_aio
 
-    def fetch_sync(request: fabric_pb2.FetchRequest, **call_kwargs: Any) -> Iterator[tuple[int, memoryview]]:
-        call = multicallable(request, **call_kwargs)
-        try:
-            for item in call:
-                if not isinstance(item, tuple):
-                    raise item if isinstance(item, IntegrityError) else IntegrityError(f"Fetch stream yielded {item!r}")
-                yield item
-        finally:
-            call.cancel()
+    def fetch_sync(request: fabric_pb2.FetchRequest, **call_kwargs: Any) -> "FetchCall":
+        return FetchCall(multicallable(request, **call_kwargs))
 
     return fetch_sync
+
+
+class FetchCall:
+    """A sync Fetch call: iterates ``(offset, data)``; ``cancel()`` works from any thread (a stall watchdog)."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> "FetchCall":
+        return self
+
+    def __next__(self) -> tuple[int, memoryview]:
+        item = next(self._call)
+        if not isinstance(item, tuple):
+            self._call.cancel()
+            raise item if isinstance(item, IntegrityError) else IntegrityError(f"Fetch stream yielded {item!r}")
+        return item
+
+    def cancel(self) -> None:
+        self._call.cancel()  # a no-op once the call has finished
 
 
 class _Capture:

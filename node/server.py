@@ -48,7 +48,7 @@ def build_model(settings: NodeSettings):
 async def serve(settings: NodeSettings) -> None:
     store = AdapterStore(settings.store, chunk_size=settings.chunk_size)
     model = build_model(settings)
-    servicer = FabricServicer(store=store, model=model, puller=PeerPuller(store), peers=settings.peers, upload_rate=settings.upload_rate)
+    servicer = FabricServicer(store=store, model=model, puller=PeerPuller(store, stall_timeout=settings.stall_timeout), peers=settings.peers, upload_rate=settings.upload_rate)
 
     server = grpc.aio.server(options=wire.SERVER_OPTIONS)
     wire.add_fabric_servicer_to_server(servicer, server)

@@ -26,6 +26,7 @@ class NodeSettings:
     log_level: str
     chunk_size: int = 1 << 20
     upload_rate: int = 0  # bytes/s served to peers; 0 = unlimited
+    stall_timeout: float = 10.0
 
     @property
     def store_only(self) -> bool:
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers", default=_env("peers", ""), help="comma-separated host:port of known peers (failover and lookup)")
     parser.add_argument("--chunk-size", type=_positive, default=int(_env("chunk_size", str(1 << 20))), help="bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB)")
     parser.add_argument("--upload-rate", type=int, default=int(_env("upload_rate", "0")), help="bytes/s this node serves to peers in all; 0 = unlimited")
+    parser.add_argument("--stall-timeout", type=float, default=float(_env("stall_timeout", "10")), help="seconds without a byte before a peer's stream is dropped and the pull fails over")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -82,4 +84,5 @@ def parse_settings(argv: Sequence[str] | None = None) -> NodeSettings:
         log_level=args.log_level,
         chunk_size=args.chunk_size,
         upload_rate=args.upload_rate,
+        stall_timeout=args.stall_timeout,
     )
