@@ -82,6 +82,7 @@ _U64_MAX = (1 << 64) - 1
 _MAX_FIELD = (1 << 29) - 1  # protobuf's largest field number
 _TAG_OFFSET = 0x08  # field 1, wire type 0 (varint)
 _TAG_DATA = 0x12  # field 2, wire type 2 (length-delimited)
+_MAX_GROUP_DEPTH = 100  # protobuf's own default recursion limit; deeper nesting is refused, not recursed into
 
 # Measured with `bench_transfer.py --sweep-options` (docs/BENCHMARKS.md): on
 # loopback only the explicit message limits helped; a fixed 16 MiB HTTP/2 window
@@ -202,7 +203,7 @@ def _read_varint(buf: Union[bytes, memoryview], pos: int, end: int, what: str) -
     return result, pos
 
 
-def _skip_field(buf: bytes, pos: int, end: int, field: int, wire_type: int) -> int:
+def _skip_field(buf: bytes, pos: int, end: int, field: int, wire_type: int, depth: int = 0) -> int:
     """Skip one unknown field's value starting at ``pos``; return the next pos."""
     if wire_type == 0:
         return _read_varint(buf, pos, end, f"unknown field {field}")[1]
@@ -220,6 +221,8 @@ def _skip_field(buf: bytes, pos: int, end: int, field: int, wire_type: int) -> i
         return pos + size
     if wire_type == 3:
         # A group (deprecated, never sent by proto3 peers): skip to its end tag.
+        if depth >= _MAX_GROUP_DEPTH:
+            raise IntegrityError(f"malformed Chunk: groups nested more than {_MAX_GROUP_DEPTH} deep at byte {pos}")
         while True:
             key, pos = _read_varint(buf, pos, end, f"group field {field}")
             inner_field, inner_type = key >> 3, key & 7
@@ -229,7 +232,7 @@ def _skip_field(buf: bytes, pos: int, end: int, field: int, wire_type: int) -> i
                 return pos
             if inner_field == 0 or inner_field > _MAX_FIELD:
                 raise IntegrityError(f"malformed Chunk: field number {inner_field} inside group {field}")
-            pos = _skip_field(buf, pos, end, inner_field, inner_type)
+            pos = _skip_field(buf, pos, end, inner_field, inner_type, depth + 1)
     raise IntegrityError(f"malformed Chunk: field {field} has invalid wire type {wire_type}")
 
 
