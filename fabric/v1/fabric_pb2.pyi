@@ -269,34 +269,40 @@ class ListAdaptersResponse(_message.Message):
     def __init__(self, staged: _Optional[_Iterable[_Union[StagedAdapter, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., max_rank: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
 
 class PromoteRequest(_message.Message):
-    __slots__ = ("peer", "adapter_id", "name", "peft", "pin")
+    __slots__ = ("peer", "adapter_id", "name", "peft", "pin", "stage_only", "named_peer_only")
     PEER_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PEFT_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
+    STAGE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    NAMED_PEER_ONLY_FIELD_NUMBER: _ClassVar[int]
     peer: str
     adapter_id: str
     name: str
     peft: PeftFields
     pin: bool
-    def __init__(self, peer: _Optional[str] = ..., adapter_id: _Optional[str] = ..., name: _Optional[str] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., pin: _Optional[bool] = ...) -> None: ...
+    stage_only: bool
+    named_peer_only: bool
+    def __init__(self, peer: _Optional[str] = ..., adapter_id: _Optional[str] = ..., name: _Optional[str] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., pin: _Optional[bool] = ..., stage_only: _Optional[bool] = ..., named_peer_only: _Optional[bool] = ...) -> None: ...
 
 class PromoteResponse(_message.Message):
-    __slots__ = ("slot", "evicted_name", "content_id", "digest", "bytes_transferred", "source_peer")
+    __slots__ = ("slot", "evicted_name", "content_id", "digest", "bytes_transferred", "source_peer", "pull_seconds")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     EVICTED_NAME_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     BYTES_TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
     SOURCE_PEER_FIELD_NUMBER: _ClassVar[int]
+    PULL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     slot: int
     evicted_name: str
     content_id: int
     digest: str
     bytes_transferred: int
     source_peer: str
-    def __init__(self, slot: _Optional[int] = ..., evicted_name: _Optional[str] = ..., content_id: _Optional[int] = ..., digest: _Optional[str] = ..., bytes_transferred: _Optional[int] = ..., source_peer: _Optional[str] = ...) -> None: ...
+    pull_seconds: float
+    def __init__(self, slot: _Optional[int] = ..., evicted_name: _Optional[str] = ..., content_id: _Optional[int] = ..., digest: _Optional[str] = ..., bytes_transferred: _Optional[int] = ..., source_peer: _Optional[str] = ..., pull_seconds: _Optional[float] = ...) -> None: ...
 
 class SetActiveRequest(_message.Message):
     __slots__ = ("name",)
