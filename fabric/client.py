@@ -14,9 +14,10 @@ from typing import Callable, Iterator
 
 import grpc
 
-from fabric import wire
+from fabric import security, wire
 from fabric.config import CONFIG_FILE
 from fabric.errors import InvalidAdapter
+from fabric.security import TlsFiles
 from fabric.status import error_from_rpc
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
@@ -60,10 +61,21 @@ class GenerateResult:
 
 
 class NodeClient:
-    def __init__(self, address: str, *, credentials: grpc.ChannelCredentials | None = None, timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        tls: TlsFiles | None = None,
+        token: str | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        """``tls``: CA (and, for mTLS, this client's cert and key) as files; ``token``: the cluster's bearer token."""
         options = [*wire.CHANNEL_OPTIONS, ("grpc.service_config", _RETRY_SERVICE_CONFIG), ("grpc.enable_retries", 1)]
         self.address = address
-        self.channel = grpc.secure_channel(address, credentials, options=options) if credentials else grpc.insecure_channel(address, options=options)
+        if credentials is None and tls is not None and tls.enabled:
+            credentials = tls.channel_credentials()
+        self.channel = security.channel(address, credentials=credentials, token=token, options=options)
         self.stub = fabric_pb2_grpc.FabricStub(self.channel)
         self.timeout = timeout
 
@@ -84,7 +96,9 @@ class NodeClient:
 
     # ------------------------------------------------------------ staging
 
-    def stage(self, adapter_dir: str | Path, adapter_id: str, progress: Callable[[int, int], None] | None = None) -> fabric_pb2.StageResponse:
+    def stage(
+        self, adapter_dir: str | Path, adapter_id: str, progress: Callable[[int, int], None] | None = None, piece_size: int = UPLOAD_PIECE
+    ) -> fabric_pb2.StageResponse:
         """Upload a PEFT directory; resumes where an interrupted upload of the same bytes stopped."""
         adapter_dir = Path(adapter_dir)
         config_path, weights_path = adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
@@ -105,7 +119,7 @@ class NodeClient:
                 position = offset
                 if progress:
                     progress(position, size)
-                while block := f.read(UPLOAD_PIECE):
+                while block := f.read(piece_size):
                     yield fabric_pb2.StageRequest(data=fabric_pb2.StageData(offset=position, data=block))
                     position += len(block)
                     if progress:

@@ -27,7 +27,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         fi
     fi
     echo "bootstrap: installing adapter-fabric and its test tools" >&2
-    "${pip[@]}" -e "$root[test]"
+    "${pip[@]}" -e "$root[test]" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
     echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
