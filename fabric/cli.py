@@ -5,9 +5,11 @@
     fabric ls NODE                          staged adapters and resident slots
     fabric generate NODE --adapter NAME --tokens 1,2,3
     fabric unstage NODE --id ID
+    fabric rollout NODE... --id ID --from SEED  promote on many nodes at once (a swarm), each node timed
     fabric demo                             a local 3-node cluster on the tiny model
 
-Every command but demo takes --json for scripts. Errors print one line naming
+Every command but demo takes --json for scripts, and --tls-ca/--tls-cert/--tls-key/
+--auth-token-file (or FABRIC_TLS_CA, ... FABRIC_AUTH_TOKEN_FILE) for a secure cluster. Errors print one line naming
 the problem and exit with status 1 (2 for usage errors).
 """
 
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from google.protobuf.json_format import MessageToDict
@@ -33,8 +37,20 @@ def _print(args: argparse.Namespace, message, human: str) -> None:
 
 def _client(args: argparse.Namespace):
     from fabric.client import NodeClient
+    from fabric.security import TlsFiles, check_token, read_token
 
-    return NodeClient(args.node)
+    tls = TlsFiles(_path(args.tls_cert), _path(args.tls_key), _path(args.tls_ca))
+    if args.auth_token_file:
+        token = read_token(args.auth_token_file)
+    elif os.environ.get("FABRIC_AUTH_TOKEN"):
+        token = check_token(os.environ["FABRIC_AUTH_TOKEN"], "FABRIC_AUTH_TOKEN")
+    else:
+        token = None
+    return NodeClient(args.node, tls=tls if tls.enabled else None, token=token)
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
 
 
 def cmd_stage(args: argparse.Namespace) -> None:
@@ -88,6 +104,39 @@ def cmd_unstage(args: argparse.Namespace) -> None:
     _print(args, {"adapter_id": args.id, "bytes_removed": removed}, f"unstaged {args.id}" + ("" if removed else " (bytes kept: another id refers to them)"))
 
 
+def _timed_client(args: argparse.Namespace, node: str):
+    client = _client(argparse.Namespace(**{**vars(args), "node": node}))
+    client.timeout = args.timeout  # a rollout of a large adapter may take longer than one call's default
+    return client
+
+
+def cmd_rollout(args: argparse.Namespace) -> None:
+    from fabric.rollout import rollout
+
+    nodes = [args.node, *args.nodes]
+    results = rollout(
+        nodes,
+        args.id,
+        args.peer,
+        name=args.name or "",
+        stage_only=args.stage_only,
+        named_peer_only=args.no_swarm,
+        client_for=lambda node: _timed_client(args, node),
+    )
+    ok = [r for r in results if r.ok]
+    slowest = max((r.seconds for r in ok), default=0.0)
+    lines = [
+        f"  {r.node:<24} {r.seconds:7.2f} s  {r.bytes_transferred:>11} B  from {','.join(r.source_peers) or '-'}"
+        if r.ok
+        else f"  {r.node:<24} FAILED: {r.error}"
+        for r in results
+    ]
+    lines.append(f"rolled out {args.id} on {len(ok)} of {len(results)} nodes; slowest {slowest:.2f} s")
+    _print(args, {"adapter_id": args.id, "seed": args.peer, "slowest_seconds": slowest, "nodes": [r.to_dict() for r in results]}, "\n".join(lines))
+    if len(ok) < len(results):
+        raise SystemExit(1)
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from fabric.demo import run_demo
 
@@ -103,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
         if node:
             p.add_argument("node", help="the node's host:port")
             p.add_argument("--json", action="store_true", help="print the reply as JSON")
+            g = p.add_argument_group("security (each also from its environment variable)")
+            g.add_argument("--tls-ca", default=os.environ.get("FABRIC_TLS_CA"), help="PEM CA that signed the node's certificate: turns on TLS [FABRIC_TLS_CA]")
+            g.add_argument("--tls-cert", default=os.environ.get("FABRIC_TLS_CERT"), help="PEM client certificate, for nodes that require mutual TLS [FABRIC_TLS_CERT]")
+            g.add_argument("--tls-key", default=os.environ.get("FABRIC_TLS_KEY"), help="PEM key of --tls-cert [FABRIC_TLS_KEY]")
+            g.add_argument("--auth-token-file", default=os.environ.get("FABRIC_AUTH_TOKEN_FILE"), help="file with the cluster's bearer token [FABRIC_AUTH_TOKEN_FILE; or the token itself in FABRIC_AUTH_TOKEN]")
         p.set_defaults(handler=handler)
         return p
 
@@ -126,6 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("unstage", cmd_unstage, "remove an adapter id from a node's store")
     p.add_argument("--id", required=True)
+
+    p = command("rollout", cmd_rollout, "promote one adapter on many nodes at once (they share chunks as they arrive); prints each node's time")
+    p.add_argument("nodes", nargs="*", metavar="NODE", help="more nodes (host:port)")
+    p.add_argument("--id", required=True, help="adapter id")
+    p.add_argument("--from", dest="peer", required=True, help="host:port of a seed that has the adapter")
+    p.add_argument("--name", help="name requests will use (default: the id)")
+    p.add_argument("--stage-only", action="store_true", help="pull into each node's store without loading a slot (store-only nodes)")
+    p.add_argument("--no-swarm", action="store_true", help="every node pulls from the seed alone (a baseline)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds each node may take")
 
     p = command("demo", cmd_demo, "start a local 3-node cluster on the tiny model and move adapters across it", node=False)
     p.add_argument("--workdir", help="where node stores and logs go (default: a temporary directory)")

@@ -136,12 +136,31 @@ class NodeClient:
     # ------------------------------------------------------------ slots
 
     def promote(
-        self, adapter_id: str, *, peer: str = "", name: str = "", peft: fabric_pb2.PeftFields | None = None, pin: bool = False
+        self,
+        adapter_id: str,
+        *,
+        peer: str = "",
+        name: str = "",
+        peft: fabric_pb2.PeftFields | None = None,
+        pin: bool = False,
+        stage_only: bool = False,
+        named_peer_only: bool = False,
     ) -> fabric_pb2.PromoteResponse:
-        request = fabric_pb2.PromoteRequest(peer=peer, adapter_id=adapter_id, name=name, pin=pin)
+        """``stage_only``: pull into the store, load no slot; ``named_peer_only``: pull from ``peer`` alone, not the swarm."""
+        request = fabric_pb2.PromoteRequest(
+            peer=peer, adapter_id=adapter_id, name=name, pin=pin, stage_only=stage_only, named_peer_only=named_peer_only
+        )
         if peft is not None:
             request.peft.CopyFrom(peft)
         return self._call(self.stub.Promote, request)
+
+    def locate(self, adapter_id: str = "", digest: str = "") -> fabric_pb2.LocateResponse:
+        """Which of the node's known peers hold an adapter, fully or in part."""
+        return self._call(self.stub.Locate, fabric_pb2.LocateRequest(adapter_id=adapter_id, digest=digest))
+
+    def availability(self, digest: str) -> fabric_pb2.AvailabilityResponse:
+        """Which chunks of ``digest`` the node holds verified (also while it is still receiving them)."""
+        return self._call(self.stub.Availability, fabric_pb2.AvailabilityRequest(digest=digest))
 
     def list(self) -> fabric_pb2.ListAdaptersResponse:
         return self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest())

@@ -21,7 +21,10 @@ from typing import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fabric import security
+from fabric.client import NodeClient
 from fabric.errors import PeerUnavailable
+from fabric.security import TlsFiles, read_token
 
 _LISTENING = re.compile(r"fabric-node listening on (\S+):(\d+)")
 START_TIMEOUT_S = 120.0
@@ -42,12 +45,24 @@ class LocalNode:
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
         netns: str | None = None,
+        tls: TlsFiles | None = None,
+        token_file: Path | None = None,
     ) -> None:
+        """``tls`` and ``token_file`` turn on the node's --tls-* and --auth-token-file flags; ``client()`` then uses them too."""
         self.store = Path(store)
+        self.tls = tls
+        self.token_file = token_file
+        security_args: list[str] = []
+        if tls is not None:
+            for flag, path in (("--tls-cert", tls.cert), ("--tls-key", tls.key), ("--tls-ca", tls.ca)):
+                if path is not None:
+                    security_args += [flag, str(path)]
+        if token_file is not None:
+            security_args += ["--auth-token-file", str(token_file)]
         self.args = [
             "--listen", f"{host}:{port}", "--store", str(self.store), "--model", model,
             "--slots", str(slots), "--max-rank", str(max_rank), "--device", "cpu",
-            "--peers", ",".join(peers), *extra_args,
+            "--peers", ",".join(peers), *security_args, *extra_args,
         ]  # fmt: skip
         self.log_path = log_path or self.store.with_name(self.store.name + ".log")
         self.env = env
@@ -97,8 +112,15 @@ class LocalNode:
             self._log.write(line)
             self._log.flush()
 
+    def client(self, **kwargs) -> NodeClient:
+        """A client of this node with its own certificate and token (a node's cert is also a client cert)."""
+        token = read_token(self.token_file) if self.token_file is not None else None
+        return NodeClient(self.address, **{"tls": self.tls, "token": token, **kwargs})
+
     def wait_serving(self, timeout: float = 30.0) -> None:
-        with grpc.insecure_channel(self.address) as channel:
+        # Health is open to any caller, but over TLS the channel must speak TLS.
+        credentials = self.tls.channel_credentials() if self.tls is not None and self.tls.enabled else None
+        with security.channel(self.address, credentials=credentials) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             deadline = time.monotonic() + timeout
             while True:

@@ -49,6 +49,10 @@ class ConfigMismatch(InvalidArgument):
     """The caller's PEFT fields disagree with the staged adapter's config."""
 
 
+class LimitExceeded(InvalidArgument):
+    """A request passes a size limit this node is configured with (adapter bytes, header bytes): send less or raise the limit."""
+
+
 # --- the adapter does not fit this node -------------------------------------
 
 
@@ -94,3 +98,10 @@ class PeerUnavailable(FabricError):
     """No reachable peer could serve the request."""
 
     retryable = True
+
+
+# --- who is calling ---------------------------------------------------------
+
+
+class Unauthenticated(FabricError):
+    """The call carried no valid bearer token while the node requires one."""

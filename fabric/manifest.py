@@ -33,7 +33,7 @@ from fabric.content_id import content_id as compute_content_id
 from fabric.errors import IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
 from fabric.ids import validate_adapter_id, validate_digest
 from fabric.peft_fields import peft_fields_of
-from fabric.safetensors_index import SafetensorsIndex, TensorInfo, parse_header, read_index
+from fabric.safetensors_index import MAX_HEADER_BYTES, SafetensorsIndex, TensorInfo, parse_header, read_index
 from fabric.v1 import fabric_pb2
 
 DEFAULT_CHUNK_SIZE = 1 << 20
@@ -393,13 +393,13 @@ def _claimed_index(adapter_id: str, header_size: int, tensors: tuple[TensorInfo,
 
 
 def build_manifest(
-    adapter_id: str, config_json: bytes, weights_path: str | Path, chunk_size: int = DEFAULT_CHUNK_SIZE
+    adapter_id: str, config_json: bytes, weights_path: str | Path, chunk_size: int = DEFAULT_CHUNK_SIZE, *, max_header_bytes: int = MAX_HEADER_BYTES
 ) -> Manifest:
     """Validate an adapter's config and weights file and describe them, reading the weights once."""
     validate_adapter_id(adapter_id)
     _check_chunk_size(chunk_size)
     config = PeftAdapterConfig.from_json_bytes(config_json)
-    index = read_index(weights_path)
+    index = read_index(weights_path, max_header_bytes=max_header_bytes)
     modules = tuple(sorted(lora_pairs(index, config)))
     weights = hash_file(WEIGHTS_FILE, weights_path, chunk_size)
     if weights.size != index.file_size:

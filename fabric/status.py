@@ -24,6 +24,7 @@ ERROR_DETAIL_KEY = "fabric-error-bin"
 
 # Most specific first: the first isinstance match wins.
 _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.AdapterNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.PoolFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -39,6 +40,7 @@ _ADVICE: dict[grpc.StatusCode, str] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: "retry once a running sequence ends or space is freed",
     grpc.StatusCode.UNAVAILABLE: "check the peer address and that the peer is running, then retry",
     grpc.StatusCode.DATA_LOSS: "the bytes were not used; retry, or re-stage the adapter on its source",
+    grpc.StatusCode.UNAUTHENTICATED: "send the cluster's bearer token: --auth-token-file, or FABRIC_AUTH_TOKEN_FILE",
 }
 
 
@@ -104,4 +106,6 @@ def error_from_rpc(exc: grpc.RpcError, *, peer: str = "") -> errors.FabricError:
         return errors.PeerUnavailable(f"peer{where} unavailable: {code.name}: {details}")
     if code == grpc.StatusCode.NOT_FOUND:
         return errors.AdapterNotFound(details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return errors.Unauthenticated(f"call{where} refused: {details}")
     return errors.FabricError(f"call{where} failed: {code.name}: {details}")

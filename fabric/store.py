@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Iterator
 
 from fabric.config import PeftAdapterConfig
-from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidAdapter, InvalidArgument, QuotaExceeded
+from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader, LimitExceeded, QuotaExceeded
 from fabric.ids import validate_adapter_id, validate_digest
 from fabric.manifest import (
     CONFIG_FILE,
@@ -52,7 +52,7 @@ from fabric.manifest import (
     build_manifest,
     iter_file,
 )
-from fabric.safetensors_index import read_index
+from fabric.safetensors_index import MAX_HEADER_BYTES, header_length, read_index
 
 _COPY_BLOCK = 1 << 20
 
@@ -70,9 +70,18 @@ def _fsync_dir(path: Path) -> None:
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
+    try:
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+    except OSError as exc:
+        # A full disk is the store's limit too: say so as QuotaExceeded (RESOURCE_EXHAUSTED), not a bare OSError.
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise QuotaExceeded(
+                f"the disk holding the adapter store is full ({os.strerror(exc.errno)}) writing {view.nbytes} bytes "
+                f"at offset {offset}; nothing was committed: free space or unstage adapters, then retry"
+            ) from None
+        raise
 
 
 def _pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:
@@ -141,10 +150,21 @@ def _remove_if_unheld(directory: Path) -> bool:
 class AdapterStore:
     """Adapters staged by id, stored by content, committed atomically, safe across restarts."""
 
-    def __init__(self, root: Path | str, chunk_size: int = DEFAULT_CHUNK_SIZE, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        root: Path | str,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_bytes: int | None = None,
+        max_adapter_bytes: int | None = None,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+    ) -> None:
         self.root = Path(root)
         self.chunk_size = chunk_size
         self.max_bytes = max_bytes
+        #: largest adapter (config + weights) accepted from a client or a peer; None = no limit
+        self.max_adapter_bytes = max_adapter_bytes
+        #: largest safetensors header parsed or accepted
+        self.max_header_bytes = max_header_bytes
         self.blobs = self.root / "blobs" / "sha256"
         self.manifests = self.root / "manifests"
         self.refs = self.root / "refs"
@@ -334,7 +354,8 @@ class AdapterStore:
         for path in (config_path, weights_path):
             if not path.is_file():
                 raise InvalidAdapter(f"{path} does not exist: a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")
-        manifest = build_manifest(adapter_id, config_path.read_bytes(), weights_path, self.chunk_size)
+        self._check_adapter_size(config_path.stat().st_size + weights_path.stat().st_size, f"staging {adapter_id!r}")
+        manifest = build_manifest(adapter_id, config_path.read_bytes(), weights_path, self.chunk_size, max_header_bytes=self.max_header_bytes)
         if self._load_manifest(manifest.digest) is not None:
             with self._locked():
                 if self._load_manifest(manifest.digest) is not None:
@@ -466,6 +487,22 @@ class AdapterStore:
     def _missing_bytes(self, manifest: Manifest) -> int:
         return sum(f.size for f in manifest.files if not self._blob(f.sha256).is_file())
 
+    def _check_adapter_size(self, size: int, what: str) -> None:
+        if self.max_adapter_bytes is not None and size > self.max_adapter_bytes:
+            raise LimitExceeded(
+                f"{what}: the adapter is {size} bytes, over this node's limit of {self.max_adapter_bytes} (--max-adapter-bytes); nothing was written"
+            )
+
+    def _check_manifest_limits(self, manifest: Manifest) -> None:
+        """A manifest (from a peer) must fit the size limits before a byte of it is fetched."""
+        what = f"downloading {manifest.adapter_id!r}"
+        self._check_adapter_size(sum(f.size for f in manifest.files), what)
+        if manifest.header_size > self.max_header_bytes:
+            raise InvalidHeader(
+                f"{what}: its safetensors header is {manifest.header_size} bytes, over this node's limit of "
+                f"{self.max_header_bytes} (--max-header-bytes); nothing was written"
+            )
+
     def _check_quota(self, needed: int, what: str) -> None:
         if self.max_bytes is None or needed == 0:
             return
@@ -518,6 +555,7 @@ class AdapterStore:
                 return current
             if self._load_manifest(manifest.digest) is not None:
                 return PartialDownload(self, manifest, None)
+            self._check_manifest_limits(manifest)
             directory = self.partials / manifest.digest
             if not (directory / "manifest.json").is_file():
                 self._check_quota(self._missing_bytes(manifest), f"downloading {manifest.adapter_id!r}")
@@ -567,6 +605,7 @@ class AdapterStore:
         validate_digest(sha256, f"{WEIGHTS_FILE} sha256")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InvalidArgument(f"upload of {adapter_id!r}: size {size!r} must be a non-negative integer")
+        self._check_adapter_size(size + len(config_json), f"uploading {adapter_id!r}")
         PeftAdapterConfig.from_json_bytes(config_json)  # refuse a bad config before any byte moves
         directory = self._upload_dir(adapter_id, sha256)
         with self._open_lock:
@@ -707,6 +746,7 @@ class PartialDownload:
         with self._lock:
             if not self._verified[index]:
                 raise InvalidArgument(f"chunk {index} (offset {offset}) of {self.manifest.digest} is not verified here yet")
+            self._require_open()  # a closed partial has no fd: say so, rather than a TypeError from pread
             if self._directory is None:
                 with open(self.store.blob_path(weights.sha256), "rb") as handle:
                     handle.seek(offset)
@@ -846,6 +886,12 @@ class Upload:
                     f"upload of {self.adapter_id!r}: {len(data)} bytes at offset {offset} end at {offset + len(data)}, "
                     f"beyond the declared size {self.size}"
                 )
+            if offset == 0 and len(data) >= 8:  # refuse an oversized header before storing a byte of it
+                try:
+                    header_length(bytes(data[:8]), max_header_bytes=self.store.max_header_bytes)
+                except InvalidHeader:
+                    self._close_locked(remove=True)  # nothing to resume: the same bytes would be refused again
+                    raise
             _pwrite_all(self._fd, data, offset)
             os.fdatasync(self._fd)
             self._offset += len(data)
@@ -859,7 +905,9 @@ class Upload:
             data_path = self._directory / "data"
             try:
                 os.fsync(self._fd)
-                manifest = build_manifest(self.adapter_id, self.config_json, data_path, self.store.chunk_size)
+                manifest = build_manifest(
+                    self.adapter_id, self.config_json, data_path, self.store.chunk_size, max_header_bytes=self.store.max_header_bytes
+                )
                 if manifest.weights.sha256 != self.sha256:
                     raise IntegrityError(
                         f"upload of {self.adapter_id!r}: received {self.size} bytes with sha256 {manifest.weights.sha256}, "

@@ -1,11 +1,15 @@
 """The peer client: pull a staged adapter from peers into the local store.
 
 A pull asks peers for the manifest, lets the caller check it against this
-node's model before a byte moves, then streams the weights file chunk by chunk
-into the store's partial area. Every chunk is verified before it is written;
-a broken stream resumes from the last verified offset, on the same peer or the
-next one that answers; a peer that sends corrupt bytes is asked again and,
-when it keeps doing so, dropped. Commit checks the whole file's digest.
+node's model before a byte moves, then fetches the weights file in runs of
+chunks into the store's partial area, spread over every peer that holds them
+(a swarm: ``fabric.swarm`` decides who is asked for what; peers still
+receiving the adapter announce their verified chunks through Availability).
+Every chunk is verified before it is written, and only verified chunks are
+ever served on. A dead or stalled peer is dropped and its chunks are asked of
+the others; a restarted pull resumes from the chunks already verified; a peer
+that sends corrupt bytes is asked again and, when it keeps doing so, dropped.
+Commit checks the whole file's digest.
 
 Concurrent pulls of one adapter on one node share one download (single
 flight, keyed by digest), so its bytes cross the network once.
@@ -18,18 +22,20 @@ The client is synchronous on purpose: it runs on worker threads of the node
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import grpc
 
-from fabric import wire
-from fabric.errors import AdapterNotFound, FabricError, IntegrityError, PeerUnavailable
+from fabric import security, swarm, wire
+from fabric.errors import AdapterNotFound, FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
 from fabric.ids import validate_adapter_id
 from fabric.manifest import Manifest
+from fabric.rate import TokenBucket
 from fabric.status import error_from_rpc
 from fabric.store import AdapterStore
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
@@ -42,6 +48,16 @@ CORRUPT_RETRIES_PER_PEER = 2
 MANIFEST_TIMEOUT_S = 10.0
 #: a peer that sends nothing for this long is cancelled and the pull moves on (a slow peer that keeps sending is fine)
 STALL_TIMEOUT_S = 10.0
+#: seconds for an Availability call
+AVAILABILITY_TIMEOUT_S = 5.0
+#: how often a pull asks a peer that holds part of the adapter what it has now
+POLL_S = 0.5
+#: the coordinator's tick when no worker reports (stall checks, polls)
+TICK_S = 0.1
+#: seconds before asking again a peer that refused a stream as busy (RESOURCE_EXHAUSTED)
+BUSY_BACKOFF_S = 0.5
+#: threads of one pull at most (fetches beyond wait for a free one)
+MAX_PULL_THREADS = 64
 
 
 @dataclass
@@ -53,16 +69,21 @@ class PullStats:
     resumed_from: int = 0
     source_peers: list[str] = field(default_factory=list)
     corrupt_chunks: int = 0
-    failovers: int = 0
+    failovers: int = 0  # peers dropped while chunks were still missing
     shared: bool = False  # this caller joined a download another caller started
+    endgame_requests: int = 0  # requests that duplicated a slow one near the end
+    pull_seconds: float = 0.0
 
 
 class PeerChannels:
     """One long-lived channel per peer address (channels are expensive; connections are reused)."""
 
-    def __init__(self, options: Sequence[tuple[str, object]] = wire.CHANNEL_OPTIONS, credentials: grpc.ChannelCredentials | None = None) -> None:
+    def __init__(
+        self, options: Sequence[tuple[str, object]] = wire.CHANNEL_OPTIONS, credentials: grpc.ChannelCredentials | None = None, token: str | None = None
+    ) -> None:
         self._options = list(options)
         self._credentials = credentials
+        self._token = token  # sent on every call when peers require it (--auth-token-file)
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
 
@@ -70,10 +91,7 @@ class PeerChannels:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                if self._credentials is not None:
-                    channel = grpc.secure_channel(address, self._credentials, options=self._options)
-                else:
-                    channel = grpc.insecure_channel(address, options=self._options)
+                channel = security.channel(address, credentials=self._credentials, token=self._token, options=self._options)
                 self._channels[address] = channel
             return channel
 
@@ -85,12 +103,28 @@ class PeerChannels:
 
 
 class PeerPuller:
-    """Pulls adapters from peers into one store; safe to call from many threads."""
+    """Pulls adapters from peers into one store; safe to call from many threads.
 
-    def __init__(self, store: AdapterStore, channels: PeerChannels | None = None, stall_timeout: float = STALL_TIMEOUT_S) -> None:
+    A pull spreads its chunks over every given peer that holds them (see
+    ``fabric.swarm`` for the policy); peers that hold part of the adapter
+    (they are pulling it too) announce their verified chunks through
+    Availability, so a rollout forms a pipeline rather than a star.
+    """
+
+    def __init__(
+        self,
+        store: AdapterStore,
+        channels: PeerChannels | None = None,
+        stall_timeout: float = STALL_TIMEOUT_S,
+        download_rate: int = 0,
+        window: int = swarm.WINDOW,
+    ) -> None:
         self.store = store
         self.channels = channels or PeerChannels()
         self.stall_timeout = stall_timeout
+        self.window = window
+        # One bucket for every pull of this node: the flag bounds what it receives in total.
+        self.download_limit = TokenBucket(download_rate) if download_rate > 0 else None
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
 
@@ -122,6 +156,38 @@ class PeerPuller:
             raise AdapterNotFound(f"adapter {adapter_id!r} is not staged on {', '.join(missing)}: stage it there first, or name a peer that has it")
         raise PeerUnavailable(f"no peer could serve the manifest of {adapter_id!r}: " + "; ".join(failures + [f"{p}: not staged" for p in missing]))
 
+    # ------------------------------------------------------------ availability
+
+    def holding(self, peer: str, digest: str) -> tuple[set[int], bool, int]:
+        """``(verified chunks, complete, chunk count)`` of ``digest`` on ``peer``; nothing held = ``(set(), False, 0)``.
+
+        Raises PeerUnavailable (or another FabricError) when the peer cannot answer.
+        """
+        stub = fabric_pb2_grpc.FabricStub(self.channels.get(peer))
+        try:
+            reply = stub.Availability(fabric_pb2.AvailabilityRequest(digest=digest), timeout=AVAILABILITY_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return set(), False, 0  # an older peer: it can still serve what GetManifest says it has
+            error = error_from_rpc(exc, peer=peer)
+            if isinstance(error, AdapterNotFound):
+                return set(), False, 0
+            raise error from None
+        if reply.complete:
+            return set(range(reply.chunk_count)), True, reply.chunk_count
+        return swarm.bitmap_to_chunks(reply.verified_bitmap, reply.chunk_count), False, reply.chunk_count
+
+    def availability(self, peer: str, digest: str) -> fabric_pb2.PeerHolding | None:
+        """What ``peer`` holds of ``digest`` for a Locate answer; None when nothing, or when it does not answer."""
+        try:
+            have, complete, _ = self.holding(peer, digest)
+        except FabricError as exc:
+            log.info("locate: %s did not answer: %s", peer, exc)
+            return None
+        if not complete and not have:
+            return None
+        return fabric_pb2.PeerHolding(address=peer, complete=complete, verified_chunks=len(have))
+
     # ---------------------------------------------------------------- pull
 
     def pull(
@@ -130,16 +196,17 @@ class PeerPuller:
         adapter_id: str,
         check: Callable[[Manifest], None] | None = None,
     ) -> tuple[Manifest, PullStats]:
-        """Fetch ``adapter_id`` from ``peers`` (tried in order) and commit it under that id.
+        """Fetch ``adapter_id`` from ``peers`` (in order of preference) and commit it under that id.
 
-        ``check`` sees the manifest before any bytes move (model compatibility,
-        the caller's PEFT fields); an error it raises ends the pull with nothing
-        written.
+        The manifest comes from the first peer that has the adapter; the
+        chunks from every peer that holds them. ``check`` sees the manifest
+        before any bytes move (model compatibility, the caller's PEFT fields);
+        an error it raises ends the pull with nothing written.
         """
         manifest, first = self.manifest(peers, adapter_id)
         if check is not None:
             check(manifest)
-        ordered = [first] + [p for p in peers if p != first]
+        ordered = [first] + [p for p in dict.fromkeys(peers) if p != first]
         return self._single_flight(manifest, ordered)
 
     def _single_flight(self, manifest: Manifest, peers: list[str]) -> tuple[Manifest, PullStats]:
@@ -176,112 +243,275 @@ class PeerPuller:
         return partial.commit(manifest.adapter_id)
 
     def _download(self, manifest: Manifest, peers: list[str]) -> tuple[Manifest, PullStats]:
+        """``peers[0]`` served the manifest, so it holds every chunk; the others say what they hold."""
         stats = PullStats(digest=manifest.digest)
         if self.store.by_digest(manifest.digest) is not None:
             # The bytes are here already (another id, or an earlier pull): only the reference is new.
             return self._commit_existing(manifest), stats
+        started = time.monotonic()
         partial = self.store.open_partial(manifest)
         stats.resumed_from = partial.verified_offset
-        weights = manifest.weights
-        failures: list[str] = []
-        for peer in peers:
-            if partial.verified_offset >= weights.size:
-                break
-            corrupt_here = 0
-            while partial.verified_offset < weights.size:
-                try:
-                    moved = self._stream_from(peer, manifest, partial)
-                    stats.bytes_transferred += moved
-                    if peer not in stats.source_peers and moved:
-                        stats.source_peers.append(peer)
-                except _CorruptChunk as exc:
-                    stats.bytes_transferred += exc.moved
-                    stats.corrupt_chunks += 1
-                    corrupt_here += 1
-                    log.warning("corrupt chunk from %s: %s", peer, exc.error)
-                    if corrupt_here > CORRUPT_RETRIES_PER_PEER:
-                        failures.append(f"{peer}: kept sending corrupt bytes ({exc.error})")
-                        break
-                except _StreamBroken as exc:
-                    stats.bytes_transferred += exc.moved
-                    if peer not in stats.source_peers and exc.moved:
-                        stats.source_peers.append(peer)
-                    failures.append(f"{peer}: {exc.error}")
-                    log.warning("stream from %s broke at offset %d: %s", peer, partial.verified_offset, exc.error)
-                    break
-            if partial.verified_offset < weights.size:
-                stats.failovers += 1
-        if partial.verified_offset < weights.size:
-            raise PeerUnavailable(
-                f"pull of {manifest.adapter_id!r} stopped at {partial.verified_offset} of {weights.size} bytes "
-                f"(kept for resume): " + "; ".join(failures)
-            )
-        return partial.commit(manifest.adapter_id), stats
-
-    def _stream_from(self, peer: str, manifest: Manifest, partial) -> int:
-        """Stream from the verified offset to the end; returns the bytes moved."""
-        weights = manifest.weights
-        start = partial.verified_offset
-        fetch = wire.fetch_stub(self.channels.get(peer))
-        request = fabric_pb2.FetchRequest(digest=manifest.digest, file=weights.name, offset=start)
-        moved = 0
-        call = fetch(request)
-        watchdog = _StallWatchdog(call, self.stall_timeout)
-        try:
-            for offset, data in call:
-                watchdog.feed()
-                index, rest = divmod(offset, weights.chunk_size)
-                if rest or offset != partial.verified_offset:
-                    raise _CorruptChunk(IntegrityError(f"peer sent offset {offset}, expected {partial.verified_offset}"), moved)
-                moved += len(data)
-                try:
-                    partial.write_chunk(index, data)
-                except IntegrityError as exc:
-                    raise _CorruptChunk(exc, moved) from None
-        except IntegrityError as exc:  # a malformed Chunk message (fetch_stub cancels the call)
-            raise _CorruptChunk(exc, moved) from None
-        except grpc.RpcError as exc:
-            if watchdog.fired:
-                raise _StreamBroken(PeerUnavailable(f"{peer} sent nothing for {self.stall_timeout:g}s: treated as stalled"), moved) from None
-            raise _StreamBroken(error_from_rpc(exc, peer=peer), moved) from None
-        finally:
-            watchdog.close()
-            call.cancel()  # no-op when the stream ended; stops the peer's sending when we left early
-        if partial.verified_offset < weights.size:
-            raise _StreamBroken(PeerUnavailable(f"{peer} ended the stream at {partial.verified_offset} of {weights.size} bytes"), moved)
-        return moved
+        if not partial.complete:
+            _SwarmPull(self, manifest, partial, peers, stats).run()
+        committed = partial.commit(manifest.adapter_id)
+        stats.pull_seconds = time.monotonic() - started
+        return committed, stats
 
 
-class _StallWatchdog:
-    """Cancels a stream that delivers nothing for ``timeout`` seconds (a deadline would also cut slow, healthy peers)."""
+class _Active:
+    """One outstanding Fetch: the call (once started), when it last delivered, and why it was cut."""
 
-    def __init__(self, call, timeout: float) -> None:
-        self._call = call
-        self._timeout = timeout
-        self._last = time.monotonic()
-        self._done = threading.Event()
-        self.fired = False
-        threading.Thread(target=self._watch, name="stall-watchdog", daemon=True).start()
+    def __init__(self) -> None:
+        self.call = None
+        self.last: float | None = None  # None until the call starts (it may wait for the download limit)
+        self.cancelled = False
+        self.stalled = False
+        self._lock = threading.Lock()
+
+    def attach(self, call) -> None:
+        with self._lock:
+            self.call = call
+            self.last = time.monotonic()
+            if self.cancelled:
+                call.cancel()
 
     def feed(self) -> None:
-        self._last = time.monotonic()
+        self.last = time.monotonic()
 
-    def close(self) -> None:
-        self._done.set()
-
-    def _watch(self) -> None:
-        while not self._done.wait(min(1.0, self._timeout / 4)):
-            if time.monotonic() - self._last > self._timeout:
-                self.fired = True
-                self._call.cancel()
-                return
+    def cancel(self, stalled: bool = False) -> None:
+        with self._lock:
+            self.stalled = self.stalled or stalled
+            self.cancelled = True
+            if self.call is not None:
+                self.call.cancel()
 
 
-class _CorruptChunk(Exception):
-    def __init__(self, error: FabricError, moved: int) -> None:
-        self.error, self.moved = error, moved
+class _SwarmPull:
+    """One multi-peer download into a partial: a coordinator (the calling thread) and workers.
+
+    Only the coordinator touches the plan; workers fetch, verify and write
+    chunks and report through a queue. The stall watchdog is the
+    coordinator's clock: a call that delivers nothing for ``stall_timeout``
+    seconds is cancelled and its peer dropped (a deadline would cut slow,
+    healthy peers).
+    """
+
+    def __init__(self, puller: PeerPuller, manifest: Manifest, partial, peers: list[str], stats: PullStats) -> None:
+        self.puller = puller
+        self.manifest = manifest
+        self.partial = partial
+        self.stats = stats
+        self.weights = manifest.weights
+        self.done: set[int] = set(partial.verified_chunks)  # workers add to it (set.add is atomic)
+        self.plan = swarm.new_plan(self.weights.chunk_count, self.done, peers)
+        self.max_run = max(1, swarm.RUN_BYTES // self.weights.chunk_size)
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.active: dict[int, _Active] = {}
+        self.polling: set[str] = set()
+        self.last_poll: dict[str, float] = {}
+        self.failures: dict[str, str] = {}
+        self.corrupt: dict[str, int] = {}
+        self.delivered: dict[str, int] = {}
+        self._count_lock = threading.Lock()
+        workers = len(peers) * puller.window + len(peers)
+        self.pool = ThreadPoolExecutor(max_workers=min(MAX_PULL_THREADS, workers), thread_name_prefix="pull")
+
+    # ------------------------------------------------------------ coordinator
+
+    def run(self) -> None:
+        plan = self.plan
+        source = next(iter(plan.peers))
+        swarm.set_holding(plan, source, (), complete=True)
+        last_progress = time.monotonic()
+        try:
+            while plan.needed:
+                now = time.monotonic()
+                self._poll_due(now)
+                for request in swarm.plan_requests(plan, now, self.puller.window, self.max_run):
+                    self._start(request)
+                for request in swarm.redundant(plan):
+                    self.active[request.id].cancel()
+                self._watch_stalls(now)
+                if not plan.outstanding and not self.polling:
+                    if not swarm.live_peers(plan):
+                        raise self._stopped()
+                    if now - last_progress > self.puller.stall_timeout:
+                        raise self._stopped(f"no live peer announced the missing chunks for {self.puller.stall_timeout:g}s")
+                try:
+                    event = self.events.get(timeout=TICK_S)
+                except queue.Empty:
+                    continue
+                while event is not None:
+                    if self._handle(event, time.monotonic()):
+                        last_progress = time.monotonic()
+                    try:
+                        event = self.events.get_nowait()
+                    except queue.Empty:
+                        event = None
+        finally:
+            for handle in self.active.values():
+                handle.cancel()
+            self.pool.shutdown(wait=True)
+            self.stats.source_peers = [p for p in plan.peers if self.delivered.get(p)]
+
+    def _stopped(self, why: str = "") -> PeerUnavailable:
+        weights = self.weights
+        have = sum(weights.chunk_span(i)[1] for i in self.done)
+        reasons = [f"{p}: {msg}" for p, msg in self.failures.items()] + ([why] if why else [])
+        return PeerUnavailable(
+            f"pull of {self.manifest.adapter_id!r} stopped at {have} of {weights.size} bytes (kept for resume): "
+            + ("; ".join(reasons) or "no peer held the missing chunks")
+        )
+
+    def _start(self, request: swarm.Request) -> None:
+        handle = self.active[request.id] = _Active()
+        if request.endgame:
+            self.stats.endgame_requests += 1
+        self.pool.submit(self._fetch, request, handle)
+
+    def _poll_due(self, now: float) -> None:
+        for peer in swarm.live_peers(self.plan):
+            address = peer.address
+            if peer.complete or address in self.polling or now - self.last_poll.get(address, -POLL_S) < POLL_S:
+                continue
+            self.polling.add(address)
+            self.pool.submit(self._poll, address)
+
+    def _watch_stalls(self, now: float) -> None:
+        for handle in self.active.values():
+            if handle.last is not None and not handle.cancelled and now - handle.last > self.puller.stall_timeout:
+                handle.cancel(stalled=True)
+
+    def _handle(self, event: tuple, now: float) -> bool:
+        """Apply one worker report to the plan; True when a chunk was verified."""
+        kind, subject, detail = event
+        plan = self.plan
+        if kind == "chunk":
+            swarm.chunk_verified(plan, detail)
+            return True
+        if kind == "poll":
+            self.polling.discard(subject)
+            self.last_poll[subject] = now
+            if not plan.peers[subject].dead:
+                have, complete = detail
+                swarm.set_holding(plan, subject, have, complete)
+            return False
+        if kind == "poll-failed":
+            self.polling.discard(subject)
+            self.last_poll[subject] = now
+            self._drop(subject, str(detail))
+            return False
+        request: swarm.Request = subject
+        self.active.pop(request.id, None)
+        swarm.finish(plan, request, now if kind == "done" else None)
+        peer = request.peer
+        if kind == "corrupt":
+            self.stats.corrupt_chunks += 1
+            self.corrupt[peer] = self.corrupt.get(peer, 0) + 1
+            log.warning("corrupt chunk from %s: %s", peer, detail)
+            if self.corrupt[peer] > CORRUPT_RETRIES_PER_PEER:
+                self._drop(peer, f"kept sending corrupt bytes ({detail})")
+        elif kind == "missing":
+            # It announced chunks it no longer has (or never had): ask it again after its next announcement.
+            swarm.forget_chunks(plan, peer, [c for c in request.chunks if c in plan.needed])
+            self.last_poll[peer] = now - POLL_S / 2
+        elif kind == "busy":  # it limits streams per peer: back off, ask the others meanwhile
+            plan.peers[peer].resume_at = now + BUSY_BACKOFF_S
+        elif kind == "broken":
+            log.warning("fetch from %s failed: %s", peer, detail)
+            self._drop(peer, str(detail))
+        elif kind == "fatal":
+            raise detail
+        return False
+
+    def _drop(self, peer: str, why: str) -> None:
+        view = self.plan.peers[peer]
+        if view.dead:
+            return
+        swarm.mark_dead(self.plan, peer)
+        self.failures[peer] = why
+        if self.plan.needed:
+            self.stats.failovers += 1
+        for request in self.plan.outstanding.values():
+            if request.peer == peer and request.id in self.active:
+                self.active[request.id].cancel()
+
+    # ------------------------------------------------------------ workers
+
+    def _poll(self, peer: str) -> None:
+        try:
+            have, complete, count = self.puller.holding(peer, self.manifest.digest)
+            if count and count != self.weights.chunk_count:
+                raise IntegrityError(f"{peer} announces {count} chunks of {self.manifest.digest}, the manifest has {self.weights.chunk_count}")
+        except FabricError as exc:
+            self.events.put(("poll-failed", peer, exc))
+        except BaseException as exc:  # never leave the coordinator waiting on a poll
+            self.events.put(("poll-failed", peer, PeerUnavailable(f"{peer}: {exc!r}")))
+        else:
+            self.events.put(("poll", peer, (have, complete)))
+
+    def _count(self, peer: str, moved: int) -> None:
+        with self._count_lock:
+            self.stats.bytes_transferred += moved
+            self.delivered[peer] = self.delivered.get(peer, 0) + moved
+
+    def _fetch(self, request: swarm.Request, handle: _Active) -> None:
+        try:
+            self._fetch_run(request, handle)
+        except _Refused as exc:
+            self.events.put((exc.kind, request, exc.error))
+        except BaseException as exc:  # a local failure (disk full, store closed): ends the pull
+            self.events.put(("fatal", request, exc))
+        else:
+            self.events.put(("done", request, None))
+
+    def _fetch_run(self, request: swarm.Request, handle: _Active) -> None:
+        weights, peer = self.weights, request.peer
+        offset = request.chunks[0] * weights.chunk_size
+        end = min(weights.size, (request.chunks[-1] + 1) * weights.chunk_size)
+        if handle.cancelled:
+            raise _Refused("cancelled", None)
+        if self.puller.download_limit is not None:
+            self.puller.download_limit.acquire(end - offset)
+        fetch = wire.fetch_stub(self.puller.channels.get(peer))
+        call = fetch(fabric_pb2.FetchRequest(digest=self.manifest.digest, file=weights.name, offset=offset, length=end - offset))
+        handle.attach(call)
+        expected = request.chunks
+        position = 0
+        try:
+            for got, data in call:
+                handle.feed()
+                self._count(peer, len(data))
+                index, rest = divmod(got, weights.chunk_size)
+                if rest or position >= len(expected) or index != expected[position]:
+                    want = expected[position] * weights.chunk_size if position < len(expected) else end
+                    raise IntegrityError(f"{peer} sent offset {got}, expected {want}")
+                self.partial.write_chunk(index, data)  # verifies first; IntegrityError = corrupt
+                self.done.add(index)
+                self.events.put(("chunk", request, index))
+                position += 1
+                if all(c in self.done for c in expected[position:]):
+                    break  # the rest came from another copy (endgame)
+        except IntegrityError as exc:  # a bad chunk, a misplaced one, or a malformed message
+            raise _Refused("corrupt", exc) from None
+        except grpc.RpcError as exc:
+            if handle.stalled:
+                raise _Refused("broken", PeerUnavailable(f"{peer} sent nothing for {self.puller.stall_timeout:g}s: treated as stalled")) from None
+            if handle.cancelled:
+                raise _Refused("cancelled", None) from None
+            error = error_from_rpc(exc, peer=peer)
+            kind = "missing" if isinstance(error, AdapterNotFound) else "busy" if isinstance(error, QuotaExceeded) else "broken"
+            raise _Refused(kind, error) from None
+        finally:
+            call.cancel()  # no-op when the stream ended; stops the peer's sending when we left early
+        if not all(c in self.done for c in expected):
+            if handle.cancelled:
+                raise _Refused("cancelled", None)
+            raise _Refused("broken", PeerUnavailable(f"{peer} ended the stream at chunk {expected[position] if position < len(expected) else end}"))
 
 
-class _StreamBroken(Exception):
-    def __init__(self, error: FabricError, moved: int) -> None:
-        self.error, self.moved = error, moved
+class _Refused(Exception):
+    """A fetch that ended without all its chunks: ``kind`` says what the coordinator does about it."""
+
+    def __init__(self, kind: str, error: FabricError | None) -> None:
+        self.kind, self.error = kind, error

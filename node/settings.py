@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from fabric.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from fabric.tiny import DEFAULT_TARGET_MODULES
 
 STORE_ONLY = "none"
@@ -27,6 +28,19 @@ class NodeSettings:
     chunk_size: int = 1 << 20
     upload_rate: int = 0  # bytes/s served to peers; 0 = unlimited
     stall_timeout: float = 10.0
+    download_rate: int = 0  # bytes/s this node pulls from peers in all; 0 = unlimited
+    peers_dns: str = ""  # NAME:PORT resolving to many peers (a headless service), re-resolved per pull
+    # security: TLS files (a CA makes it mutual TLS) and the bearer token
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    auth_token_file: Path | None = None
+    auth_peer_reads: bool = False
+    # limits
+    max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
+    max_store_bytes: int = 0  # 0 = no limit but the disk
 
     @property
     def store_only(self) -> bool:
@@ -48,6 +62,21 @@ def _positive(value: str) -> int:
     return number
 
 
+def _non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return number
+
+
+def _path_or_none(value: str) -> Path | None:
+    return Path(value) if value else None
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fabric-node",
@@ -65,7 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers", default=_env("peers", ""), help="comma-separated host:port of known peers (failover and lookup)")
     parser.add_argument("--chunk-size", type=_positive, default=int(_env("chunk_size", str(1 << 20))), help="bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB)")
     parser.add_argument("--upload-rate", type=int, default=int(_env("upload_rate", "0")), help="bytes/s this node serves to peers in all; 0 = unlimited")
+    parser.add_argument("--download-rate", type=int, default=int(_env("download_rate", "0")), help="bytes/s this node pulls from peers in all; 0 = unlimited")
+    parser.add_argument("--peers-dns", default=_env("peers_dns", ""), help="NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull")
     parser.add_argument("--stall-timeout", type=float, default=float(_env("stall_timeout", "10")), help="seconds without a byte before a peer's stream is dropped and the pull fails over")
+    security = parser.add_argument_group("security (see README: Running a secure cluster)")
+    security.add_argument("--tls-cert", type=_path_or_none, default=_env("tls_cert", ""), help="PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on")
+    security.add_argument("--tls-key", type=_path_or_none, default=_env("tls_key", ""), help="PEM private key of --tls-cert")
+    security.add_argument("--tls-ca", type=_path_or_none, default=_env("tls_ca", ""), help="PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)")
+    security.add_argument("--auth-token-file", type=_path_or_none, default=_env("auth_token_file", ""), help="file holding the cluster's bearer token: calls must carry it, and this node sends it to peers")
+    security.add_argument("--auth-peer-reads", action="store_true", default=_truthy(_env("auth_peer_reads", "")), help="also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)")
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-adapter-bytes", type=_positive, default=int(_env("max_adapter_bytes", str(DEFAULT_MAX_ADAPTER_BYTES))), help="largest adapter (config + weights) accepted by Stage or pulled from a peer")
+    limits.add_argument("--max-header-bytes", type=_positive, default=int(_env("max_header_bytes", str(DEFAULT_MAX_HEADER_BYTES))), help="largest safetensors header accepted")
+    limits.add_argument("--max-streams-per-peer", type=_positive, default=int(_env("max_streams_per_peer", str(DEFAULT_MAX_STREAMS_PER_PEER))), help="concurrent Fetch streams one peer host may hold open")
+    limits.add_argument("--max-store-bytes", type=_non_negative, default=int(_env("max_store_bytes", "0")), help="total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -85,4 +127,15 @@ def parse_settings(argv: Sequence[str] | None = None) -> NodeSettings:
         chunk_size=args.chunk_size,
         upload_rate=args.upload_rate,
         stall_timeout=args.stall_timeout,
+        download_rate=args.download_rate,
+        peers_dns=args.peers_dns,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
+        auth_token_file=args.auth_token_file,
+        auth_peer_reads=args.auth_peer_reads,
+        max_adapter_bytes=args.max_adapter_bytes,
+        max_header_bytes=args.max_header_bytes,
+        max_streams_per_peer=args.max_streams_per_peer,
+        max_store_bytes=args.max_store_bytes,
     )
