@@ -304,7 +304,7 @@ class _SwarmPull:
         self.weights = manifest.weights
         self.done: set[int] = set(partial.verified_chunks)  # workers add to it (set.add is atomic)
         self.plan = swarm.new_plan(self.weights.chunk_count, self.done, peers)
-        self.max_run = max(1, swarm.RUN_BYTES // self.weights.chunk_size)
+        self.max_run = swarm.run_length(self.weights.chunk_size, self.weights.chunk_count, len(peers), puller.window)
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.active: dict[int, _Active] = {}
         self.polling: set[str] = set()

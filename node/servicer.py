@@ -21,8 +21,9 @@ from typing import AsyncIterator, Callable, Sequence, TypeVar
 import torch
 from aiolimiter import AsyncLimiter
 
-from fabric import wire
+from fabric import swarm, wire
 from fabric.adapter_tensors import lora_pairs
+from fabric.discovery import PeerSource
 from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument
 from fabric.ids import validate_adapter_id
 from fabric.manifest import Manifest
@@ -41,13 +42,17 @@ BASE_NAME = "base"
 
 
 class FabricServicer(fabric_pb2_grpc.FabricServicer):
-    def __init__(self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0) -> None:
+    def __init__(
+        self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None
+    ) -> None:
         self.store = store
         # One bucket for all streams: the flag bounds what the node serves in total.
         self._upload_limit = AsyncLimiter(upload_rate, 1.0) if upload_rate > 0 else None
         self.model = model
         self.puller = puller
         self.peers = tuple(peers)
+        # Known peers: the static list plus a DNS name, re-resolved on every use (fabric.discovery).
+        self.peer_source = peer_source or PeerSource(static=self.peers)
         self._model_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
 
     def close(self) -> None:
@@ -66,6 +71,9 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         if self.model is None:
             raise AdaptersUnsupported(f"this node is store-only (started with --model none): it cannot {what}; use a node with a model")
         return self.model
+
+    async def _known_peers(self) -> list[str]:
+        return await self._io(self.peer_source.peers)
 
     def _manifest_for(self, adapter_id: str, digest: str) -> Manifest:
         if digest:
@@ -133,6 +141,11 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def Fetch(self, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
+        partial = self.store.partial_for(request.digest) if request.digest and self.store.by_digest(request.digest) is None else None
+        if partial is not None:
+            async for message in self._fetch_partial(partial, request):
+                yield message
+            return
         manifest = self._manifest_for(request.adapter_id, request.digest)
         entry = manifest.file(request.file) if request.file else manifest.weights
         if request.offset % entry.chunk_size:
@@ -151,26 +164,56 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
                 yield wire.encode_chunk(offset, data)
                 offset += length
 
+    async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest) -> AsyncIterator[bytes]:
+        """Chunks of an adapter still arriving here: only verified ones, and the whole range must be verified up front."""
+        weights = partial.manifest.weights
+        if request.file and request.file != weights.name:
+            raise AdapterNotFound(f"{request.file} of {request.digest} is not here yet (only {weights.name} is served while it arrives)")
+        if request.offset % weights.chunk_size or request.offset >= weights.size:
+            raise InvalidArgument(f"Fetch offset {request.offset} is not a chunk boundary inside {weights.name} ({weights.size} bytes, chunks of {weights.chunk_size})")
+        end = weights.size if request.length == 0 else min(weights.size, request.offset + request.length)
+        chunks = range(request.offset // weights.chunk_size, (end + weights.chunk_size - 1) // weights.chunk_size)
+        verified = partial.verified_chunks
+        missing = [i for i in chunks if i not in verified]
+        if missing:
+            # NOT_FOUND, not an error of the caller: its view of our chunks is stale; it asks another peer.
+            raise AdapterNotFound(
+                f"chunk {missing[0]} of {request.digest} is not verified on this node yet ({len(verified)} of {weights.chunk_count} are): "
+                f"ask Availability again, or fetch it from another peer"
+            )
+        for index in chunks:
+            if self._upload_limit is not None:
+                await self._upload_limit.acquire(min(weights.chunk_span(index)[1], self._upload_limit.max_rate))
+            try:
+                data = await self._io(partial.read_chunk, index)  # re-verified on read
+            except InvalidArgument as exc:  # the partial was closed under us (its pull failed)
+                raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
+            yield wire.encode_chunk(index * weights.chunk_size, data)
+
     @rpc_errors
     async def Availability(self, request, context) -> fabric_pb2.AvailabilityResponse:
         manifest = self.store.by_digest(request.digest)
-        if manifest is None:
-            raise AdapterNotFound(f"no adapter with digest {request.digest} is staged here")
-        count = manifest.weights.chunk_count
-        bitmap = bytearray(b"\xff" * ((count + 7) // 8))
-        if count % 8:
-            bitmap[-1] = (1 << (count % 8)) - 1
-        return fabric_pb2.AvailabilityResponse(complete=True, chunk_count=count, verified_bitmap=bytes(bitmap))
+        if manifest is not None:
+            count = manifest.weights.chunk_count
+            return fabric_pb2.AvailabilityResponse(complete=True, chunk_count=count, verified_bitmap=swarm.chunks_to_bitmap(range(count), count))
+        partial = self.store.partial_for(request.digest)
+        if partial is None:
+            raise AdapterNotFound(f"no adapter with digest {request.digest} is staged or arriving here")
+        return fabric_pb2.AvailabilityResponse(complete=False, chunk_count=partial.manifest.weights.chunk_count, verified_bitmap=partial.verified_bitmap)
 
     @rpc_errors
     async def Locate(self, request, context) -> fabric_pb2.LocateResponse:
+        """Which known peers hold the adapter, fully or in part (this node itself is not listed)."""
+        peers = await self._known_peers()
         digest = request.digest
         if not digest:
-            manifest, _ = await self._io(self.puller.manifest, list(self.peers), request.adapter_id)
-            digest = manifest.digest
-        holdings = await asyncio.gather(*(self._io(self.puller.availability, peer, digest) for peer in self.peers))
-        peers = [h for h in holdings if h is not None]
-        return fabric_pb2.LocateResponse(digest=digest, peers=peers)
+            try:
+                digest = self.store.get(validate_adapter_id(request.adapter_id)).digest
+            except AdapterNotFound:
+                manifest, _ = await self._io(self.puller.manifest, peers, request.adapter_id)
+                digest = manifest.digest
+        holdings = await asyncio.gather(*(self._io(self.puller.availability, peer, digest) for peer in peers))
+        return fabric_pb2.LocateResponse(digest=digest, peers=[h for h in holdings if h is not None])
 
     # ------------------------------------------------------------ slots
 
@@ -204,6 +247,8 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def Promote(self, request: fabric_pb2.PromoteRequest, context) -> fabric_pb2.PromoteResponse:
+        if request.stage_only:
+            return await self._pull_only(request)
         model = self._require_model("promote adapters")
         adapter_id = validate_adapter_id(request.adapter_id)
         name = request.name or adapter_id
@@ -216,13 +261,18 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
 
         stats = PullStats()
         if request.peer:
-            manifest, stats = await self._io(self.puller.pull, [request.peer, *self.peers], adapter_id, check)
+            manifest, stats = await self._io(self.puller.pull, await self._pull_peers(request), adapter_id, check)
         else:
             manifest = self.store.get(adapter_id)
             check(manifest)
-        adapter_dir = await self._io(self.store.materialize, manifest.adapter_id)
-        prepared = await self._io(model.prepare, adapter_dir, name)  # read, check, stage: off the model worker
-        slot, evicted = await self._on_model(model.commit, prepared)  # the memory copy, at the quiescent point
+        # Map the committed blob and stage it off the model worker; its sha256 and content id were
+        # verified at commit, so prepare_verified does not hash 84 MB again.
+        blob = self.store.blob_path(manifest.weights.sha256)
+        prepared = await self._io(model.prepare_verified, manifest, blob, name)
+        try:
+            slot, evicted = await self._on_model(model.commit, prepared)  # the memory copy, at the quiescent point
+        finally:
+            model.recycle(prepared)
         if request.pin:
             await self._on_model(model.pin, name, True)
         log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved)", adapter_id, name, slot, evicted, stats.bytes_transferred)
@@ -233,6 +283,33 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
             digest=manifest.digest,
             bytes_transferred=stats.bytes_transferred,
             source_peer=",".join(stats.source_peers),
+            pull_seconds=stats.pull_seconds,
+        )
+
+    async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
+        """The named peer first, then every known one (unless the caller asked for the named one alone)."""
+        if request.named_peer_only:
+            return [request.peer]
+        return [request.peer, *await self._known_peers()]
+
+    async def _pull_only(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
+        """Promote with stage_only: bring the bytes into the store (and serve them on), load no slot."""
+        adapter_id = validate_adapter_id(request.adapter_id)
+        requested = request.peft if request.HasField("peft") else None
+        stats = PullStats()
+        if request.peer:
+            manifest, stats = await self._io(self.puller.pull, await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
+        else:
+            manifest = await self._io(self.store.get, adapter_id)
+            check_agrees(requested, manifest.config, adapter_id)
+        log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
+        return fabric_pb2.PromoteResponse(
+            slot=-1,
+            content_id=manifest.content_id,
+            digest=manifest.digest,
+            bytes_transferred=stats.bytes_transferred,
+            source_peer=",".join(stats.source_peers),
+            pull_seconds=stats.pull_seconds,
         )
 
     @rpc_errors

@@ -1,0 +1,314 @@
+"""Swarm distribution: the scheduling policy on plain data, peer discovery, and real nodes sharing chunks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fabric import swarm, wire
+from fabric.client import NodeClient
+from fabric.cluster import LocalNode, free_port
+from fabric.discovery import PeerSource, resolve
+from fabric.errors import AdapterNotFound, InvalidArgument
+from fabric.tiny import build_tiny_model, make_peft_adapter
+from fabric.v1 import fabric_pb2
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SMALL_CHUNK = ["--chunk-size", "4096"]
+
+
+# ------------------------------------------------------------ policy, no sockets
+
+
+def plan_of(chunks: int, peers: dict[str, set[int] | None], seed: int = 7, verified=()) -> swarm.SwarmPlan:
+    """``peers``: address -> chunks it holds (None = complete)."""
+    plan = swarm.new_plan(chunks, verified, list(peers), seed=seed)
+    for address, have in peers.items():
+        swarm.set_holding(plan, address, have or (), complete=have is None)
+    return plan
+
+
+def test_windows_fill_every_peer_with_distinct_chunks() -> None:
+    plan = plan_of(12, {"a": None, "b": None, "c": None})
+    made = swarm.plan_requests(plan, now=0.0, window=2, max_run=1)
+    assert sorted(len([r for r in made if r.peer == p]) for p in "abc") == [2, 2, 2]
+    chunks = [c for r in made for c in r.chunks]
+    assert len(chunks) == len(set(chunks)) == 6
+    assert swarm.plan_requests(plan, now=0.0, window=2) == []  # windows full
+
+
+def test_a_peer_is_asked_only_for_chunks_it_holds() -> None:
+    plan = plan_of(8, {"seed": None, "half": {0, 1, 2}})
+    made = swarm.plan_requests(plan, now=0.0, window=4, max_run=1)
+    assert all(c in {0, 1, 2} for r in made if r.peer == "half" for c in r.chunks)
+    assert len([r for r in made if r.peer == "half"]) == 3 - len([r for r in made if r.peer == "seed" and r.chunks[0] in {0, 1, 2}])
+
+
+def test_rarest_chunk_first() -> None:
+    # Chunk 5 is held by the seed alone; 0-4 also by two partial peers. The seed is asked for 5.
+    plan = plan_of(6, {"seed": None, "p1": {0, 1, 2, 3, 4}, "p2": {0, 1, 2, 3, 4}})
+    made = swarm.plan_requests(plan, now=0.0, window=1, max_run=1)
+    assert [r.chunks for r in made if r.peer == "seed"] == [[5]]
+
+
+def test_random_order_differs_between_nodes() -> None:
+    # Two nodes asking one seeder start at different chunks, so they soon have something to trade.
+    firsts = {swarm.plan_requests(plan_of(64, {"seed": None}, seed=s), now=0.0, window=1)[0].chunks[0] for s in range(8)}
+    assert len(firsts) > 1
+
+
+def test_runs_are_consecutive_chunks_the_peer_holds() -> None:
+    plan = plan_of(10, {"p": {2, 3, 4, 7}})
+    (request,) = swarm.plan_requests(plan, now=0.0, window=1, max_run=8)
+    assert request.chunks in ([2, 3, 4], [3, 4], [4], [7])
+    assert request.chunks == list(range(request.chunks[0], request.chunks[-1] + 1))
+
+
+def test_run_length_spreads_small_adapters_and_caps_large_ones() -> None:
+    assert swarm.run_length(4096, 33, peers=3, window=2) == 2  # 33 chunks over 6 slots: short runs
+    assert swarm.run_length(1 << 20, 64, peers=16) == 1
+    assert swarm.run_length(4096, 100_000, peers=1) == swarm.RUN_BYTES // 4096  # one peer: capped by bytes
+
+
+def test_verified_chunks_are_never_asked_for() -> None:
+    plan = plan_of(4, {"seed": None}, verified={0, 1, 3})
+    made = swarm.plan_requests(plan, now=0.0, window=4, max_run=4)
+    assert [r.chunks for r in made] == [[2]]
+
+
+def test_a_dead_peer_s_chunks_go_to_the_others() -> None:
+    plan = plan_of(4, {"a": None, "b": None})
+    made = swarm.plan_requests(plan, now=0.0, window=2, max_run=1)
+    lost = [r for r in made if r.peer == "a"]
+    swarm.mark_dead(plan, "a")
+    for r in lost:
+        swarm.finish(plan, r)
+    for r in made:
+        if r.peer == "b":
+            for c in r.chunks:
+                swarm.chunk_verified(plan, c)
+            swarm.finish(plan, r, now=0.1)
+    again = swarm.plan_requests(plan, now=0.2, window=2, max_run=1)
+    assert {r.peer for r in again} == {"b"}
+    assert sorted(c for r in again for c in r.chunks) == sorted(c for r in lost for c in r.chunks)
+
+
+def test_endgame_duplicates_a_slow_request_once_then_cancels_the_loser() -> None:
+    plan = plan_of(2, {"slow": None, "fast": None})
+    first = swarm.plan_requests(plan, now=0.0, window=1, max_run=1)
+    fast = next(r for r in first if r.peer == "fast")
+    slow = next(r for r in first if r.peer == "slow")
+    swarm.chunk_verified(plan, fast.chunks[0])
+    swarm.finish(plan, fast, now=0.05)
+    # Nothing fresh is left; the slow request is young: no duplicate yet.
+    assert swarm.plan_requests(plan, now=0.1, window=1) == []
+    late = swarm.ENDGAME_MIN_S + 0.5
+    (dup,) = swarm.plan_requests(plan, now=late, window=2)
+    assert dup.endgame and dup.peer == "fast" and dup.chunks == slow.chunks
+    assert swarm.plan_requests(plan, now=late + 5, window=2) == []  # one duplicate per chunk
+    swarm.chunk_verified(plan, dup.chunks[0])
+    assert swarm.redundant(plan) == [slow, dup] or set(r.id for r in swarm.redundant(plan)) == {slow.id, dup.id}
+
+
+def test_endgame_waits_longer_when_requests_are_slow() -> None:
+    plan = plan_of(2, {"a": None})
+    plan.durations.extend([2.0] * 5)
+    assert swarm.endgame_after(plan) == pytest.approx(2.0 * swarm.ENDGAME_FACTOR)
+
+
+def test_a_peer_that_lost_chunks_is_not_asked_for_them_again() -> None:
+    plan = plan_of(3, {"p": None})
+    swarm.forget_chunks(plan, "p", [1])
+    made = swarm.plan_requests(plan, now=0.0, window=3, max_run=1)
+    assert sorted(c for r in made for c in r.chunks) == [0, 2]
+
+
+def test_busy_peer_is_skipped_until_it_may_be_asked_again() -> None:
+    plan = plan_of(3, {"p": None})
+    plan.peers["p"].resume_at = 1.0
+    assert swarm.plan_requests(plan, now=0.5, window=1) == []
+    assert len(swarm.plan_requests(plan, now=1.0, window=1)) == 1
+
+
+def test_bitmap_round_trip_lsb_first() -> None:
+    assert swarm.chunks_to_bitmap({0, 9}, 10) == bytes([0b00000001, 0b00000010])
+    assert swarm.bitmap_to_chunks(bytes([0b00000001, 0b00000010]), 10) == {0, 9}
+    assert swarm.bitmap_to_chunks(b"\xff\xff", 10) == set(range(10))  # bits past the count are ignored
+
+
+# ------------------------------------------------------------ discovery
+
+
+def test_dns_name_resolves_to_peer_addresses_and_leaves_this_node_out() -> None:
+    found = resolve("localhost:50077")
+    assert "127.0.0.1:50077" in found
+    source = PeerSource(static=("10.0.0.9:1",), dns="localhost:50077", me="127.0.0.1:50077")
+    assert source.peers()[0] == "10.0.0.9:1"
+    assert "127.0.0.1:50077" not in source.peers()
+    with pytest.raises(InvalidArgument, match="host:port"):
+        PeerSource(dns="no-port-here")
+
+
+# ------------------------------------------------------------ real nodes
+
+
+@pytest.fixture(scope="module")
+def big_adapter(tmp_path_factory) -> Path:
+    # ~128 KiB: 4 KiB chunks make ~30 chunks, and rate-limited seeders make a pull last seconds.
+    return make_peft_adapter(tmp_path_factory.mktemp("adapters") / "big", base_model=build_tiny_model(), r=16, lora_alpha=16, target_modules=ALL, seed=5)
+
+
+def weights_sha(adapter: Path) -> str:
+    return hashlib.sha256((adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
+
+
+def store_node(root: Path, name: str, *, rate: int = 0, peers=(), extra=()) -> LocalNode:
+    args = [*SMALL_CHUNK, *(["--upload-rate", str(rate)] if rate else []), *extra]
+    return LocalNode(root / name, model="none", port=free_port(), peers=peers, extra_args=args)
+
+
+def start_all(nodes: list[LocalNode]) -> None:
+    for node in nodes:
+        node.launch()
+    for node in nodes:
+        node.wait_ready()
+
+
+def verified_count(client: NodeClient, digest: str) -> int:
+    try:
+        reply = client.availability(digest)
+    except AdapterNotFound:
+        return 0
+    return reply.chunk_count if reply.complete else len(swarm.bitmap_to_chunks(reply.verified_bitmap, reply.chunk_count))
+
+
+def test_pull_from_three_peers_one_dies_midway(tmp_path, big_adapter) -> None:
+    seeds = [store_node(tmp_path, f"seed{i}", rate=12 << 10) for i in range(3)]
+    start_all(seeds)
+    puller = store_node(tmp_path, "puller", peers=[s.address for s in seeds[1:]]).start()
+    try:
+        for seed in seeds:
+            with NodeClient(seed.address) as client:
+                digest = client.stage(big_adapter, "big").digest
+                count = len(client.manifest("big").files[-1].chunk_sha256)
+        with NodeClient(puller.address) as client:
+            result: dict = {}
+            pulling = threading.Thread(target=lambda: result.update(reply=client.promote("big", peer=seeds[0].address, stage_only=True)))
+            pulling.start()
+            # Kill the third peer once the pull is under way (a quarter of the chunks verified), not at a fixed time.
+            chunks = 0
+            while pulling.is_alive() and chunks < 8:
+                chunks = verified_count(client, digest)
+                time.sleep(0.05)
+            seeds[2].kill()
+            still_missing = verified_count(client, digest) < count
+            pulling.join(120)
+            reply = result["reply"]
+            staged = {a.adapter_id: a for a in client.list().staged}
+        assert still_missing, "the peer should die while chunks were still missing"
+        assert reply.digest == digest and staged["big"].digest == digest
+        sources = reply.source_peer.split(",")
+        assert seeds[2].address in sources, "the dead peer served chunks before it died"
+        assert len(sources) == 3
+        # The committed bytes are the staged file's bytes.
+        blob = next(puller.store.rglob(weights_sha(big_adapter)))
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == weights_sha(big_adapter)
+    finally:
+        for node in (*seeds, puller):
+            node.stop()
+
+
+def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> None:
+    seed = store_node(tmp_path, "seed", rate=16 << 10).start()
+    middle = store_node(tmp_path, "middle").start()
+    try:
+        with NodeClient(seed.address) as client:
+            staged = client.stage(big_adapter, "big")
+            manifest = client.manifest("big")
+        weights = next(f for f in manifest.files if f.name == "adapter_model.safetensors")
+        count = len(weights.chunk_sha256)
+        with NodeClient(middle.address) as client, grpc.insecure_channel(middle.address) as channel:
+            outcome: list = []
+
+            def pull() -> None:
+                try:
+                    outcome.append(client.promote("big", peer=seed.address, stage_only=True, named_peer_only=True))
+                except Exception as exc:  # the seed is stopped once the probe is done
+                    outcome.append(exc)
+
+            pulling = threading.Thread(target=pull)
+            pulling.start()
+            while verified_count(client, staged.digest) < 3:
+                time.sleep(0.05)
+            fetch = wire.fetch_stub(channel)
+            served, refused = [], []
+            for index in range(count):
+                request = fabric_pb2.FetchRequest(digest=staged.digest, offset=index * weights.chunk_size, length=weights.chunk_size)
+                try:
+                    chunks = list(fetch(request, timeout=30))
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+                    assert "not verified on this node" in exc.details()
+                    refused.append(index)
+                    continue
+                assert [offset for offset, _ in chunks] == [index * weights.chunk_size]
+                assert hashlib.sha256(chunks[0][1]).digest() == weights.chunk_sha256[index]
+                served.append(index)
+            # A range reaching past the verified chunks is refused whole, before a byte is sent.
+            with pytest.raises(grpc.RpcError) as whole:
+                list(fetch(fabric_pb2.FetchRequest(digest=staged.digest), timeout=30))
+            assert whole.value.code() == grpc.StatusCode.NOT_FOUND
+            availability = client.availability(staged.digest)
+            seed.kill()  # no need to wait for the rest
+            pulling.join(60)
+        assert served and refused, f"mid-pull the node should hold some chunks and miss others (served {served}, refused {refused})"
+        assert not availability.complete
+    finally:
+        seed.stop()
+        middle.stop()
+
+
+def test_rollout_cli_forms_a_pipeline_and_locate_finds_holders(tmp_path, big_adapter) -> None:
+    seed = store_node(tmp_path, "seed", rate=32 << 10)
+    ports = [free_port() for _ in range(3)]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    nodes = [
+        LocalNode(tmp_path / f"n{i}", model="none", port=port, peers=[a for a in addresses if a != addresses[i]], extra_args=SMALL_CHUNK)
+        for i, port in enumerate(ports)
+    ]
+    start_all([seed, *nodes])
+    # A fifth node knows its peers only through a DNS name (localhost resolves to the seed's address).
+    finder = store_node(tmp_path, "finder", extra=["--peers-dns", f"localhost:{seed.address.rsplit(':', 1)[1]}"]).start()
+    try:
+        with NodeClient(seed.address) as client:
+            digest = client.stage(big_adapter, "big").digest
+        out = subprocess.run(
+            [sys.executable, "-m", "fabric.cli", "rollout", *addresses, "--id", "big", "--from", seed.address, "--stage-only", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert [r["node"] for r in report["nodes"]] == addresses
+        assert all(r["ok"] and r["digest"] == digest and r["seconds"] > 0 for r in report["nodes"])
+        assert report["slowest_seconds"] == max(r["seconds"] for r in report["nodes"])
+        # A pipeline, not a star: some node received chunks from another node than the seed.
+        assert any(set(r["source_peers"]) - {seed.address} for r in report["nodes"]), report
+        with NodeClient(addresses[0]) as client:
+            located = client.locate("big")
+        assert located.digest == digest
+        assert {h.address for h in located.peers} == set(addresses[1:]) and all(h.complete for h in located.peers)
+        with NodeClient(finder.address) as client:
+            assert [(h.address, h.complete) for h in client.locate("big").peers] == [(seed.address, True)]
+    finally:
+        for node in (seed, *nodes, finder):
+            node.stop()
