@@ -644,10 +644,13 @@ def _check_header(manifest: Manifest, path: Path) -> None:
 class PartialDownload:
     """The weights file of one adapter digest, arriving chunk by chunk; each chunk is verified before it is written.
 
-    Progress is the data itself: a chunk is durable once ``write_chunk``
-    returns (fdatasync), and reopening re-hashes what is on disk, so a chunk
-    counts as verified only if its bytes match. Once committed (or when the
-    digest was already committed on open), reads come from the blob.
+    Progress is the data itself: reopening re-hashes what is on disk, so a
+    chunk counts as verified only if its bytes match. Chunks are therefore not
+    synced one by one (measured: an fdatasync per 1 MiB chunk cost ~100 ms of
+    an 84 MB pull); ``close`` syncs the progress kept for a resume, ``commit``
+    syncs the file before it is installed, and a chunk a power cut loses is
+    simply fetched again. Once committed (or when the digest was already
+    committed on open), reads come from the blob.
     """
 
     def __init__(self, store: AdapterStore, manifest: Manifest, directory: Path | None, lock_fd: int | None = None) -> None:
@@ -734,8 +737,7 @@ class PartialDownload:
                 return
             self._require_open()
             offset = index * self.manifest.weights.chunk_size
-            _pwrite_all(self._fd, data, offset)
-            os.fdatasync(self._fd)
+            _pwrite_all(self._fd, data, offset)  # no fdatasync per chunk: see the class docstring
             self._verified[index] = 1
             self._advance()
 
@@ -826,9 +828,10 @@ class PartialDownload:
             self._close_locked(remove=True, committed=False)
 
     def close(self) -> None:
-        """Let go of the partial, keeping its verified bytes on disk for a later resume."""
+        """Let go of the partial, keeping its verified bytes on disk (synced) for a later resume."""
         with self._lock:
             if self._directory is not None and self._fd is not None:
+                os.fdatasync(self._fd)
                 self._close_locked(remove=False, committed=False)
 
     def _close_locked(self, remove: bool, committed: bool = True) -> None:

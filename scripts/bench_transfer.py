@@ -260,7 +260,7 @@ def _client_sync(path: Path_, port: int, size: int, out: bytearray) -> float:
 
 def run_client(path: Path_, port: int, size: int, digest: str) -> float:
     argv = [sys.executable, __file__, "--client", json.dumps(dataclasses.asdict(path))]
-    argv += ["--port", str(port), "--mib", str(size // MIB), "--digest", digest]
+    argv += ["--port", str(port), "--bytes", str(size), "--digest", digest]
     done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=120)
     if done.returncode != 0:
         raise SystemExit(f"client for {path.label!r} failed (rc={done.returncode})")
@@ -329,8 +329,9 @@ def main() -> None:
     parser.add_argument("--payload", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--digest", help=argparse.SUPPRESS)
+    parser.add_argument("--bytes", type=int, help=argparse.SUPPRESS)  # exact payload size (bench_promote: not a whole MiB)
     args = parser.parse_args()
-    size = args.mib * MIB
+    size = args.bytes or args.mib * MIB
     if args.serve:
         return serve(Path_(**json.loads(args.serve)), args.payload)
     if args.client:

@@ -1,0 +1,203 @@
+#!/usr/bin/env python
+"""Promote benchmark: an 84 MB adapter pulled from a seeder node and landed in a slot, vs a raw socket.
+
+Side by side, in interleaved rounds, for the same bytes (an adapter with
+Llama-3-8B shapes: r=16 on all seven projections of 32 layers, hidden 4096,
+intermediate 14336, k/v out 1024, bf16, PEFT tensor names, ~84 MB):
+
+  raw socket     the weights file's bytes over one TCP connection on loopback
+                 (sendall / recv_into a pre-touched buffer): the physical baseline
+  Fetch stream   the same bytes as one tuned gRPC Fetch stream (fabric.wire), no
+                 verification, no store: what bench_transfer.py calls "tuned"
+  promote        what a node's Promote runs, for real: PeerPuller.pull from a
+                 seeder node process (``--model none``) into a fresh AdapterStore
+                 (manifest, check against the pool, chunks verified by sha256,
+                 written, whole-file check, commit), then prepare_verified (map
+                 the committed blob, stage a slot row) and commit into a slot pool
+                 of Llama-3-8B shapes
+
+A node with a real Llama-3-8B does not fit this machine, so the receiving side
+is a ``ShapeOnlyModel``: the same SlotPool and the same prepare/commit code as
+``MultiLoraModel``, with a module-shape table instead of base weights (the base
+weights are never read by a promote). It runs in this process, as a node's
+worker threads would, with ``wire.tune_malloc()`` as the node's main calls it.
+
+Usage:  .venv/bin/python scripts/bench_promote.py [--rounds 5] [--profile out.prof]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import torch  # noqa: E402
+
+from bench_transfer import Path_, ServerProcess, run_client  # noqa: E402
+from fabric import wire  # noqa: E402
+from fabric.adapter_tensors import lora_pairs  # noqa: E402
+from fabric.cluster import LocalNode  # noqa: E402
+from fabric.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes  # noqa: E402
+from fabric.store import AdapterStore  # noqa: E402
+from fabric.transfer import PeerPuller  # noqa: E402
+
+ADAPTER_ID = "bench/llama3-8b-r16"
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def make_llama3_adapter(directory: Path, rank: int = 16, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Path:
+    """A PEFT-format LoRA adapter with Llama-3-8B shapes, tensors made in code (no download)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for module, (fan_in, fan_out) in llama_module_shapes(**LLAMA3_8B).items():
+        prefix = f"base_model.model.{module}"
+        tensors[f"{prefix}.lora_A.weight"] = (torch.randn(rank, fan_in, generator=g) / fan_in**0.5).to(dtype)
+        tensors[f"{prefix}.lora_B.weight"] = (torch.randn(fan_out, rank, generator=g) * 0.01).to(dtype)
+    save_file(tensors, directory / "adapter_model.safetensors")
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": "meta-llama/Meta-Llama-3-8B",
+        "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0, "bias": "none", "target_modules": list(PROJECTIONS),
+    }  # fmt: skip
+    (directory / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+class Receiver:
+    """The receiving node's promote path, in this process."""
+
+    def __init__(self, workdir: Path, seeder: str) -> None:
+        self.workdir = workdir
+        self.seeder = seeder
+        self.model = ShapeOnlyModel.llama3_8b(slots=2, max_rank=16, device="cpu", dtype=torch.bfloat16)
+        self.rounds = 0
+
+    def promote(self) -> dict[str, float]:
+        """One promote into a fresh store (so the bytes really move); seconds per phase."""
+        self.rounds += 1
+        root = self.workdir / f"store-{self.rounds}"
+        store = AdapterStore(root)
+        puller = PeerPuller(store)
+        model = self.model
+        try:
+            def check(manifest) -> None:
+                model.check_compatible(lora_pairs(manifest.index, manifest.config))
+
+            t0 = time.perf_counter()
+            manifest, stats = puller.pull([self.seeder], ADAPTER_ID, check)
+            t1 = time.perf_counter()
+            prepared = model.prepare_verified(manifest, store.blob_path(manifest.weights.sha256), f"r{self.rounds % 3}")
+            t2 = time.perf_counter()
+            try:
+                model.commit(prepared)
+            finally:
+                model.recycle(prepared)
+            t3 = time.perf_counter()
+            assert stats.bytes_transferred == manifest.weights.size, stats
+            return {"pull": t1 - t0, "prepare": t2 - t1, "commit": t3 - t2, "total": t3 - t0}
+        finally:
+            puller.channels.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+    def prepare_rehashing(self, store_root: Path) -> float:
+        """For reference: prepare from a materialized directory (reads a private copy and hashes it again)."""
+        store = AdapterStore(store_root)
+        view = store.materialize(ADAPTER_ID)
+        t0 = time.perf_counter()
+        prepared = self.model.prepare(view, "rehash")
+        seconds = time.perf_counter() - t0
+        self.model.recycle(prepared)
+        return seconds
+
+
+def summarize(values: list[float]) -> tuple[float, float]:
+    return min(values), statistics.median(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds, each running every row once")
+    parser.add_argument("--profile", help="write a cProfile of the promote rounds to this file")
+    args = parser.parse_args()
+    wire.tune_malloc()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench_promote_") as tmp:
+        tmp = Path(tmp)
+        adapter = make_llama3_adapter(tmp / "adapter")
+        weights = adapter / "adapter_model.safetensors"
+        size = weights.stat().st_size
+        digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+        seed_store = tmp / "seeder"
+        AdapterStore(seed_store).stage(adapter, ADAPTER_ID)  # staged before the seeder starts
+        load_before = os.getloadavg()[0]
+        node = LocalNode(seed_store, model="none", log_path=tmp / "seeder.log").start()
+        raw_row = Path_("raw socket", "raw-socket", "raw-socket")
+        stream_row = Path_("Fetch stream", "wire", "wire", wire.FETCH_CHUNK_SIZE)
+        servers = {row.label: ServerProcess(row, str(weights)) for row in (raw_row, stream_row)}
+        receiver = Receiver(tmp, node.address)
+        profiler = None
+        if args.profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+        times: dict[str, list[float]] = {"raw": [], "stream": [], "pull": [], "prepare": [], "commit": [], "total": []}
+        try:
+            receiver.promote()  # warm-up: imports, first allocation of the staging row
+            for round_ in range(args.rounds):
+                times["raw"].append(run_client(raw_row, servers[raw_row.label].port, size, digest))
+                times["stream"].append(run_client(stream_row, servers[stream_row.label].port, size, digest))
+                if profiler is not None:
+                    profiler.enable()
+                phases = receiver.promote()
+                if profiler is not None:
+                    profiler.disable()
+                for key, value in phases.items():
+                    times[key].append(value)
+                print(f"round {round_ + 1}/{args.rounds}: promote {phases['total'] * 1e3:.0f} ms", file=sys.stderr, flush=True)
+            rehash = [receiver.prepare_rehashing(seed_store) for _ in range(3)]
+        finally:
+            for server in servers.values():
+                server.close()
+            node.stop()
+        if profiler is not None:
+            profiler.dump_stats(args.profile)
+
+    raw_best, raw_median = summarize(times["raw"])
+    print(f"adapter: Llama-3-8B shapes, r=16, 7 projections x 32 layers, bf16, {size / 1e6:.1f} MB weights file; "
+          f"{args.rounds} interleaved rounds; cpus {os.cpu_count()}; load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after")
+    print(f"{'row':<44}{'best ms':>9}{'median ms':>11}{'best/raw':>10}{'med/raw':>9}")
+    rows = [
+        ("raw socket, same bytes", "raw"),
+        ("Fetch stream (tuned, no verification)", "stream"),
+        ("promote: pull (manifest, verify, store)", "pull"),
+        ("promote: prepare_verified (map + stage)", "prepare"),
+        ("promote: commit (slot copy)", "commit"),
+        ("promote: total", "total"),
+    ]
+    for label, key in rows:
+        best, median = summarize(times[key])
+        print(f"{label:<44}{best * 1e3:>9.1f}{median * 1e3:>11.1f}{best / raw_best:>10.2f}{median / raw_median:>9.2f}")
+    print(f"{'(reference) prepare from a directory, hashing':<44}{min(rehash) * 1e3:>9.1f}{statistics.median(rehash) * 1e3:>11.1f}")
+    best_ratio = min(times["total"]) / raw_best
+    median_ratio = statistics.median(times["total"]) / raw_median
+    verdict = "met" if median_ratio <= 1.5 else "NOT met"
+    print(f"goal: promote total within 1.5x raw socket: best {best_ratio:.2f}x, median {median_ratio:.2f}x -> {verdict}; "
+          f"wall {time.perf_counter() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
