@@ -84,7 +84,8 @@ def test_chain_a_b_c_matches_peft(cluster, clients, adapters) -> None:
     assert on_b.digest == on_c.digest == staged.digest
     assert on_b.content_id == on_c.content_id == staged.content_id != 0
     assert on_b.bytes_transferred == on_c.bytes_transferred == weights_size(adapters["alpha"])
-    assert on_c.source_peer == cluster.nodes[1].address
+    # C pulls from B first and, as a swarm, from its other known peer (A) too: B served part of what it pulled.
+    assert on_c.source_peer.split(",")[0] == cluster.nodes[1].address
     got = torch.tensor(c.generate(PROMPT, "alpha", return_logits=True).last_logits)
     assert (got - reference_logits(adapters["alpha"])).abs().max().item() < 1e-5
     assert "chain/alpha" in {s.adapter_id for s in c.list().staged}

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Swarm rollout across network namespaces: time until every node has a 64 MiB adapter.
+
+    sudo .venv/bin/python scripts/bench_swarm.py                      # 8 and 16 nodes, 200 Mbit/s links
+    sudo .venv/bin/python scripts/bench_swarm.py --nodes 16 --rate-mbit 100
+
+Per node count: N store-only nodes (``--model none``), each in its own network
+namespace, joined through a bridge; every link limited with tc tbf in both
+directions. The adapter (PEFT names, made in code) is staged on node 0, the
+seed. Side by side, in one run on the same nodes:
+
+- single: one node pulls from the seed alone (the link-speed baseline);
+- swarm:  every other node pulls at once, from the seed and from each other;
+- star:   every other node pulls at once from the seed alone.
+
+Printed: each mode's slowest node, and ratios against single. Needs root and
+``ip netns``; prints why and exits 0 where they are missing. Namespaces and
+processes are removed on exit, also on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fabric import netlab  # noqa: E402
+
+PORT = 50051
+ADAPTER_ID = "bench/swarm"
+
+
+def make_adapter(out: Path, size_mib: int, hidden: int = 4096, rank: int = 32) -> Path:
+    """A PEFT-named LoRA adapter of ``size_mib`` MiB (F32, q_proj and v_proj per layer, 1 MiB per module at the defaults)."""
+    import torch
+    from safetensors.torch import save_file
+
+    per_module = 2 * rank * hidden * 4
+    layers = max(1, (size_mib << 20) // (2 * per_module))
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for layer in range(layers):
+        for module in ("q_proj", "v_proj"):
+            name = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{name}.lora_A.weight"] = torch.randn(rank, hidden, generator=generator) * 0.01
+            tensors[f"{name}.lora_B.weight"] = torch.randn(hidden, rank, generator=generator) * 0.01
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": ["q_proj", "v_proj"], "task_type": "CAUSAL_LM", "base_model_name_or_path": "bench-swarm"}
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return out
+
+
+# ------------------------------------------------------------------ inner: runs in the ctl namespace
+
+
+def inner(args: argparse.Namespace) -> dict:
+    from fabric.client import NodeClient
+    from fabric.cluster import LocalNode
+    from fabric.rollout import rollout
+
+    lab = netlab.NetLab(args.prefix, args.count, args.rate_mbit, subnet=args.subnet)
+    addresses = [f"{lab.node_ip(i)}:{PORT}" for i in range(args.count)]
+    work = Path(args.work)
+    nodes = [
+        LocalNode(
+            work / f"n{i}", model="none", host=lab.node_ip(i), port=PORT, netns=lab.node_ns(i),
+            peers=[a for a in addresses if a != addresses[i]],
+            extra_args=["--chunk-size", str(args.chunk_kib << 10), "--log-level", "WARNING", "--stall-timeout", "30"],
+        )
+        for i in range(args.count)
+    ]  # fmt: skip
+    seed, receivers = addresses[0], addresses[1:]
+    staged = None
+
+    def client(address: str) -> NodeClient:
+        return NodeClient(address, timeout=1800)
+
+    def clear() -> None:
+        for address in receivers:
+            with client(address) as c:
+                try:
+                    c.unstage(ADAPTER_ID)
+                except Exception:
+                    pass
+
+    def timed(mode: str, targets: list[str], named_peer_only: bool) -> dict:
+        clear()
+        results = rollout(targets, ADAPTER_ID, seed, stage_only=True, named_peer_only=named_peer_only, client_for=client)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise SystemExit(f"{mode}: {failed[0].node}: {failed[0].error}")
+        seconds = sorted(r.seconds for r in results)
+        row = {"mode": mode, "digest_ok": all(r.digest == staged.digest for r in results), "nodes": len(targets), "slowest_s": seconds[-1], "fastest_s": seconds[0], "median_s": seconds[len(seconds) // 2]}
+        row["bytes_moved"] = sum(r.bytes_transferred for r in results)
+        print(f"  {mode:<6} {len(targets):>2} receivers: slowest {seconds[-1]:6.2f} s  median {row['median_s']:6.2f} s  fastest {seconds[0]:6.2f} s", file=sys.stderr, flush=True)
+        return row
+
+    try:
+        for node in nodes:
+            node.launch()
+        for node in nodes:
+            node.wait_ready()
+        with client(seed) as c:
+            staged = c.stage(args.adapter, ADAPTER_ID)
+        rows = [timed("single", receivers[:1], True)]
+        rows.append(timed("swarm", receivers, False))
+        if not args.skip_star:
+            rows.append(timed("star", receivers, True))
+        return {"count": args.count, "rate_mbit": args.rate_mbit, "size": staged.bytes_received, "chunk_kib": args.chunk_kib, "rows": rows}
+    finally:
+        for node in nodes:
+            node.stop(timeout=10)
+
+
+# ------------------------------------------------------------------ outer: sets up and tears down
+
+
+def run_count(args: argparse.Namespace, count: int, adapter: Path) -> dict:
+    lab = netlab.NetLab(args.prefix, count, args.rate_mbit, subnet=args.subnet)
+    try:
+        lab.up()
+        work = Path(args.work) / f"c{count}"
+        subprocess.run(["rm", "-rf", str(work)], check=True)
+        command = [
+            *lab.exec_prefix(lab.ctl), sys.executable, str(Path(__file__).resolve()), "--inner",
+            "--prefix", args.prefix, "--count", str(count), "--rate-mbit", str(args.rate_mbit), "--chunk-kib", str(args.chunk_kib),
+            "--adapter", str(adapter), "--work", str(work), "--subnet", args.subnet, *(["--skip-star"] if args.skip_star else []),
+        ]  # fmt: skip
+        out = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            raise SystemExit(f"bench with {count} nodes failed (exit {out.returncode}); node logs under {work}")
+        return json.loads(out.stdout)
+    finally:
+        lab.down()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", default="8,16", help="comma-separated node counts (seed included)")
+    parser.add_argument("--rate-mbit", type=float, default=200.0, help="each link, each direction")
+    parser.add_argument("--size-mib", type=int, default=64)
+    parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--skip-star", action="store_true", help="leave out the slow seeder-only baseline")
+    parser.add_argument("--prefix", default="fswb")
+    parser.add_argument("--subnet", default="10.203.0", help="the bridge's /24 (node i is .i+1)")
+    parser.add_argument("--work", default="/dev/shm/fabric-bench-swarm", help="node stores and logs (tmpfs keeps the disk out of the figures)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--adapter", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.inner:
+        print(json.dumps(inner(args)))
+        return
+    ok, why = netlab.available()
+    if not ok:
+        print(f"bench_swarm: skipped ({why})")
+        return
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks remove namespaces and processes.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    adapter = make_adapter(Path(args.work) / "adapter", args.size_mib)
+    results = []
+    try:
+        for count in [int(c) for c in args.nodes.split(",")]:
+            print(f"{count} nodes, {args.rate_mbit:g} Mbit/s links, {args.size_mib} MiB adapter, {args.chunk_kib} KiB chunks:", file=sys.stderr, flush=True)
+            results.append(run_count(args, count, adapter))
+    finally:
+        subprocess.run(["rm", "-rf", args.work])
+    print()
+    print("| nodes | link | mode | receivers | slowest s | median s | fastest s | slowest / single |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    for result in results:
+        single = result["rows"][0]["slowest_s"]
+        for row in result["rows"]:
+            print(
+                f"| {result['count']} | {result['rate_mbit']:g} Mbit/s | {row['mode']} | {row['nodes']} | {row['slowest_s']:.2f} | "
+                f"{row['median_s']:.2f} | {row['fastest_s']:.2f} | {row['slowest_s'] / single:.2f} |"
+            )
+    if args.json:
+        print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
