@@ -387,3 +387,46 @@ def test_fetch_streams_per_peer_are_limited(limits, adapters) -> None:
         finally:
             for call in held:
                 call.cancel()
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+@pytest.mark.parametrize(
+    ("peer", "host"),
+    [("ipv4:10.0.0.2:5123", "10.0.0.2"), ("ipv6:[::1]:40000", "[::1]"), ("unix:/tmp/sock", "/tmp/sock"), ("weird", "weird")],
+)
+def test_streams_are_counted_per_peer_host(peer, host) -> None:
+    from fabric.limits import peer_host
+
+    assert peer_host(peer) == host
+
+
+def test_which_methods_need_the_token() -> None:
+    from fabric.security import BearerAuth
+
+    for peer_reads in (False, True):
+        auth = BearerAuth(TOKEN, peer_reads=peer_reads)
+        assert not auth.requires_token("/grpc.health.v1.Health/Check")
+        assert not auth.requires_token("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+        for method in ("Stage", "UploadOffset", "Promote", "Unstage", "SetActive", "Pin", "Generate", "ListAdapters", "SomethingNew"):
+            assert auth.requires_token(f"/fabric.v1.Fabric/{method}")
+        for method in ("Fetch", "GetManifest", "Availability", "Locate"):
+            assert auth.requires_token(f"/fabric.v1.Fabric/{method}") is peer_reads
+        assert auth.authorized((("authorization", f"Bearer {TOKEN}"),))
+        assert not auth.authorized((("authorization", f"bearer {TOKEN}"),))
+        assert not auth.authorized((("authorization", f"Bearer {TOKEN[:-1]}"),))
+        assert not auth.authorized((("x-token", TOKEN),))
+        assert not auth.authorized(None)
+
+
+@pytest.mark.parametrize(("content", "message"), [(b"", "is empty"), (b"two words", "without spaces"), ("t\u00f6ken".encode(), "non-ASCII")])
+def test_bad_token_files_are_refused(tmp_path, content, message) -> None:
+    from fabric.errors import InvalidArgument
+    from fabric.security import read_token
+
+    (tmp_path / "token").write_bytes(content)
+    with pytest.raises(InvalidArgument, match=message):
+        read_token(tmp_path / "token")
+    (tmp_path / "token").write_bytes(b"  good-token\n")
+    assert read_token(tmp_path / "token") == "good-token"
