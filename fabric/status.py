@@ -51,8 +51,8 @@ def status_code_for(exc: errors.FabricError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def _detail(exc: errors.FabricError) -> bytes:
-    return fabric_pb2.ErrorDetail(kind=type(exc).__name__, message=str(exc), retryable=exc.retryable).SerializeToString()
+def _detail(exc: errors.FabricError, message: str) -> bytes:
+    return fabric_pb2.ErrorDetail(kind=type(exc).__name__, message=message, retryable=exc.retryable).SerializeToString()
 
 
 async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError) -> None:
@@ -60,7 +60,8 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError)
     message = str(exc)
     if code in _ADVICE:
         message = f"{message} ({_ADVICE[code]})"
-    context.set_trailing_metadata(((ERROR_DETAIL_KEY, _detail(exc)),))
+    # The detail carries the advice too: Python clients rebuild the error from it.
+    context.set_trailing_metadata(((ERROR_DETAIL_KEY, _detail(exc, message)),))
     await context.abort(code, message)
 
 
