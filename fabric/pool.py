@@ -310,7 +310,10 @@ class SlotPool:
 
     def _write(self, slot: int, staged: StagedAdapter) -> None:
         try:
-            self.storage[slot].copy_(staged.row, non_blocking=True)
+            if self.device.type == "cpu":
+                _host_copy(self.storage[slot], staged.row)  # one thread: no wait for torch's intra-op pool
+            else:
+                self.storage[slot].copy_(staged.row, non_blocking=True)
             self.scaling[:, slot].copy_(staged.scaling, non_blocking=True)
             if self.device.type == "cuda":
                 # The slot is marked ready only once the bytes are on the device.
