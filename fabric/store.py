@@ -521,6 +521,10 @@ class AdapterStore:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)  # views are built under the lock: never live here
                 continue
+            if _writer_alive(entry.name):
+                # A temp blob is unlocked between its write and its rename into blobs/: the
+                # lock alone cannot tell "abandoned" from "about to be installed".
+                continue
             try:
                 fd = os.open(entry.path, os.O_RDONLY)
             except FileNotFoundError:
@@ -629,6 +633,22 @@ class AdapterStore:
     def _forget_upload(self, key: str) -> None:
         with self._open_lock:
             self._open_uploads.pop(key, None)
+
+
+def _writer_alive(temp_name: str) -> bool:
+    """Whether the process that named a temp file ``<pid>-<hex>`` still runs (this one included)."""
+    pid_text = temp_name.split("-", 1)[0]
+    if not pid_text.isdigit():
+        return False
+    if int(pid_text) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _check_header(manifest: Manifest, path: Path) -> None:
