@@ -12,6 +12,8 @@ from typing import Any, Iterable
 
 import torch
 
+from fabric.errors import InvalidArgument
+
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 _TINY_SHAPE = dict(
@@ -42,7 +44,7 @@ def tiny_config(family: str = "llama"):
         from transformers import Qwen2Config
 
         return Qwen2Config(**_TINY_SHAPE, use_sliding_window=False)
-    raise ValueError(f"unknown tiny model family {family!r}; known: llama, mistral, qwen2")
+    raise InvalidArgument(f"unknown tiny model family {family!r}; known: llama, mistral, qwen2")
 
 
 def build_tiny_model(family: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -63,7 +65,7 @@ def load_base_model(spec: str, dtype: torch.dtype = torch.float32):
     path = Path(spec)
     if not path.is_dir():
         known = ", ".join(sorted(TINY_PRESETS))
-        raise ValueError(f"model {spec!r} is neither a preset ({known}) nor a local model directory")
+        raise InvalidArgument(f"model {spec!r} is neither a preset ({known}) nor a local model directory")
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
