@@ -15,9 +15,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     from fabric import wire
     from node.server import serve  # after argument parsing: --help stays instant
 
-    wire.tune_malloc()  # process-wide; 30-45% faster streams (docs/BENCHMARKS.md)
+    from fabric.errors import FabricError
 
-    asyncio.run(serve(settings))
+    wire.tune_malloc()  # process-wide; 30-45% faster streams (docs/BENCHMARKS.md)
+    try:
+        asyncio.run(serve(settings))
+    except FabricError as exc:  # bad flags or files found at start: one line, not a traceback
+        raise SystemExit(f"fabric-node: {type(exc).__name__}: {exc}") from None
 
 
 if __name__ == "__main__":
