@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -380,6 +379,7 @@ def test_disk_full_during_pull(cluster, small_disk, adapters, tmp_path) -> None:
                 client.promote("big", peer=fast.address, name="big")
             assert committed(node.address) == before
             assert sorted(p.name for p in (small_disk / "store" / "blobs").rglob("*") if p.is_file()) == blobs_before
+            assert any((small_disk / "store" / "partial").iterdir()), "the verified chunks stay in partial/ for a resume"
             filler.unlink()  # space freed: the same pull now completes (resuming what was verified)
             reply = client.promote("big", peer=fast.address, name="big")
             assert 0 < reply.bytes_transferred <= weights_size(adapters["big"])

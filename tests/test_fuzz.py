@@ -15,7 +15,6 @@ import json
 import struct
 import tracemalloc
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings

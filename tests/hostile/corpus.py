@@ -30,7 +30,6 @@ from fabric.errors import (
     FabricError,
     IncompatibleAdapter,
     InvalidAdapter,
-    InvalidAdapterId,
     InvalidConfig,
     InvalidHeader,
     InvalidTensors,
