@@ -89,31 +89,37 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     async def Stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest], context) -> fabric_pb2.StageResponse:
         upload = None
         received = 0
-        async for message in request_iterator:
-            kind = message.WhichOneof("kind")
-            if kind == "begin":
-                if upload is not None:
-                    raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
-                begin = message.begin
-                upload = await self._io(
-                    self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
-                )
-                if begin.offset != upload.offset:
-                    raise InvalidArgument(
-                        f"Stage of {begin.adapter_id!r} resumes at offset {begin.offset} but this node holds {upload.offset} bytes; "
-                        f"ask UploadOffset and resume from there"
+        try:
+            async for message in request_iterator:
+                kind = message.WhichOneof("kind")
+                if kind == "begin":
+                    if upload is not None:
+                        raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
+                    begin = message.begin
+                    upload = await self._io(
+                        self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
                     )
-            elif kind == "data":
-                if upload is None:
-                    raise InvalidArgument("Stage stream sent data before its StageBegin")
-                await self._io(upload.append, message.data.offset, message.data.data)
-                received += len(message.data.data)
-            else:
-                raise InvalidArgument("Stage stream sent an empty StageRequest")
-        if upload is None:
-            raise InvalidArgument("Stage stream ended without a StageBegin")
-        # A stream that ends early leaves its verified prefix in the upload area for a resume.
-        manifest = await self._io(upload.commit)
+                    if begin.offset != upload.offset:
+                        raise InvalidArgument(
+                            f"Stage of {begin.adapter_id!r} resumes at offset {begin.offset} but this node holds {upload.offset} bytes; "
+                            f"ask UploadOffset and resume from there"
+                        )
+                elif kind == "data":
+                    if upload is None:
+                        raise InvalidArgument("Stage stream sent data before its StageBegin")
+                    await self._io(upload.append, message.data.offset, message.data.data)
+                    received += len(message.data.data)
+                else:
+                    raise InvalidArgument("Stage stream sent an empty StageRequest")
+            if upload is None:
+                raise InvalidArgument("Stage stream ended without a StageBegin")
+            # A stream that ends early leaves its verified prefix in the upload area for a resume.
+            manifest = await self._io(upload.commit)
+        except BaseException:
+            if upload is not None:
+                # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume.
+                await self._io(upload.close)
+            raise
         log.info("staged %s digest=%s (%d bytes received)", manifest.adapter_id, manifest.digest[:12], received)
         return fabric_pb2.StageResponse(
             adapter_id=manifest.adapter_id,
