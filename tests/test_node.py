@@ -243,3 +243,27 @@ def test_killed_only_peer_gives_unavailable_then_resumes(tmp_path, adapters) -> 
     finally:
         seeder.stop()
         puller.stop()
+
+
+def test_invariant_7_generate_keeps_answering_while_a_pull_runs(tmp_path, adapters) -> None:
+    """No network I/O under the model lock: a slow pull never blocks the resident adapters."""
+    seeder = _slow_seeder(tmp_path, "seed", free_port(), rate=16 << 10).start()
+    puller = LocalNode(tmp_path / "puller", port=free_port()).start()
+    try:
+        with NodeClient(seeder.address) as seed_client:
+            seed_client.stage(adapters["big"], "big")
+        with NodeClient(puller.address) as client:
+            client.stage(adapters["alpha"], "alpha")
+            client.promote("alpha", name="alpha")
+            with ThreadPoolExecutor(1) as pool:
+                pulling = pool.submit(client.promote, "big", peer=seeder.address, name="big")
+                answered_during_pull = 0
+                while not pulling.done() and answered_during_pull < 5:
+                    client.generate(PROMPT, "alpha", max_new_tokens=2)
+                    if not pulling.done():
+                        answered_during_pull += 1
+                assert answered_during_pull == 5, "Generate waited for the pull"
+                assert pulling.result().digest
+    finally:
+        seeder.stop()
+        puller.stop()
