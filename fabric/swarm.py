@@ -16,6 +16,13 @@ The policy, after BitTorrent:
   re-requests the unverified chunks of the oldest request that has been out
   longer than ``endgame_after`` seconds on another peer (one duplicate per
   chunk); whichever copy lands first wins and the other is cancelled.
+
+Serving side (super-seeding, after BitTorrent's): a swarm request also names
+the chunks the puller would take instead (``FetchRequest.accept_bitmap``);
+the serving node sends, for each requested chunk, one it has handed out least
+(``pick_chunks``). Pullers only learn who holds what with a delay, so without
+this the seed sends the same chunk to several nodes; with it, its upload
+carries every chunk once before any chunk twice.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import itertools
 import random
 import statistics
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 #: requests outstanding per peer
 WINDOW = 2
@@ -62,6 +69,18 @@ class Request:
     started: float
     endgame: bool = False  # a duplicate of chunks another request carries
     id: int = field(default_factory=lambda: next(_ids))
+    accept: frozenset[int] = frozenset()  # chunks the peer may send instead (super-seeding); empty = exactly ``chunks``
+
+
+def substitutes(plan: SwarmPlan, request: Request) -> frozenset[int]:
+    """What ``request`` accepts in place of its chunks: every needed chunk no other request carries.
+
+    Endgame copies want their chunks exactly; a pull from one peer gains
+    nothing from substitutes (it needs every chunk from it anyway).
+    """
+    if request.endgame or len(plan.peers) < 2:
+        return frozenset()
+    return frozenset(c for c in plan.needed if c not in plan.carriers) | frozenset(request.chunks)
 
 
 @dataclass
@@ -230,6 +249,29 @@ def finish(plan: SwarmPlan, request: Request, now: float | None = None) -> None:
 def redundant(plan: SwarmPlan) -> list[Request]:
     """Outstanding requests whose every chunk is verified already (the other endgame copy won): cancel them."""
     return [r for r in plan.outstanding.values() if not any(c in plan.needed for c in r.chunks)]
+
+
+def pick_chunks(requested: Sequence[int], accept: Iterable[int], holds: Callable[[int], bool], sent: list[int], rng: random.Random) -> list[int]:
+    """Chunks to serve for a request that accepts substitutes; ``sent[i]`` (handed-out counts) is bumped.
+
+    For each requested chunk: itself, when this node holds it and has handed
+    it out no more than any other acceptable chunk it holds; else one of
+    those least handed out (at random, so concurrent requests spread). Fewer
+    chunks than requested when this node holds no more acceptable ones.
+    """
+    pool = {c for c in accept if 0 <= c < len(sent) and holds(c)}
+    picked: list[int] = []
+    for want in requested:
+        if 0 <= want < len(sent) and holds(want):
+            pool.add(want)
+        if not pool:
+            break
+        least = min(sent[c] for c in pool)
+        choice = want if want in pool and sent[want] == least else rng.choice([c for c in pool if sent[c] == least])
+        pool.discard(choice)
+        sent[choice] += 1
+        picked.append(choice)
+    return picked
 
 
 def bitmap_to_chunks(bitmap: bytes, chunk_count: int) -> set[int]:

@@ -21,7 +21,9 @@ The client is synchronous on purpose: it runs on worker threads of the node
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -58,6 +60,8 @@ TICK_S = 0.1
 BUSY_BACKOFF_S = 0.5
 #: threads of one pull at most (fetches beyond wait for a free one)
 MAX_PULL_THREADS = 64
+#: a directory: every pull writes a JSON trace of its requests there (scripts/bench_swarm.py reads them)
+TRACE_ENV = "FABRIC_PULL_TRACE"
 
 
 @dataclass
@@ -313,6 +317,8 @@ class _SwarmPull:
         self.corrupt: dict[str, int] = {}
         self.delivered: dict[str, int] = {}
         self._count_lock = threading.Lock()
+        self.trace: list[list] | None = [] if os.environ.get(TRACE_ENV) else None
+        self.t0 = time.monotonic()
         workers = len(peers) * puller.window + len(peers)
         self.pool = ThreadPoolExecutor(max_workers=min(MAX_PULL_THREADS, workers), thread_name_prefix="pull")
 
@@ -353,6 +359,17 @@ class _SwarmPull:
                 handle.cancel()
             self.pool.shutdown(wait=True)
             self.stats.source_peers = [p for p in plan.peers if self.delivered.get(p)]
+            if self.trace is not None:
+                self._write_trace()
+
+    def _write_trace(self) -> None:
+        """One JSON file per pull: [seconds since start, event, peer, chunks] rows, for the swarm benchmark."""
+        path = os.path.join(os.environ[TRACE_ENV], f"pull-{self.manifest.digest[:12]}-{os.getpid()}-{id(self):x}.json")
+        try:
+            with open(path, "w") as f:
+                json.dump({"peers": list(self.plan.peers), "events": self.trace}, f)
+        except OSError as exc:
+            log.warning("pull trace not written to %s: %s", path, exc)
 
     def _stopped(self, why: str = "") -> PeerUnavailable:
         weights = self.weights
@@ -364,7 +381,10 @@ class _SwarmPull:
         )
 
     def _start(self, request: swarm.Request) -> None:
+        request.accept = swarm.substitutes(self.plan, request)
         handle = self.active[request.id] = _Active()
+        if self.trace is not None:
+            self.trace.append([time.monotonic() - self.t0, "start", request.peer, request.chunks])
         if request.endgame:
             self.stats.endgame_requests += 1
         self.pool.submit(self._fetch, request, handle)
@@ -387,8 +407,14 @@ class _SwarmPull:
         kind, subject, detail = event
         plan = self.plan
         if kind == "chunk":
+            if self.trace is not None:
+                self.trace.append([now - self.t0, "chunk", subject.peer, [detail]])
             swarm.chunk_verified(plan, detail)
             return True
+        if kind == "dup":
+            if self.trace is not None:
+                self.trace.append([now - self.t0, "dup", subject.peer, [detail]])
+            return False
         if kind == "poll":
             self.polling.discard(subject)
             self.last_poll[subject] = now
@@ -402,6 +428,8 @@ class _SwarmPull:
             self._drop(subject, str(detail))
             return False
         request: swarm.Request = subject
+        if self.trace is not None:
+            self.trace.append([now - self.t0, kind, request.peer, request.chunks])
         self.active.pop(request.id, None)
         swarm.finish(plan, request, now if kind == "done" else None)
         peer = request.peer
@@ -474,7 +502,8 @@ class _SwarmPull:
         if self.puller.download_limit is not None:
             self.puller.download_limit.acquire(end - offset)
         fetch = wire.fetch_stub(self.puller.channels.get(peer))
-        call = fetch(fabric_pb2.FetchRequest(digest=self.manifest.digest, file=weights.name, offset=offset, length=end - offset))
+        accept = swarm.chunks_to_bitmap(request.accept, weights.chunk_count) if request.accept else b""
+        call = fetch(fabric_pb2.FetchRequest(digest=self.manifest.digest, file=weights.name, offset=offset, length=end - offset, accept_bitmap=accept))
         handle.attach(call)
         expected = request.chunks
         position = 0
@@ -483,14 +512,18 @@ class _SwarmPull:
                 handle.feed()
                 self._count(peer, len(data))
                 index, rest = divmod(got, weights.chunk_size)
-                if rest or position >= len(expected) or index != expected[position]:
+                exact = position < len(expected) and index == expected[position]
+                if rest or position >= len(expected) or not (exact or index in request.accept):
                     want = expected[position] * weights.chunk_size if position < len(expected) else end
                     raise IntegrityError(f"{peer} sent offset {got}, expected {want}")
+                position += 1
+                if index in self.done:  # a substitute that arrived by another route meanwhile
+                    self.events.put(("dup", request, index))
+                    continue
                 self.partial.write_chunk(index, data)  # verifies first; IntegrityError = corrupt
                 self.done.add(index)
                 self.events.put(("chunk", request, index))
-                position += 1
-                if all(c in self.done for c in expected[position:]):
+                if not request.accept and all(c in self.done for c in expected[position:]):
                     break  # the rest came from another copy (endgame)
         except IntegrityError as exc:  # a bad chunk, a misplaced one, or a malformed message
             raise _Refused("corrupt", exc) from None
@@ -504,6 +537,8 @@ class _SwarmPull:
             raise _Refused(kind, error) from None
         finally:
             call.cancel()  # no-op when the stream ended; stops the peer's sending when we left early
+        if request.accept and position and not handle.cancelled:
+            return  # it may send other chunks than those asked for, and fewer: what is still needed is asked again
         if not all(c in self.done for c in expected):
             if handle.cancelled:
                 raise _Refused("cancelled", None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import AsyncIterator, Callable, Sequence, TypeVar
@@ -39,6 +40,8 @@ T = TypeVar("T")
 
 #: the name a GenerateRequest uses for the base model
 BASE_NAME = "base"
+#: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
+SENT_COUNTS_KEPT = 16
 
 
 class FabricServicer(fabric_pb2_grpc.FabricServicer):
@@ -54,6 +57,9 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         # Known peers: the static list plus a DNS name, re-resolved on every use (fabric.discovery).
         self.peer_source = peer_source or PeerSource(static=self.peers)
         self._model_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        # Per digest, how often each chunk was handed out to swarm pulls (super-seeding); touched on the event loop only.
+        self._sent: dict[str, list[int]] = {}
+        self._rng = random.Random()
 
     def close(self) -> None:
         self._model_worker.shutdown(wait=True)
@@ -159,16 +165,25 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         if request.offset > entry.size:
             raise InvalidArgument(f"Fetch offset {request.offset} is past the end of {entry.name} ({entry.size} bytes)")
         end = entry.size if request.length == 0 else min(entry.size, request.offset + request.length)
+        chunks: Sequence[int] = range(request.offset // entry.chunk_size, -(-end // entry.chunk_size))
+        if request.accept_bitmap and entry.name == manifest.weights.name:
+            chunks = self._pick(manifest.digest, entry.chunk_count, chunks, request.accept_bitmap, lambda c: True)
         path = self.store.blob_path(entry.sha256)
         with open(path, "rb") as f:
-            offset = request.offset
-            while offset < end:
-                length = min(entry.chunk_size, end - offset)
+            for index in chunks:
+                offset, length = entry.chunk_span(index)
                 if self._upload_limit is not None:
                     await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
                 data = await self._io(os.pread, f.fileno(), length, offset)
                 yield wire.encode_chunk(offset, data)
-                offset += length
+
+    def _pick(self, digest: str, chunk_count: int, requested: Sequence[int], accept_bitmap: bytes, holds: Callable[[int], bool]) -> list[int]:
+        """Super-seeding (fabric.swarm.pick_chunks): the chunks this node has handed out least, among those the caller takes."""
+        sent = self._sent.pop(digest, None) or [0] * chunk_count
+        self._sent[digest] = sent  # most recently used last
+        while len(self._sent) > SENT_COUNTS_KEPT:
+            del self._sent[next(iter(self._sent))]
+        return swarm.pick_chunks(requested, swarm.bitmap_to_chunks(accept_bitmap, chunk_count), holds, sent, self._rng)
 
     async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest) -> AsyncIterator[bytes]:
         """Chunks of an adapter still arriving here: only verified ones, and the whole range must be verified up front."""
@@ -178,8 +193,10 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         if request.offset % weights.chunk_size or request.offset >= weights.size:
             raise InvalidArgument(f"Fetch offset {request.offset} is not a chunk boundary inside {weights.name} ({weights.size} bytes, chunks of {weights.chunk_size})")
         end = weights.size if request.length == 0 else min(weights.size, request.offset + request.length)
-        chunks = range(request.offset // weights.chunk_size, (end + weights.chunk_size - 1) // weights.chunk_size)
+        chunks: Sequence[int] = range(request.offset // weights.chunk_size, (end + weights.chunk_size - 1) // weights.chunk_size)
         verified = partial.verified_chunks
+        if request.accept_bitmap:
+            chunks = self._pick(request.digest, weights.chunk_count, chunks, request.accept_bitmap, verified.__contains__) or chunks
         missing = [i for i in chunks if i not in verified]
         if missing:
             # NOT_FOUND, not an error of the caller: its view of our chunks is stale; it asks another peer.

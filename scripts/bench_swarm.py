@@ -69,11 +69,13 @@ def inner(args: argparse.Namespace) -> dict:
     lab = netlab.NetLab(args.prefix, args.count, args.rate_mbit, subnet=args.subnet)
     addresses = [f"{lab.node_ip(i)}:{PORT}" for i in range(args.count)]
     work = Path(args.work)
+    trace_dir = work / "traces"
     nodes = [
         LocalNode(
             work / f"n{i}", model="none", host=lab.node_ip(i), port=PORT, netns=lab.node_ns(i),
             peers=[a for a in addresses if a != addresses[i]],
             extra_args=["--chunk-size", str(args.chunk_kib << 10), "--log-level", "WARNING", "--stall-timeout", "30"],
+            env={"FABRIC_PULL_TRACE": str(trace_dir)},
         )
         for i in range(args.count)
     ]  # fmt: skip
@@ -93,6 +95,8 @@ def inner(args: argparse.Namespace) -> dict:
 
     def timed(mode: str, targets: list[str], named_peer_only: bool) -> dict:
         clear()
+        subprocess.run(["rm", "-rf", str(trace_dir)], check=True)
+        trace_dir.mkdir(parents=True)
         results = rollout(targets, ADAPTER_ID, seed, stage_only=True, named_peer_only=named_peer_only, client_for=client)
         failed = [r for r in results if not r.ok]
         if failed:
@@ -101,6 +105,10 @@ def inner(args: argparse.Namespace) -> dict:
         row = {"mode": mode, "digest_ok": all(r.digest == staged.digest for r in results), "nodes": len(targets), "slowest_s": seconds[-1], "fastest_s": seconds[0], "median_s": seconds[len(seconds) // 2]}
         row["bytes_moved"] = sum(r.bytes_transferred for r in results)
         print(f"  {mode:<6} {len(targets):>2} receivers: slowest {seconds[-1]:6.2f} s  median {row['median_s']:6.2f} s  fastest {seconds[0]:6.2f} s", file=sys.stderr, flush=True)
+        row["trace"] = analyse_traces(trace_dir, seed)
+        if args.keep_traces:
+            subprocess.run(["cp", "-r", str(trace_dir), f"{args.keep_traces}/{args.count}-{mode}"], check=True)
+        print("         " + format_trace(row["trace"]), file=sys.stderr, flush=True)
         return row
 
     try:
@@ -120,6 +128,72 @@ def inner(args: argparse.Namespace) -> dict:
             node.stop(timeout=10)
 
 
+def analyse_traces(trace_dir: Path, seed: str) -> dict:
+    """What the pulls' traces (FABRIC_PULL_TRACE) say about where the time went.
+
+    seed_chunks: chunks the seed delivered in all; seed_dups: of those, copies
+    of a chunk it had delivered before (each chunk must leave the seed once;
+    every copy beyond costs seed upload); peer_share: the fraction of
+    chunks that came from peers other than the seed; seed_idle_s: per pull,
+    the seconds with no request outstanding at the seed (median); first_peer_s:
+    when the first chunk from a non-seed peer landed (median over pulls);
+    seed_done_s: when the seed had delivered every chunk at least once.
+    """
+    pulls = [json.loads(p.read_text()) for p in sorted(trace_dir.glob("pull-*.json"))]
+    from_seed: list[int] = []
+    first_seen: dict[int, float] = {}
+    peer_chunks = idle = 0
+    idles, first_peer, ends, kinds = [], [], [], {}
+    for pull in pulls:
+        outstanding, since, idle = 0, 0.0, 0.0
+        first = None
+        for t, kind, peer, chunks in pull["events"]:
+            if kind == "chunk":
+                if peer == seed:
+                    from_seed.append(chunks[0])
+                    first_seen[chunks[0]] = min(t, first_seen.get(chunks[0], t))
+                else:
+                    peer_chunks += 1
+                    first = t if first is None else first
+                continue
+            if kind != "start":
+                kinds[kind] = kinds.get(kind, 0) + 1
+            if peer != seed or kind == "dup":
+                continue
+            if kind == "start":
+                if outstanding == 0:
+                    idle += t - since
+                outstanding += 1
+            else:
+                outstanding -= 1
+                if outstanding == 0:
+                    since = t
+        end = pull["events"][-1][0] if pull["events"] else 0.0
+        ends.append(end)
+        idles.append(idle)
+        first_peer.append(first if first is not None else end)
+    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
+    total = len(from_seed) + peer_chunks
+    return {
+        "pulls": len(pulls),
+        "seed_chunks": len(from_seed),
+        "seed_dups": len(from_seed) - len(set(from_seed)),
+        "peer_share": peer_chunks / total if total else 0.0,
+        "seed_idle_s": median(idles),
+        "first_peer_s": median(first_peer),
+        "seed_done_s": max(first_seen.values()) if first_seen else 0.0,
+        "ends": kinds,
+    }
+
+
+def format_trace(t: dict) -> str:
+    return (
+        f"seed sent {t['seed_chunks']} chunks ({t['seed_dups']} repeats, all out at {t['seed_done_s']:.1f} s); "
+        f"{100 * t['peer_share']:.0f}% from peers; first peer chunk at {t['first_peer_s']:.1f} s; "
+        f"seed link idle {t['seed_idle_s']:.1f} s per pull; request ends {t['ends']}"
+    )
+
+
 # ------------------------------------------------------------------ outer: sets up and tears down
 
 
@@ -132,7 +206,7 @@ def run_count(args: argparse.Namespace, count: int, adapter: Path) -> dict:
         command = [
             *lab.exec_prefix(lab.ctl), sys.executable, str(Path(__file__).resolve()), "--inner",
             "--prefix", args.prefix, "--count", str(count), "--rate-mbit", str(args.rate_mbit), "--chunk-kib", str(args.chunk_kib),
-            "--adapter", str(adapter), "--work", str(work), "--subnet", args.subnet, *(["--skip-star"] if args.skip_star else []),
+            "--adapter", str(adapter), "--work", str(work), "--subnet", args.subnet, "--keep-traces", args.keep_traces, *(["--skip-star"] if args.skip_star else []),
         ]  # fmt: skip
         out = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         if out.returncode != 0:
@@ -153,6 +227,7 @@ def main() -> None:
     parser.add_argument("--subnet", default="10.203.0", help="the bridge's /24 (node i is .i+1)")
     parser.add_argument("--work", default="/dev/shm/fabric-bench-swarm", help="node stores and logs (tmpfs keeps the disk out of the figures)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep-traces", default="", help="copy each mode's pull traces under this directory")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--adapter", help=argparse.SUPPRESS)

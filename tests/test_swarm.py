@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import subprocess
 import sys
 import threading
@@ -138,6 +139,31 @@ def test_busy_peer_is_skipped_until_it_may_be_asked_again() -> None:
     assert len(swarm.plan_requests(plan, now=1.0, window=1)) == 1
 
 
+def test_super_seeding_hands_out_each_chunk_once_before_any_twice() -> None:
+    sent = [0] * 8
+    rng = random.Random(3)
+    got = [swarm.pick_chunks([0], range(8), lambda c: True, sent, rng)[0] for _ in range(8)]
+    assert sorted(got) == list(range(8))  # everyone asked for chunk 0; each got a different one
+    assert sent == [1] * 8
+    assert swarm.pick_chunks([5, 6], range(8), lambda c: True, sent, rng) == [5, 6]  # all tied: what was asked
+
+
+def test_super_seeding_picks_only_held_and_accepted_chunks() -> None:
+    sent = [0] * 8
+    held = {1, 2, 6}
+    picked = swarm.pick_chunks([0, 3, 4], {0, 2, 3, 6}, held.__contains__, sent, random.Random(1))
+    assert sorted(picked) == [2, 6]  # chunk 1 is held but not accepted; fewer than asked when nothing else fits
+    assert swarm.pick_chunks([0], set(), held.__contains__, sent, random.Random(1)) == []
+
+
+def test_substitutes_exclude_chunks_other_requests_carry() -> None:
+    plan = plan_of(6, {"a": None, "b": None})
+    first, second = swarm.plan_requests(plan, now=0.0, window=1)[:2]
+    assert swarm.substitutes(plan, first) == frozenset(plan.needed) - {second.chunks[0]}
+    single = plan_of(6, {"a": None})
+    assert swarm.substitutes(single, swarm.plan_requests(single, now=0.0, window=1)[0]) == frozenset()
+
+
 def test_bitmap_round_trip_lsb_first() -> None:
     assert swarm.chunks_to_bitmap({0, 9}, 10) == bytes([0b00000001, 0b00000010])
     assert swarm.bitmap_to_chunks(bytes([0b00000001, 0b00000010]), 10) == {0, 9}
@@ -266,7 +292,15 @@ def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> No
             with pytest.raises(grpc.RpcError) as whole:
                 list(fetch(fabric_pb2.FetchRequest(digest=staged.digest), timeout=30))
             assert whole.value.code() == grpc.StatusCode.NOT_FOUND
+            # A swarm request (accept_bitmap) for a chunk it lacks gets verified substitutes instead.
+            accept = swarm.chunks_to_bitmap(range(count), count)
+            substituted = list(fetch(fabric_pb2.FetchRequest(digest=staged.digest, offset=refused[-1] * weights.chunk_size, length=2 * weights.chunk_size, accept_bitmap=accept), timeout=30))
             availability = client.availability(staged.digest)
+            held = swarm.bitmap_to_chunks(availability.verified_bitmap, count)
+            assert 1 <= len(substituted) <= 2
+            for offset, data in substituted:
+                index = offset // weights.chunk_size
+                assert index in held and hashlib.sha256(data).digest() == weights.chunk_sha256[index]
             seed.kill()  # no need to wait for the rest
             pulling.join(60)
         assert served and refused, f"mid-pull the node should hold some chunks and miss others (served {served}, refused {refused})"

@@ -151,18 +151,20 @@ class GetManifestRequest(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("adapter_id", "digest", "file", "offset", "length")
+    __slots__ = ("adapter_id", "digest", "file", "offset", "length", "accept_bitmap")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_BITMAP_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     digest: str
     file: str
     offset: int
     length: int
-    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    accept_bitmap: bytes
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., accept_bitmap: _Optional[bytes] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("offset", "data")
