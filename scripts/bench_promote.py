@@ -79,9 +79,10 @@ def make_llama3_adapter(directory: Path, rank: int = 16, dtype: torch.dtype = to
 class Receiver:
     """The receiving node's promote path, in this process."""
 
-    def __init__(self, workdir: Path, seeder: str) -> None:
+    def __init__(self, workdir: Path, seeder: str, seeder_pid: int) -> None:
         self.workdir = workdir
         self.seeder = seeder
+        self.seeder_pid = seeder_pid
         self.model = ShapeOnlyModel.llama3_8b(slots=2, max_rank=16, device="cpu", dtype=torch.bfloat16)
         self.rounds = 0
 
@@ -96,9 +97,11 @@ class Receiver:
             def check(manifest) -> None:
                 model.check_compatible(lora_pairs(manifest.index, manifest.config))
 
+            cpu0, seeder0 = time.process_time(), _process_cpu(self.seeder_pid)
             t0 = time.perf_counter()
             manifest, stats = puller.pull([self.seeder], ADAPTER_ID, check)
             t1 = time.perf_counter()
+            cpu1, seeder1 = time.process_time(), _process_cpu(self.seeder_pid)
             prepared = model.prepare_verified(manifest, store.blob_path(manifest.weights.sha256), f"r{self.rounds % 3}")
             t2 = time.perf_counter()
             try:
@@ -107,7 +110,10 @@ class Receiver:
                 model.recycle(prepared)
             t3 = time.perf_counter()
             assert stats.bytes_transferred == manifest.weights.size, stats
-            return {"pull": t1 - t0, "prepare": t2 - t1, "commit": t3 - t2, "total": t3 - t0}
+            return {
+                "pull": t1 - t0, "prepare": t2 - t1, "commit": t3 - t2, "total": t3 - t0,
+                "pull_cpu": cpu1 - cpu0, "seeder_cpu": seeder1 - seeder0,
+            }  # fmt: skip
         finally:
             puller.channels.close()
             shutil.rmtree(root, ignore_errors=True)
@@ -121,6 +127,12 @@ class Receiver:
         seconds = time.perf_counter() - t0
         self.model.recycle(prepared)
         return seconds
+
+
+def _process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process so far (clock-tick resolution, 10 ms)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def summarize(values: list[float]) -> tuple[float, float]:
@@ -148,13 +160,13 @@ def main() -> None:
         raw_row = Path_("raw socket", "raw-socket", "raw-socket")
         stream_row = Path_("Fetch stream", "wire", "wire", wire.FETCH_CHUNK_SIZE)
         servers = {row.label: ServerProcess(row, str(weights)) for row in (raw_row, stream_row)}
-        receiver = Receiver(tmp, node.address)
+        receiver = Receiver(tmp, node.address, node.pid)
         profiler = None
         if args.profile:
             import cProfile
 
             profiler = cProfile.Profile()
-        times: dict[str, list[float]] = {"raw": [], "stream": [], "pull": [], "prepare": [], "commit": [], "total": []}
+        times: dict[str, list[float]] = {key: [] for key in ("raw", "stream", "pull", "prepare", "commit", "total", "pull_cpu", "seeder_cpu")}
         try:
             receiver.promote()  # warm-up: imports, first allocation of the staging row
             for round_ in range(args.rounds):
@@ -192,6 +204,9 @@ def main() -> None:
         best, median = summarize(times[key])
         print(f"{label:<44}{best * 1e3:>9.1f}{median * 1e3:>11.1f}{best / raw_best:>10.2f}{median / raw_median:>9.2f}")
     print(f"{'(reference) prepare from a directory, hashing':<44}{min(rehash) * 1e3:>9.1f}{statistics.median(rehash) * 1e3:>11.1f}")
+    # CPU the pull used on each side: with 2 cores, (receiver + seeder) / 2 bounds the pull's time from below
+    print(f"pull CPU, median: receiver {statistics.median(times['pull_cpu']) * 1e3:.0f} ms (all threads), "
+          f"seeder {statistics.median(times['seeder_cpu']) * 1e3:.0f} ms (10 ms ticks); cpus {os.cpu_count()}")
     best_ratio = min(times["total"]) / raw_best
     median_ratio = statistics.median(times["total"]) / raw_median
     verdict = "met" if median_ratio <= 1.5 else "NOT met"
