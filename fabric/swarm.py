@@ -246,6 +246,21 @@ def finish(plan: SwarmPlan, request: Request, now: float | None = None) -> None:
         plan.durations.append(now - request.started)
 
 
+def retarget(plan: SwarmPlan, request: Request, chunks: Sequence[int]) -> None:
+    """The peer said which chunks it will send for ``request`` (substitutes): they, not the asked ones, are carried now."""
+    if request.id not in plan.outstanding:
+        return
+    for c in request.chunks:
+        ids = plan.carriers.get(c)
+        if ids is not None and request.id in ids:
+            ids.remove(request.id)
+            if not ids:
+                del plan.carriers[c]
+    request.chunks = list(chunks)
+    for c in request.chunks:
+        plan.carriers.setdefault(c, []).append(request.id)
+
+
 def redundant(plan: SwarmPlan) -> list[Request]:
     """Outstanding requests whose every chunk is verified already (the other endgame copy won): cancel them."""
     return [r for r in plan.outstanding.values() if not any(c in plan.needed for c in r.chunks)]

@@ -411,6 +411,9 @@ class _SwarmPull:
                 self.trace.append([now - self.t0, "chunk", subject.peer, [detail]])
             swarm.chunk_verified(plan, detail)
             return True
+        if kind == "picked":
+            swarm.retarget(plan, subject, detail)
+            return False
         if kind == "dup":
             if self.trace is not None:
                 self.trace.append([now - self.t0, "dup", subject.peer, [detail]])
@@ -508,6 +511,11 @@ class _SwarmPull:
         expected = request.chunks
         position = 0
         try:
+            if request.accept:
+                picked = _picked(call.initial_metadata())
+                if picked is not None:
+                    expected = picked
+                    self.events.put(("picked", request, picked))
             for got, data in call:
                 handle.feed()
                 self._count(peer, len(data))
@@ -543,6 +551,17 @@ class _SwarmPull:
             if handle.cancelled:
                 raise _Refused("cancelled", None)
             raise _Refused("broken", PeerUnavailable(f"{peer} ended the stream at chunk {expected[position] if position < len(expected) else end}"))
+
+
+def _picked(metadata) -> list[int] | None:
+    """The chunks a serving node announced it will send (wire.PICKED_CHUNKS_KEY); None when it did not say."""
+    for key, value in metadata or ():
+        if key == wire.PICKED_CHUNKS_KEY:
+            try:
+                return [int(c) for c in value.split(",") if c]
+            except ValueError:
+                raise IntegrityError(f"malformed {key} metadata {value!r}") from None
+    return None
 
 
 class _Refused(Exception):

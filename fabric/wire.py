@@ -78,6 +78,11 @@ MAX_MESSAGE_BYTES = 64 << 20
 
 FETCH_METHOD = "/fabric.v1.Fabric/Fetch"
 
+#: Fetch initial metadata: the chunk indexes (comma-separated) a node serving
+#: a request with ``accept_bitmap`` will send, so the caller knows before the
+#: bytes arrive (and asks no one else for them meanwhile)
+PICKED_CHUNKS_KEY = "fabric-picked-chunks"
+
 _U64_MAX = (1 << 64) - 1
 _MAX_FIELD = (1 << 29) - 1  # protobuf's largest field number
 _TAG_OFFSET = 0x08  # field 1, wire type 0 (varint)
@@ -366,6 +371,10 @@ class FetchCall:
 
     def cancel(self) -> None:
         self._call.cancel()  # a no-op once the call has finished
+
+    def initial_metadata(self) -> Any:
+        """The server's initial metadata (blocks until it arrives, or the call ends)."""
+        return self._call.initial_metadata()
 
 
 class _Capture:

@@ -155,7 +155,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     async def Fetch(self, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
         partial = self.store.partial_for(request.digest) if request.digest and self.store.by_digest(request.digest) is None else None
         if partial is not None:
-            async for message in self._fetch_partial(partial, request):
+            async for message in self._fetch_partial(partial, request, context):
                 yield message
             return
         manifest = self._manifest_for(request.adapter_id, request.digest)
@@ -168,6 +168,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         chunks: Sequence[int] = range(request.offset // entry.chunk_size, -(-end // entry.chunk_size))
         if request.accept_bitmap and entry.name == manifest.weights.name:
             chunks = self._pick(manifest.digest, entry.chunk_count, chunks, request.accept_bitmap, lambda c: True)
+            await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
         path = self.store.blob_path(entry.sha256)
         with open(path, "rb") as f:
             for index in chunks:
@@ -185,7 +186,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
             del self._sent[next(iter(self._sent))]
         return swarm.pick_chunks(requested, swarm.bitmap_to_chunks(accept_bitmap, chunk_count), holds, sent, self._rng)
 
-    async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest) -> AsyncIterator[bytes]:
+    async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
         """Chunks of an adapter still arriving here: only verified ones, and the whole range must be verified up front."""
         weights = partial.manifest.weights
         if request.file and request.file != weights.name:
@@ -204,6 +205,8 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
                 f"chunk {missing[0]} of {request.digest} is not verified on this node yet ({len(verified)} of {weights.chunk_count} are): "
                 f"ask Availability again, or fetch it from another peer"
             )
+        if request.accept_bitmap:
+            await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
         for index in chunks:
             if self._upload_limit is not None:
                 await self._upload_limit.acquire(min(weights.chunk_span(index)[1], self._upload_limit.max_rate))
