@@ -49,7 +49,7 @@ from fabric import wire  # noqa: E402
 from fabric.adapter_tensors import lora_pairs  # noqa: E402
 from fabric.cluster import LocalNode  # noqa: E402
 from fabric.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes  # noqa: E402
-from fabric.store import AdapterStore  # noqa: E402
+from fabric.store import AdapterStore, PartialDownload  # noqa: E402
 from fabric.transfer import PeerPuller  # noqa: E402
 
 ADAPTER_ID = "bench/llama3-8b-r16"
@@ -83,6 +83,8 @@ class Receiver:
         self.workdir = workdir
         self.seeder = seeder
         self.seeder_pid = seeder_pid
+        self.partial_commits: list[float] = []
+        _time_partial_commits(self.partial_commits)
         self.model = ShapeOnlyModel.llama3_8b(slots=2, max_rank=16, device="cpu", dtype=torch.bfloat16)
         self.rounds = 0
 
@@ -102,6 +104,7 @@ class Receiver:
             manifest, stats = puller.pull([self.seeder], ADAPTER_ID, check)
             t1 = time.perf_counter()
             cpu1, seeder1 = time.process_time(), _process_cpu(self.seeder_pid)
+            partial_commit = self.partial_commits[-1] if self.partial_commits else float("nan")
             prepared = model.prepare_verified(manifest, store.blob_path(manifest.weights.sha256), f"r{self.rounds % 3}")
             t2 = time.perf_counter()
             try:
@@ -112,7 +115,7 @@ class Receiver:
             assert stats.bytes_transferred == manifest.weights.size, stats
             return {
                 "pull": t1 - t0, "prepare": t2 - t1, "commit": t3 - t2, "total": t3 - t0,
-                "pull_cpu": cpu1 - cpu0, "seeder_cpu": seeder1 - seeder0,
+                "pull_cpu": cpu1 - cpu0, "seeder_cpu": seeder1 - seeder0, "partial_commit": partial_commit,
             }  # fmt: skip
         finally:
             puller.channels.close()
@@ -133,6 +136,20 @@ def _process_cpu(pid: int) -> float:
     """User + system CPU seconds of a process so far (clock-tick resolution, 10 ms)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _time_partial_commits(seconds: list[float]) -> None:
+    """Record how long each PartialDownload.commit takes (the pull's tail: whole-file check, sync, install)."""
+    commit = PartialDownload.commit
+
+    def timed(self: PartialDownload, adapter_id: str):
+        t0 = time.perf_counter()
+        try:
+            return commit(self, adapter_id)
+        finally:
+            seconds.append(time.perf_counter() - t0)
+
+    PartialDownload.commit = timed
 
 
 def summarize(values: list[float]) -> tuple[float, float]:
@@ -166,7 +183,7 @@ def main() -> None:
             import cProfile
 
             profiler = cProfile.Profile()
-        times: dict[str, list[float]] = {key: [] for key in ("raw", "stream", "pull", "prepare", "commit", "total", "pull_cpu", "seeder_cpu")}
+        times: dict[str, list[float]] = {key: [] for key in ("raw", "stream", "pull", "partial_commit", "prepare", "commit", "total", "pull_cpu", "seeder_cpu")}
         try:
             receiver.promote()  # warm-up: imports, first allocation of the staging row
             for round_ in range(args.rounds):
@@ -196,6 +213,7 @@ def main() -> None:
         ("raw socket, same bytes", "raw"),
         ("Fetch stream (tuned, no verification)", "stream"),
         ("promote: pull (manifest, verify, store)", "pull"),
+        ("  of which the store's commit (check, sync)", "partial_commit"),
         ("promote: prepare_verified (map + stage)", "prepare"),
         ("promote: commit (slot copy)", "commit"),
         ("promote: total", "total"),
