@@ -417,8 +417,12 @@ class AdapterStore:
 
     # ------------------------------------------------------------ commit, refs, garbage
 
-    def _commit(self, manifest: Manifest, adapter_id: str, sources: dict[str, Path], check_quota: bool = False) -> bool:
+    def _commit(
+        self, manifest: Manifest, adapter_id: str, sources: dict[str, Path], check_quota: bool = False, manifest_json: bytes | None = None
+    ) -> bool:
         """Install blobs (renaming ``sources``: sha256 -> temp file), manifest, then ref. True if the digest was already here.
+
+        ``manifest_json``: ``manifest.to_json()`` when the caller has it already (~5 ms for Llama-3-8B shapes).
 
         Partials and uploads reserved their bytes when opened, so only staging
         re-checks the quota here (another writer may have taken the room).
@@ -430,7 +434,7 @@ class AdapterStore:
                     self._check_quota(self._missing_bytes(manifest), f"staging {adapter_id!r}")
                 for entry in manifest.files:
                     self._install_blob(entry.sha256, sources[entry.sha256])
-                self._write_atomic(self._manifest_path(manifest.digest), manifest.to_json())
+                self._write_atomic(self._manifest_path(manifest.digest), manifest_json or manifest.to_json())
                 self._cache[manifest.digest] = manifest
             self._set_ref(adapter_id, manifest.digest)
         return existed
@@ -735,6 +739,7 @@ class PartialDownload:
         self._hasher = InOrderHasher(weights.chunk_count, self._verified.__getitem__, self._read_back, self.hold_bytes)
         self._written_stamp: tuple[int, int, int] | None = None  # (size, mtime, ctime) after our last write
         self._writeback_from = 0  # bytes [0, _writeback_from) have had their writeback started
+        self._manifest_json = manifest.to_json() if directory is not None else b""  # once: reused at commit
         if directory is None:
             self._verified[:] = b"\1" * weights.chunk_count
             self._prefix = weights.chunk_count
@@ -746,8 +751,8 @@ class PartialDownload:
     def _open_data(self) -> None:
         weights = self.manifest.weights
         stored = self._directory / "manifest.json"
-        if not stored.is_file() or stored.read_bytes() != self.manifest.to_json():
-            self.store._write_atomic(stored, self.manifest.to_json())
+        if not stored.is_file() or stored.read_bytes() != self._manifest_json:
+            self.store._write_atomic(stored, self._manifest_json)
         self._fd = os.open(self._directory / "data", os.O_RDWR | os.O_CREAT, 0o644)
         # Sparse, not fallocate'd (measured ~6 ms faster per 80 MB): chunks may land in any
         # order, a resume skips the holes, and the disk blocks held show the progress.
@@ -879,7 +884,8 @@ class PartialDownload:
             data_path = self._directory / "data"
             sources = {manifest.files[0].sha256: self.store._temp_blob(manifest.config_json), manifest.weights.sha256: data_path}
             try:
-                self.store._commit(manifest, adapter_id, sources)
+                same = manifest is self.manifest  # with_id returns self for the same id; to_json covers the id
+                self.store._commit(manifest, adapter_id, sources, manifest_json=self._manifest_json if same else None)
             finally:
                 sources[manifest.files[0].sha256].unlink(missing_ok=True)
             self._close_locked(remove=True)
