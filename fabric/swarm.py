@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 #: requests outstanding per peer
-WINDOW = 2
+WINDOW = 1
 #: bytes per request: enough to amortize a round trip, small enough to spread a rollout
 RUN_BYTES = 1 << 20
 #: an outstanding request younger than this is never duplicated by the endgame

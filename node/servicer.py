@@ -25,7 +25,7 @@ from aiolimiter import AsyncLimiter
 from fabric import swarm, wire
 from fabric.adapter_tensors import lora_pairs
 from fabric.discovery import PeerSource
-from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument, QuotaExceeded
 from fabric.ids import validate_adapter_id
 from fabric.manifest import Manifest
 from fabric.pool import ACTIVE
@@ -60,6 +60,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         # Per digest, how often each chunk was handed out to swarm pulls (super-seeding); touched on the event loop only.
         self._sent: dict[str, list[int]] = {}
         self._rng = random.Random()
+        self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
 
     def close(self) -> None:
         self._model_worker.shutdown(wait=True)
@@ -167,8 +168,9 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         end = entry.size if request.length == 0 else min(entry.size, request.offset + request.length)
         chunks: Sequence[int] = range(request.offset // entry.chunk_size, -(-end // entry.chunk_size))
         if request.accept_bitmap and entry.name == manifest.weights.name:
-            chunks = self._pick(manifest.digest, entry.chunk_count, chunks, request.accept_bitmap, lambda c: True)
-            await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
+            async for message in self._seed(manifest, chunks, request, context):
+                yield message
+            return
         path = self.store.blob_path(entry.sha256)
         with open(path, "rb") as f:
             for index in chunks:
@@ -178,12 +180,58 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
                 data = await self._io(os.pread, f.fileno(), length, offset)
                 yield wire.encode_chunk(offset, data)
 
-    def _pick(self, digest: str, chunk_count: int, requested: Sequence[int], accept_bitmap: bytes, holds: Callable[[int], bool]) -> list[int]:
-        """Super-seeding (fabric.swarm.pick_chunks): the chunks this node has handed out least, among those the caller takes."""
+    async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
+        """A swarm request to a node holding the whole adapter: super-seeding.
+
+        It gets the acceptable chunks handed out least. While first copies
+        are still on their way to other nodes and this caller takes only
+        chunks handed out already, it is told to ask again (busy): the seed's
+        upload carries every chunk once before it carries any twice, and the
+        caller gets the rest from the nodes that received them.
+        """
+        weights, digest = manifest.weights, manifest.digest
+        accept = swarm.bitmap_to_chunks(request.accept_bitmap, weights.chunk_count) | set(requested)
+        sent = self._sent_counts(digest, weights.chunk_count)
+        first_inflight = self._first_inflight.setdefault(digest, set())
+        if first_inflight and all(sent[c] for c in accept):
+            raise QuotaExceeded(
+                f"every chunk of {digest} the caller takes has left this node already and {len(first_inflight)} first copies are on their way: "
+                f"fetch from the nodes that received them, or ask again shortly"
+            )
+        fresh = {c for c in accept if sent[c] == 0}
+        chunks = swarm.pick_chunks(requested, accept, lambda c: True, sent, self._rng)
+        firsts = [c for c in chunks if c in fresh]
+        first_inflight.update(firsts)
+        served: set[int] = set()
+        try:
+            await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
+            with open(self.store.blob_path(weights.sha256), "rb") as f:
+                for index in chunks:
+                    offset, length = weights.chunk_span(index)
+                    if self._upload_limit is not None:
+                        await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
+                    data = await self._io(os.pread, f.fileno(), length, offset)
+                    yield wire.encode_chunk(offset, data)
+                    served.add(index)
+        finally:
+            first_inflight.difference_update(firsts)
+            for index in chunks:
+                if index not in served:
+                    sent[index] -= 1  # cut before it left: not handed out after all
+
+    def _sent_counts(self, digest: str, chunk_count: int) -> list[int]:
+        """How often each chunk of ``digest`` was handed out to swarm requests (kept for the most recently served adapters)."""
         sent = self._sent.pop(digest, None) or [0] * chunk_count
         self._sent[digest] = sent  # most recently used last
         while len(self._sent) > SENT_COUNTS_KEPT:
-            del self._sent[next(iter(self._sent))]
+            evicted = next(iter(self._sent))
+            del self._sent[evicted]
+            self._first_inflight.pop(evicted, None)
+        return sent
+
+    def _pick(self, digest: str, chunk_count: int, requested: Sequence[int], accept_bitmap: bytes, holds: Callable[[int], bool]) -> list[int]:
+        """Super-seeding (fabric.swarm.pick_chunks): the chunks this node has handed out least, among those the caller takes."""
+        sent = self._sent_counts(digest, chunk_count)
         return swarm.pick_chunks(requested, swarm.bitmap_to_chunks(accept_bitmap, chunk_count), holds, sent, self._rng)
 
     async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -80,6 +81,15 @@ def inner(args: argparse.Namespace) -> dict:
         for i in range(args.count)
     ]  # fmt: skip
     seed, receivers = addresses[0], addresses[1:]
+
+    def nodes_cpu() -> tuple[float, float]:
+        """(user, system) CPU seconds of every node process so far (the whole host has os.cpu_count() cores)."""
+        user = system = 0.0
+        for node in nodes:
+            fields = Path(f"/proc/{node.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            user, system = user + int(fields[11]), system + int(fields[12])
+        tick = os.sysconf("SC_CLK_TCK")
+        return user / tick, system / tick
     staged = None
 
     def client(address: str) -> NodeClient:
@@ -97,6 +107,7 @@ def inner(args: argparse.Namespace) -> dict:
         clear()
         subprocess.run(["rm", "-rf", str(trace_dir)], check=True)
         trace_dir.mkdir(parents=True)
+        cpu_before, wall_before = nodes_cpu(), time.monotonic()
         results = rollout(targets, ADAPTER_ID, seed, stage_only=True, named_peer_only=named_peer_only, client_for=client)
         failed = [r for r in results if not r.ok]
         if failed:
@@ -104,11 +115,15 @@ def inner(args: argparse.Namespace) -> dict:
         seconds = sorted(r.seconds for r in results)
         row = {"mode": mode, "digest_ok": all(r.digest == staged.digest for r in results), "nodes": len(targets), "slowest_s": seconds[-1], "fastest_s": seconds[0], "median_s": seconds[len(seconds) // 2]}
         row["bytes_moved"] = sum(r.bytes_transferred for r in results)
+        user, system = (after - before for after, before in zip(nodes_cpu(), cpu_before))
+        row["node_cpu_s"] = {"user": user, "system": system, "wall": time.monotonic() - wall_before, "host_load": os.getloadavg()[0]}
         print(f"  {mode:<6} {len(targets):>2} receivers: slowest {seconds[-1]:6.2f} s  median {row['median_s']:6.2f} s  fastest {seconds[0]:6.2f} s", file=sys.stderr, flush=True)
         row["trace"] = analyse_traces(trace_dir, seed)
         if args.keep_traces:
             subprocess.run(["cp", "-r", str(trace_dir), f"{args.keep_traces}/{args.count}-{mode}"], check=True)
         print("         " + format_trace(row["trace"]), file=sys.stderr, flush=True)
+        cpu = row["node_cpu_s"]
+        print(f"         node processes used {cpu['user']:.1f} s user + {cpu['system']:.1f} s system CPU in {cpu['wall']:.1f} s (host load {cpu['host_load']:.1f})", file=sys.stderr, flush=True)
         return row
 
     try:

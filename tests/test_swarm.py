@@ -346,3 +346,31 @@ def test_rollout_cli_forms_a_pipeline_and_locate_finds_holders(tmp_path, big_ada
     finally:
         for node in (seed, *nodes, finder):
             node.stop()
+
+
+def test_seed_hands_out_each_chunk_once_then_sends_swarm_callers_elsewhere(tmp_path, big_adapter) -> None:
+    seed = store_node(tmp_path, "seed", rate=8 << 10).start()  # 2 chunks a second: a stream stays open for seconds
+    try:
+        with NodeClient(seed.address) as client:
+            staged = client.stage(big_adapter, "big")
+            manifest = client.manifest("big")
+        weights = next(f for f in manifest.files if f.name == "adapter_model.safetensors")
+        count, size = len(weights.chunk_sha256), weights.chunk_size
+        every = swarm.chunks_to_bitmap(range(count), count)
+        with grpc.insecure_channel(seed.address) as channel:
+            fetch = wire.fetch_stub(channel)
+            # A swarm caller asking for chunk 0 while other chunks were never handed out gets them instead, one each.
+            firsts = [next(iter(fetch(fabric_pb2.FetchRequest(digest=staged.digest, offset=0, length=size, accept_bitmap=every), timeout=30)))[0] // size for _ in range(3)]
+            assert len(set(firsts)) == 3
+            # One stream takes every remaining chunk: their first copies are on their way ...
+            rest = [c for c in range(count) if c not in firsts]
+            slow = fetch(fabric_pb2.FetchRequest(digest=staged.digest, offset=rest[0] * size, length=size * len(rest), accept_bitmap=swarm.chunks_to_bitmap(rest, count)), timeout=60)
+            next(iter(slow))
+            # ... so a swarm caller is sent elsewhere, while a plain Fetch is served as ever.
+            with pytest.raises(grpc.RpcError) as busy:
+                list(fetch(fabric_pb2.FetchRequest(digest=staged.digest, offset=0, length=size, accept_bitmap=every), timeout=30))
+            assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert [o for o, _ in fetch(fabric_pb2.FetchRequest(digest=staged.digest, offset=0, length=size), timeout=30)] == [0]
+            slow.cancel()
+    finally:
+        seed.stop()
