@@ -13,7 +13,9 @@ seed. Side by side, in one run on the same nodes:
 - swarm:  every other node pulls at once, from the seed and from each other;
 - star:   every other node pulls at once from the seed alone.
 
-Printed: each mode's slowest node, and ratios against single. Needs root and
+Printed: each mode's slowest node, and ratios against single; under each
+mode, what the pulls' traces (FABRIC_PULL_TRACE) say: seed repeats, when every
+chunk had left the seed, the share from peers, how requests ended, node CPU. Needs root and
 ``ip netns``; prints why and exits 0 where they are missing. Namespaces and
 processes are removed on exit, also on Ctrl-C or SIGTERM.
 """
