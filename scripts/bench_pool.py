@@ -31,9 +31,9 @@ import torch
 from fabric.device import resolve_device, synchronize
 from fabric.multi_lora import MultiLoraModel
 from fabric.pool import SlotPool
+from fabric.shape_only import LLAMA3_8B, llama_module_shapes
 from fabric.tiny import DEFAULT_TARGET_MODULES, build_tiny_model, make_peft_adapter
 
-LLAMA3_8B = dict(layers=32, hidden=4096, intermediate=14336, kv=1024)
 
 
 Case = tuple[Callable[[], object], Callable[[], object] | None]
@@ -66,24 +66,11 @@ def timed(cases: dict[str, Case], device: torch.device, reps: int) -> dict[str, 
     return {name: Timing(statistics.median(values), min(values)) for name, values in samples.items()}
 
 
-def llama_modules(layers: int, hidden: int, intermediate: int, kv: int) -> dict[str, tuple[int, int]]:
-    shapes = {
-        "self_attn.q_proj": (hidden, hidden),
-        "self_attn.k_proj": (hidden, kv),
-        "self_attn.v_proj": (hidden, kv),
-        "self_attn.o_proj": (hidden, hidden),
-        "mlp.gate_proj": (hidden, intermediate),
-        "mlp.up_proj": (hidden, intermediate),
-        "mlp.down_proj": (intermediate, hidden),
-    }
-    return {f"model.layers.{i}.{m}": s for i in range(layers) for m, s in shapes.items()}
-
-
 # ---------------------------------------------------------------- 1. swap
 
 
 def bench_swap(device: torch.device, dtype: torch.dtype, reps: int) -> list[tuple]:
-    modules = llama_modules(**LLAMA3_8B)
+    modules = llama_module_shapes(**LLAMA3_8B)
     rank = 16
     pool = SlotPool(modules, slots=2, max_rank=rank, device=device, dtype=dtype)
     g = torch.Generator().manual_seed(0)

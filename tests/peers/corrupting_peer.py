@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -21,6 +20,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fabric import wire  # noqa: E402
+from _relay import serve  # noqa: E402
 from fabric.v1 import fabric_pb2_grpc  # noqa: E402
 
 
@@ -55,12 +55,7 @@ def main() -> None:
     parser.add_argument("upstream")
     parser.add_argument("--times", type=int, default=1)
     args = parser.parse_args()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=wire.SERVER_OPTIONS)
-    wire.add_fabric_servicer_to_server(CorruptingRelay(args.upstream, args.times), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(f"listening on 127.0.0.1:{port}", flush=True)
-    server.wait_for_termination()
+    serve(CorruptingRelay(args.upstream, args.times))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -29,6 +28,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fabric import wire  # noqa: E402
+from _relay import serve  # noqa: E402
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc  # noqa: E402
 
 MODES = ("size", "digest", "content_id", "other_id", "chunks")
@@ -75,12 +75,7 @@ def main() -> None:
     parser.add_argument("upstream")
     parser.add_argument("--mode", choices=MODES, required=True)
     args = parser.parse_args()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=wire.SERVER_OPTIONS)
-    wire.add_fabric_servicer_to_server(LyingRelay(args.upstream, args.mode), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(f"listening on 127.0.0.1:{port}", flush=True)
-    server.wait_for_termination()
+    serve(LyingRelay(args.upstream, args.mode))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import argparse
 import sys
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -24,6 +23,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fabric import wire  # noqa: E402
+from _relay import serve  # noqa: E402
 from fabric.v1 import fabric_pb2_grpc  # noqa: E402
 
 
@@ -61,12 +61,7 @@ def main() -> None:
     parser.add_argument("upstream")
     parser.add_argument("--chunks", type=int, default=3)
     args = parser.parse_args()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=wire.SERVER_OPTIONS)
-    wire.add_fabric_servicer_to_server(StallingRelay(args.upstream, args.chunks), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(f"listening on 127.0.0.1:{port}", flush=True)
-    server.wait_for_termination()
+    serve(StallingRelay(args.upstream, args.chunks))
 
 
 if __name__ == "__main__":
