@@ -12,7 +12,7 @@ from node.settings import parse_settings
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from fabric import wire
+    from fabric.transport import wire
     from node.server import serve  # after argument parsing: --help stays instant
 
     from fabric.errors import FabricError

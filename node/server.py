@@ -15,13 +15,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from fabric import wire
-from fabric.discovery import PeerSource
+from fabric.transport import wire
+from fabric.transport.discovery import PeerSource
 from fabric.errors import FabricError
-from fabric.limits import PeerStreamLimit
-from fabric.security import BearerAuth, TlsFiles, read_token
+from fabric.rpc.limits import PeerStreamLimit
+from fabric.rpc.security import BearerAuth, TlsFiles, read_token
 from fabric.store import AdapterStore
-from fabric.transfer import PeerChannels, PeerPuller
+from fabric.transport.pull import PeerChannels, PeerPuller
 from fabric.v1 import fabric_pb2
 from node.servicer import FabricServicer
 from node.settings import NodeSettings
@@ -36,8 +36,8 @@ def build_model(settings: NodeSettings):
     """The multi-adapter model, or None for a store-only node."""
     if settings.store_only:
         return None
-    from fabric.multi_lora import MultiLoraModel
-    from fabric.tiny import load_base_model
+    from fabric.serving.multi_lora import MultiLoraModel
+    from fabric.serving.tiny import load_base_model
 
     base = load_base_model(settings.model)
     return MultiLoraModel(

@@ -6,14 +6,13 @@ Threads, and what may block them:
 - one model worker thread: swaps at the quiescent point and forwards. It
   never waits on the network or the disk (DESIGN invariant 7), so while a
   pull runs, Generate keeps answering with the resident adapters.
-Library errors become status codes in one place: ``fabric.status.rpc_errors``.
+Library errors become status codes in one place: ``fabric.rpc.status.rpc_errors``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -22,29 +21,27 @@ from typing import AsyncIterator, Callable, Sequence, TypeVar
 import torch
 from aiolimiter import AsyncLimiter
 
-from fabric import swarm, wire
-from fabric.adapter_tensors import lora_pairs
-from fabric.discovery import PeerSource
-from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument, QuotaExceeded
-from fabric.ids import validate_adapter_id
-from fabric.manifest import Manifest
-from fabric.pool import ACTIVE
-from fabric.peft_fields import check_agrees, peft_fields_of
-from fabric.status import rpc_errors
+from fabric.format.adapter_tensors import lora_pairs
+from fabric.transport.discovery import PeerSource
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument
+from fabric.store.ids import validate_adapter_id
+from fabric.store.manifest import Manifest
+from fabric.serving.pool import ACTIVE
+from fabric.format.peft_fields import check_agrees, peft_fields_of
+from fabric.rpc.status import rpc_errors
 from fabric.store import AdapterStore
-from fabric.transfer import PeerPuller, PullStats
+from fabric.transport.pull import PeerPuller, PullStats
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from node.peer_reads import PeerReads
 
 log = logging.getLogger("fabric.node")
 T = TypeVar("T")
 
 #: the name a GenerateRequest uses for the base model
 BASE_NAME = "base"
-#: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
-SENT_COUNTS_KEPT = 16
 
 
-class FabricServicer(fabric_pb2_grpc.FabricServicer):
+class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
     def __init__(
         self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None
     ) -> None:
@@ -54,7 +51,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         self.model = model
         self.puller = puller
         self.peers = tuple(peers)
-        # Known peers: the static list plus a DNS name, re-resolved on every use (fabric.discovery).
+        # Known peers: the static list plus a DNS name, re-resolved on every use (fabric.transport.discovery).
         self.peer_source = peer_source or PeerSource(static=self.peers)
         self._model_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         # Per digest, how often each chunk was handed out to swarm pulls (super-seeding); touched on the event loop only.
@@ -151,129 +148,6 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     @rpc_errors
     async def GetManifest(self, request, context) -> fabric_pb2.Manifest:
         return self.store.get(validate_adapter_id(request.adapter_id)).to_proto()
-
-    @rpc_errors
-    async def Fetch(self, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
-        partial = self.store.partial_for(request.digest) if request.digest and self.store.by_digest(request.digest) is None else None
-        if partial is not None:
-            async for message in self._fetch_partial(partial, request, context):
-                yield message
-            return
-        manifest = self._manifest_for(request.adapter_id, request.digest)
-        entry = manifest.file(request.file) if request.file else manifest.weights
-        if request.offset % entry.chunk_size:
-            raise InvalidArgument(f"Fetch offset {request.offset} is not a multiple of the chunk size {entry.chunk_size}")
-        if request.offset > entry.size:
-            raise InvalidArgument(f"Fetch offset {request.offset} is past the end of {entry.name} ({entry.size} bytes)")
-        end = entry.size if request.length == 0 else min(entry.size, request.offset + request.length)
-        chunks: Sequence[int] = range(request.offset // entry.chunk_size, -(-end // entry.chunk_size))
-        if request.accept_bitmap and entry.name == manifest.weights.name:
-            async for message in self._seed(manifest, chunks, request, context):
-                yield message
-            return
-        path = self.store.blob_path(entry.sha256)
-        with open(path, "rb") as f:
-            for index in chunks:
-                offset, length = entry.chunk_span(index)
-                if self._upload_limit is not None:
-                    await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
-                data = await self._io(os.pread, f.fileno(), length, offset)
-                yield wire.encode_chunk(offset, data)
-
-    async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
-        """A swarm request to a node holding the whole adapter: super-seeding.
-
-        It gets the acceptable chunks handed out least. While first copies
-        are still on their way to other nodes and this caller takes only
-        chunks handed out already, it is told to ask again (busy): the seed's
-        upload carries every chunk once before it carries any twice, and the
-        caller gets the rest from the nodes that received them.
-        """
-        weights, digest = manifest.weights, manifest.digest
-        accept = swarm.bitmap_to_chunks(request.accept_bitmap, weights.chunk_count) | set(requested)
-        sent = self._sent_counts(digest, weights.chunk_count)
-        first_inflight = self._first_inflight.setdefault(digest, set())
-        if first_inflight and all(sent[c] for c in accept):
-            raise QuotaExceeded(
-                f"every chunk of {digest} the caller takes has left this node already and {len(first_inflight)} first copies are on their way: "
-                f"fetch from the nodes that received them, or ask again shortly"
-            )
-        fresh = {c for c in accept if sent[c] == 0}
-        chunks = swarm.pick_chunks(requested, accept, lambda c: True, sent, self._rng)
-        firsts = [c for c in chunks if c in fresh]
-        first_inflight.update(firsts)
-        served: set[int] = set()
-        try:
-            await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
-            with open(self.store.blob_path(weights.sha256), "rb") as f:
-                for index in chunks:
-                    offset, length = weights.chunk_span(index)
-                    if self._upload_limit is not None:
-                        await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
-                    data = await self._io(os.pread, f.fileno(), length, offset)
-                    yield wire.encode_chunk(offset, data)
-                    served.add(index)
-        finally:
-            first_inflight.difference_update(firsts)
-            for index in chunks:
-                if index not in served:
-                    sent[index] -= 1  # cut before it left: not handed out after all
-
-    def _sent_counts(self, digest: str, chunk_count: int) -> list[int]:
-        """How often each chunk of ``digest`` was handed out to swarm requests (kept for the most recently served adapters)."""
-        sent = self._sent.pop(digest, None) or [0] * chunk_count
-        self._sent[digest] = sent  # most recently used last
-        while len(self._sent) > SENT_COUNTS_KEPT:
-            evicted = next(iter(self._sent))
-            del self._sent[evicted]
-            self._first_inflight.pop(evicted, None)
-        return sent
-
-    def _pick(self, digest: str, chunk_count: int, requested: Sequence[int], accept_bitmap: bytes, holds: Callable[[int], bool]) -> list[int]:
-        """Super-seeding (fabric.swarm.pick_chunks): the chunks this node has handed out least, among those the caller takes."""
-        sent = self._sent_counts(digest, chunk_count)
-        return swarm.pick_chunks(requested, swarm.bitmap_to_chunks(accept_bitmap, chunk_count), holds, sent, self._rng)
-
-    async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
-        """Chunks of an adapter still arriving here: only verified ones, and the whole range must be verified up front."""
-        weights = partial.manifest.weights
-        if request.file and request.file != weights.name:
-            raise AdapterNotFound(f"{request.file} of {request.digest} is not here yet (only {weights.name} is served while it arrives)")
-        if request.offset % weights.chunk_size or request.offset >= weights.size:
-            raise InvalidArgument(f"Fetch offset {request.offset} is not a chunk boundary inside {weights.name} ({weights.size} bytes, chunks of {weights.chunk_size})")
-        end = weights.size if request.length == 0 else min(weights.size, request.offset + request.length)
-        chunks: Sequence[int] = range(request.offset // weights.chunk_size, (end + weights.chunk_size - 1) // weights.chunk_size)
-        verified = partial.verified_chunks
-        if request.accept_bitmap:
-            chunks = self._pick(request.digest, weights.chunk_count, chunks, request.accept_bitmap, verified.__contains__) or chunks
-        missing = [i for i in chunks if i not in verified]
-        if missing:
-            # NOT_FOUND, not an error of the caller: its view of our chunks is stale; it asks another peer.
-            raise AdapterNotFound(
-                f"chunk {missing[0]} of {request.digest} is not verified on this node yet ({len(verified)} of {weights.chunk_count} are): "
-                f"ask Availability again, or fetch it from another peer"
-            )
-        if request.accept_bitmap:
-            await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
-        for index in chunks:
-            if self._upload_limit is not None:
-                await self._upload_limit.acquire(min(weights.chunk_span(index)[1], self._upload_limit.max_rate))
-            try:
-                data = await self._io(partial.read_chunk, index)  # re-verified on read
-            except InvalidArgument as exc:  # the partial was closed under us (its pull failed)
-                raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
-            yield wire.encode_chunk(index * weights.chunk_size, data)
-
-    @rpc_errors
-    async def Availability(self, request, context) -> fabric_pb2.AvailabilityResponse:
-        manifest = self.store.by_digest(request.digest)
-        if manifest is not None:
-            count = manifest.weights.chunk_count
-            return fabric_pb2.AvailabilityResponse(complete=True, chunk_count=count, verified_bitmap=swarm.chunks_to_bitmap(range(count), count))
-        partial = self.store.partial_for(request.digest)
-        if partial is None:
-            raise AdapterNotFound(f"no adapter with digest {request.digest} is staged or arriving here")
-        return fabric_pb2.AvailabilityResponse(complete=False, chunk_count=partial.manifest.weights.chunk_count, verified_bitmap=partial.verified_bitmap)
 
     @rpc_errors
     async def Locate(self, request, context) -> fabric_pb2.LocateResponse:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from fabric.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
-from fabric.tiny import DEFAULT_TARGET_MODULES
+from fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
+from fabric.serving.tiny import DEFAULT_TARGET_MODULES
 
 STORE_ONLY = "none"
 

@@ -28,11 +28,11 @@ from typing import Callable
 
 import torch
 
-from fabric.device import resolve_device, synchronize
-from fabric.multi_lora import MultiLoraModel
-from fabric.pool import SlotPool
-from fabric.shape_only import LLAMA3_8B, llama_module_shapes
-from fabric.tiny import DEFAULT_TARGET_MODULES, build_tiny_model, make_peft_adapter
+from fabric.serving.device import resolve_device, synchronize
+from fabric.serving.multi_lora import MultiLoraModel
+from fabric.serving.pool import SlotPool
+from fabric.serving.shape_only import LLAMA3_8B, llama_module_shapes
+from fabric.serving.tiny import DEFAULT_TARGET_MODULES, build_tiny_model, make_peft_adapter
 
 
 

@@ -7,7 +7,7 @@ intermediate 14336, k/v out 1024, bf16, PEFT tensor names, ~84 MB):
 
   raw socket     the weights file's bytes over one TCP connection on loopback
                  (sendall / recv_into a pre-touched buffer): the physical baseline
-  Fetch stream   the same bytes as one tuned gRPC Fetch stream (fabric.wire), no
+  Fetch stream   the same bytes as one tuned gRPC Fetch stream (fabric.transport.wire), no
                  verification, no store: what bench_transfer.py calls "tuned"
   promote        what a node's Promote runs, for real: PeerPuller.pull from a
                  seeder node process (``--model none``) into a fresh AdapterStore
@@ -45,12 +45,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 
 from bench_transfer import Path_, ServerProcess, run_client  # noqa: E402
-from fabric import wire  # noqa: E402
-from fabric.adapter_tensors import lora_pairs  # noqa: E402
-from fabric.cluster import LocalNode  # noqa: E402
-from fabric.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes  # noqa: E402
+from fabric.transport import wire  # noqa: E402
+from fabric.format.adapter_tensors import lora_pairs  # noqa: E402
+from fabric.harness.cluster import LocalNode  # noqa: E402
+from fabric.serving.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes  # noqa: E402
 from fabric.store import AdapterStore, PartialDownload  # noqa: E402
-from fabric.transfer import PeerPuller  # noqa: E402
+from fabric.transport.pull import PeerPuller  # noqa: E402
 
 ADAPTER_ID = "bench/llama3-8b-r16"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fabric import netlab  # noqa: E402
+from fabric.harness import netlab  # noqa: E402
 
 PORT = 50051
 ADAPTER_ID = "bench/swarm"
@@ -65,9 +65,9 @@ def make_adapter(out: Path, size_mib: int, hidden: int = 4096, rank: int = 32) -
 
 
 def inner(args: argparse.Namespace) -> dict:
-    from fabric.client import NodeClient
-    from fabric.cluster import LocalNode
-    from fabric.rollout import rollout
+    from fabric.client.node_client import NodeClient
+    from fabric.harness.cluster import LocalNode
+    from fabric.client.rollout import rollout
 
     lab = netlab.NetLab(args.prefix, args.count, args.rate_mbit, subnet=args.subnet)
     addresses = [f"{lab.node_ip(i)}:{PORT}" for i in range(args.count)]

@@ -5,7 +5,7 @@ Side by side, for one payload of random bytes (default 256 MiB):
 
   raw socket       TCP sendall / recv_into a preallocated buffer: the physical baseline
   grpc default     generated stubs, fabric_pb2.Chunk messages, default gRPC options
-  tuned            fabric.wire: hand-encoded chunks, raw-bytes handler and stub, tuned
+  tuned            fabric.transport.wire: hand-encoded chunks, raw-bytes handler and stub, tuned
                    options, wire.tune_malloc() in both processes
   tuned + sha256   the same, hashing every chunk on the receiving side (as a pulling node does),
                    in the event loop, or in a worker thread overlapping the next receive
@@ -60,13 +60,13 @@ class Path_:
     server: str  # "raw-socket" | "grpc-default" | "wire"
     client: str  # "raw-socket" | "generated" | "wire" | "wire-sha256" | "wire-sha256-thread" | "wire-sync"
     chunk: int = MIB
-    options: Optional[list] = None  # both sides; None = fabric.wire's tuned options
+    options: Optional[list] = None  # both sides; None = fabric.transport.wire's tuned options
     malloc: bool = True  # wire.tune_malloc() in server and client
 
     def resolved_options(self) -> list:
         if self.options is not None:
             return self.options
-        from fabric import wire
+        from fabric.transport import wire
 
         return [list(o) for o in wire.CHANNEL_OPTIONS]
 
@@ -77,7 +77,7 @@ class Path_:
 def serve(path: Path_, payload_path: str) -> None:
     """Server process: print the port, serve until stdin closes."""
     if path.malloc and path.server != "raw-socket":
-        from fabric import wire
+        from fabric.transport import wire
 
         wire.tune_malloc()
     with open(payload_path, "rb") as f:
@@ -103,7 +103,7 @@ def _serve_raw_socket(listener: socket.socket, payload: mmap.mmap) -> None:
 async def _serve_grpc(path: Path_, payload: mmap.mmap) -> None:
     import grpc
 
-    from fabric import wire
+    from fabric.transport import wire
     from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
     view = memoryview(payload)
@@ -159,7 +159,7 @@ class ServerProcess:
 def client(path: Path_, port: int, size: int, digest: str) -> None:
     """Client process: one timed transfer on a fresh connection; print seconds."""
     if path.malloc and path.client != "raw-socket":
-        from fabric import wire
+        from fabric.transport import wire
 
         wire.tune_malloc()
     out = bytearray(b"\x01") * size  # pre-touched: page faults on the target are not what we measure
@@ -191,7 +191,7 @@ def _client_raw_socket(port: int, size: int, out: bytearray) -> float:
 async def _client_aio(path: Path_, port: int, size: int, out: bytearray) -> float:
     import grpc
 
-    from fabric import wire
+    from fabric.transport import wire
     from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
     view = memoryview(out)
@@ -240,7 +240,7 @@ def _sha256(data: memoryview) -> bytes:
 def _client_sync(path: Path_, port: int, size: int, out: bytearray) -> float:
     import grpc
 
-    from fabric import wire
+    from fabric.transport import wire
     from fabric.v1 import fabric_pb2
 
     view = memoryview(out)
@@ -272,7 +272,7 @@ def run_client(path: Path_, port: int, size: int, digest: str) -> float:
 
 def option_sweep() -> list[Path_]:
     """--sweep-options: gRPC options that were candidates for wire.CHANNEL_OPTIONS."""
-    from fabric import wire
+    from fabric.transport import wire
 
     cs = wire.FETCH_CHUNK_SIZE
     msg = [["grpc.max_send_message_length", 64 * MIB], ["grpc.max_receive_message_length", 64 * MIB]]
@@ -293,14 +293,14 @@ def option_sweep() -> list[Path_]:
 
 
 def paths(quick: bool) -> list[Path_]:
-    from fabric import wire
+    from fabric.transport import wire
 
     cs = wire.FETCH_CHUNK_SIZE
     k = f"{cs // 1024}K"
     rows = [
         Path_("raw socket (sendall / recv_into)", "raw-socket", "raw-socket"),
         Path_(f"grpc default (pb2.Chunk, default opts) {k}", "grpc-default", "generated", cs, options=[], malloc=False),
-        Path_(f"tuned (fabric.wire, aio client) {k}", "wire", "wire", cs),
+        Path_(f"tuned (fabric.transport.wire, aio client) {k}", "wire", "wire", cs),
         Path_(f"tuned + sha256 per chunk {k}", "wire", "wire-sha256", cs),
         Path_(f"tuned + sha256 per chunk in a thread {k}", "wire", "wire-sha256-thread", cs),
     ]

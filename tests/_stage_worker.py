@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from fabric.manifest import Manifest
+from fabric.store.manifest import Manifest
 from fabric.store import AdapterStore
 
 

@@ -12,7 +12,7 @@ SMALL_CHUNK = 4096  # tiny adapters are ~15 KB: several chunks each
 
 def make_adapters(out: Path) -> dict[str, Path]:
     """Real adapters written by PEFT's save_pretrained, plus hand-broken copies of them."""
-    from fabric.tiny import build_tiny_model, make_peft_adapter
+    from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
     base = build_tiny_model()
     dirs = {

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fabric.client import NodeClient
-from fabric.cluster import LocalCluster
+from fabric.client.node_client import NodeClient
+from fabric.harness.cluster import LocalCluster
 from fabric.errors import FabricError
-from fabric.tiny import build_tiny_model, make_peft_adapter
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def test_staging_script_matches_the_cli(nodes, adapter) -> None:
 
 
 def test_interrupted_stage_resumes(nodes, adapter) -> None:
-    from fabric.client import sha256_file
+    from fabric.client.node_client import sha256_file
     from fabric.v1 import fabric_pb2
 
     weights = adapter / "adapter_model.safetensors"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric.config import PeftAdapterConfig
+from fabric.format.config import PeftAdapterConfig
 from fabric.errors import InvalidConfig
-from fabric.tiny import build_tiny_model, make_peft_adapter
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 MODULES = [
     f"model.layers.{i}.{block}.{name}"
@@ -159,3 +159,44 @@ def test_malformed_files(data: bytes, message: str) -> None:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(InvalidConfig, match="adapter_config.json does not exist"):
         PeftAdapterConfig.from_dir(tmp_path)
+
+
+# Target-module matching is ours (PEFT's check_target_module_exists needs a LoraConfig and runs on a
+# live model's names); this table pins it to PEFT's own function on every supported architecture,
+# so a PEFT upgrade that changes matching fails here instead of drifting silently.
+MATCHING_TABLE = [
+    dict(target_modules=["q_proj"]),
+    dict(target_modules=["q_proj", "v_proj", "down_proj"]),
+    dict(target_modules=["self_attn.q_proj", "mlp.up_proj"]),
+    dict(target_modules=["proj"]),  # a suffix that is not a whole name component matches nothing
+    dict(target_modules=["layers.1.self_attn.o_proj"]),
+    dict(target_modules=r".*\.mlp\.(up|down)_proj"),
+    dict(target_modules=r"model\.layers\.0\..*"),
+    dict(target_modules=r".*_proj"),
+    dict(target_modules=r"q_proj"),  # a string is a full-match regex, so a bare name matches nothing nested
+    dict(target_modules=["q_proj", "k_proj"], layers_to_transform=[1]),
+    dict(target_modules=["q_proj", "k_proj"], layers_to_transform=0),
+    dict(target_modules=["gate_proj"], layers_to_transform=[0, 1], layers_pattern="layers"),
+    dict(target_modules=["v_proj"], layers_to_transform=[1], layers_pattern=["layers"]),
+]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
+def family_modules(request) -> tuple[str, list[str]]:
+    import torch
+
+    model = build_tiny_model(request.param)
+    return request.param, [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+
+
+@pytest.mark.parametrize("settings", MATCHING_TABLE, ids=lambda s: json.dumps(s, sort_keys=True))
+def test_matching_table_agrees_with_peft(family_modules: tuple[str, list[str]], settings: dict) -> None:
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    family, modules = family_modules
+    raw = dict(peft_type="LORA", r=4, lora_alpha=8, **settings)
+    ours = PeftAdapterConfig.from_dict(raw)
+    theirs = LoraConfig(r=4, lora_alpha=8, **settings)
+    differ = [m for m in modules if ours.targets(m) != bool(check_target_module_exists(theirs, m))]
+    assert not differ, f"{family}: matching differs from PEFT on {differ}"

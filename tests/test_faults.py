@@ -24,14 +24,14 @@ from typing import Iterator
 import grpc
 import pytest
 
-from fabric import wire
-from fabric.client import NodeClient
-from fabric.cluster import LocalNode, free_port
+from fabric.transport import wire
+from fabric.client.node_client import NodeClient
+from fabric.harness.cluster import LocalNode, free_port
 from fabric.errors import FabricError, PeerUnavailable, QuotaExceeded
-from fabric.manifest import Manifest
+from fabric.store.manifest import Manifest
 from fabric.store import AdapterStore
-from fabric.tiny import build_tiny_model, make_peft_adapter
-from fabric.transfer import PeerPuller
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from fabric.transport.pull import PeerPuller
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 pytestmark = pytest.mark.timeout(240)
@@ -390,7 +390,7 @@ def test_disk_full_during_pull(cluster, small_disk, adapters, tmp_path) -> None:
 
 
 def test_quota_error_maps_to_resource_exhausted() -> None:
-    from fabric.status import status_code_for
+    from fabric.rpc.status import status_code_for
 
     assert status_code_for(QuotaExceeded("x")) == grpc.StatusCode.RESOURCE_EXHAUSTED
 

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabric import wire
+from fabric.transport import wire
 from fabric.errors import FabricError
-from fabric.manifest import Manifest, build_manifest
-from fabric.safetensors_index import DTYPE_BITS, MAX_HEADER_BYTES, parse_header
+from fabric.store.manifest import Manifest, build_manifest
+from fabric.format.safetensors_index import DTYPE_BITS, MAX_HEADER_BYTES, parse_header
 from fabric.v1 import fabric_pb2
 
 pytestmark = pytest.mark.timeout(120)
@@ -191,7 +191,7 @@ def test_decode_chunk_deep_groups_are_refused() -> None:
 
 @pytest.fixture(scope="module")
 def manifest_proto(tmp_path_factory) -> bytes:
-    from fabric.tiny import make_peft_adapter
+    from fabric.serving.tiny import make_peft_adapter
 
     adapter = make_peft_adapter(tmp_path_factory.mktemp("fuzz") / "a", r=4)
     return build_manifest("fuzz/a", (adapter / "adapter_config.json").read_bytes(), adapter / "adapter_model.safetensors", 4096).to_proto().SerializeToString()

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from _store_helpers import snapshot
-from fabric.cluster import LocalNode
+from fabric.harness.cluster import LocalNode
 from fabric.errors import (
     FabricError,
     IntegrityError,
@@ -31,12 +31,12 @@ from fabric.errors import (
     InvalidConfig,
     InvalidHeader,
 )
-from fabric.manifest import Manifest
-from fabric.multi_lora import MultiLoraModel
-from fabric.status import error_from_rpc, status_code_for
+from fabric.store.manifest import Manifest
+from fabric.serving.multi_lora import MultiLoraModel
+from fabric.rpc.status import error_from_rpc, status_code_for
 from fabric.store import AdapterStore
-from fabric.tiny import build_tiny_model
-from fabric.transfer import PeerPuller
+from fabric.serving.tiny import build_tiny_model
+from fabric.transport.pull import PeerPuller
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from hostile.corpus import ALL_ADAPTER_CASES, BAD_IDS, CASES_BY_NAME, CONFIG, WEIGHTS, AdapterCase, build_adapters
 
@@ -212,7 +212,7 @@ def test_node_stage_refuses_malformed_adapter(name, corpus, nodes, stub) -> None
     node = nodes[1]
     before = node_state(stub, node)
     if name in CLIENT_SIDE:
-        from fabric.client import NodeClient
+        from fabric.client.node_client import NodeClient
 
         with NodeClient(node.address) as client, pytest.raises(FabricError) as info:
             client.stage(corpus[name], f"hostile/{name}")
@@ -416,7 +416,7 @@ def test_malformed_stage_stream_commits_nothing(name, corpus, nodes, stub) -> No
 
 
 def test_stage_stream_that_ends_early_commits_nothing_then_resumes(corpus, nodes, stub) -> None:
-    from fabric.client import NodeClient
+    from fabric.client.node_client import NodeClient
 
     good, node = corpus["good"], nodes[1]
     data = (good / WEIGHTS).read_bytes()

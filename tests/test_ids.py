@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fabric.errors import InvalidAdapterId, InvalidArgument
-from fabric.ids import MAX_ID_LENGTH, validate_adapter_id, validate_digest
+from fabric.store.ids import MAX_ID_LENGTH, validate_adapter_id, validate_digest
 
 ALPHABET = "abcXYZ019._-/"
 

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from _store_helpers import SMALL_CHUNK, make_adapters
-from fabric.content_id import content_id
+from fabric.format.content_id import content_id
 from fabric.errors import IntegrityError, InvalidAdapter, InvalidAdapterId, InvalidArgument, InvalidConfig, InvalidHeader
-from fabric.manifest import (
+from fabric.store.manifest import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     FileEntry,
@@ -23,7 +23,7 @@ from fabric.manifest import (
     hash_bytes,
     plan_chunks,
 )
-from fabric.safetensors_index import read_index
+from fabric.format.safetensors_index import read_index
 from fabric.v1 import fabric_pb2
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fabric.errors import InvalidArgument
-from fabric.multi_lora import MultiLoraModel
-from fabric.tiny import build_tiny_model, load_base_model, make_peft_adapter
+from fabric.serving.multi_lora import MultiLoraModel
+from fabric.serving.tiny import build_tiny_model, load_base_model, make_peft_adapter
 
 IDS = torch.tensor([[5, 6, 7, 8]])
 

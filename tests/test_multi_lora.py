@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from fabric.adapters import ModelAdapters
+from fabric.serving.adapters import ModelAdapters
 from fabric.errors import (
     AdapterNotFound,
     AdaptersUnsupported,
@@ -23,8 +23,8 @@ from fabric.errors import (
     QuotaExceeded,
     SlotBusy,
 )
-from fabric.multi_lora import SAFETENSORS_FILE, MultiLoraModel
-from fabric.tiny import build_tiny_model, make_peft_adapter
+from fabric.serving.multi_lora import SAFETENSORS_FILE, MultiLoraModel
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 TOL = 1e-5
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric import netlab
+from fabric.harness import netlab
 
 pytestmark = pytest.mark.multihost
 

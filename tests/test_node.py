@@ -15,8 +15,8 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from fabric.client import NodeClient
-from fabric.cluster import LocalCluster, LocalNode, free_port
+from fabric.client.node_client import NodeClient
+from fabric.harness.cluster import LocalCluster, LocalNode, free_port
 from fabric.errors import (
     AdapterNotFound,
     AdaptersUnsupported,
@@ -25,7 +25,7 @@ from fabric.errors import (
     InvalidAdapterId,
     PeerUnavailable,
 )
-from fabric.tiny import build_tiny_model, make_peft_adapter
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.v1 import fabric_pb2
 
 PROMPT = [3, 14, 15, 92, 65, 35]

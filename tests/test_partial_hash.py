@@ -1,4 +1,4 @@
-"""The whole-file sha256 of a peer download, computed as chunks land (fabric.ordered_hash), and what it guarantees.
+"""The whole-file sha256 of a peer download, computed as chunks land (fabric.store.ordered_hash), and what it guarantees.
 
 A partial's commit checks the whole file against the manifest without
 re-reading it, from a running hash over the chunks as written. These tests
@@ -19,8 +19,8 @@ import pytest
 
 from _store_helpers import make_adapters, snapshot
 from fabric.errors import IntegrityError
-from fabric.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
-from fabric.ordered_hash import InOrderHasher
+from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
+from fabric.store.ordered_hash import InOrderHasher
 from fabric.store import AdapterStore, PartialDownload
 
 CHUNK = 1024  # ~6 chunks of the ~6 KB adapter "c"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fabric.errors import PoolFull, QuotaExceeded
-from fabric.policy import SlotView, check_pin_limit, choose_victim
+from fabric.serving.policy import SlotView, check_pin_limit, choose_victim
 
 
 def view(index: int, holds: bool = True, refs: int = 0, pinned: bool = False, last_used: int = 0) -> SlotView:

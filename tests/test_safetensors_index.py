@@ -1,4 +1,4 @@
-"""fabric.safetensors_index: good files written by the real safetensors library, bad headers built by hand."""
+"""fabric.format.safetensors_index: good files written by the real safetensors library, bad headers built by hand."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from fabric.errors import InvalidHeader
-from fabric.safetensors_index import (
+from fabric.format.safetensors_index import (
     DTYPE_BITS,
     DTYPE_SIZES,
     MAX_HEADER_BYTES,
@@ -23,7 +23,7 @@ from fabric.safetensors_index import (
     parse_header,
     read_index,
 )
-from fabric.tiny import make_peft_adapter
+from fabric.serving.tiny import make_peft_adapter
 
 
 def _raw(header: Any, data: bytes = b"") -> bytes:

@@ -19,13 +19,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from fabric import security, wire
-from fabric.client import NodeClient
-from fabric.cluster import LocalNode
+from fabric.rpc import security
+
+from fabric.transport import wire
+from fabric.client.node_client import NodeClient
+from fabric.harness.cluster import LocalNode
 from fabric.errors import InvalidHeader, LimitExceeded, PeerUnavailable, QuotaExceeded, Unauthenticated
-from fabric.safetensors_index import read_index
-from fabric.security import TlsFiles
-from fabric.tiny import build_tiny_model, make_peft_adapter
+from fabric.format.safetensors_index import read_index
+from fabric.rpc.security import TlsFiles
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from _certs import TestCA
 
@@ -397,13 +399,13 @@ def test_fetch_streams_per_peer_are_limited(limits, adapters) -> None:
     [("ipv4:10.0.0.2:5123", "10.0.0.2"), ("ipv6:[::1]:40000", "[::1]"), ("unix:/tmp/sock", "/tmp/sock"), ("weird", "weird")],
 )
 def test_streams_are_counted_per_peer_host(peer, host) -> None:
-    from fabric.limits import peer_host
+    from fabric.rpc.limits import peer_host
 
     assert peer_host(peer) == host
 
 
 def test_which_methods_need_the_token() -> None:
-    from fabric.security import BearerAuth
+    from fabric.rpc.security import BearerAuth
 
     for peer_reads in (False, True):
         auth = BearerAuth(TOKEN, peer_reads=peer_reads)
@@ -423,7 +425,7 @@ def test_which_methods_need_the_token() -> None:
 @pytest.mark.parametrize(("content", "message"), [(b"", "is empty"), (b"two words", "without spaces"), ("t\u00f6ken".encode(), "non-ASCII")])
 def test_bad_token_files_are_refused(tmp_path, content, message) -> None:
     from fabric.errors import InvalidArgument
-    from fabric.security import read_token
+    from fabric.rpc.security import read_token
 
     (tmp_path / "token").write_bytes(content)
     with pytest.raises(InvalidArgument, match=message):

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
-from fabric.multi_lora import MultiLoraModel
-from fabric.shape_only import ShapeOnlyModel
+from fabric.serving.multi_lora import MultiLoraModel
+from fabric.serving.shape_only import ShapeOnlyModel
 from fabric.store import AdapterStore
-from fabric.tiny import build_tiny_model, make_peft_adapter
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 
 @pytest.fixture(scope="module")

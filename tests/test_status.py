@@ -6,9 +6,9 @@ import grpc
 import pytest
 
 from fabric import errors
-from fabric.config import PeftAdapterConfig
-from fabric.peft_fields import check_agrees, peft_fields_of
-from fabric.status import ERROR_DETAIL_KEY, _detail, error_from_rpc, status_code_for
+from fabric.format.config import PeftAdapterConfig
+from fabric.format.peft_fields import check_agrees, peft_fields_of
+from fabric.rpc.status import ERROR_DETAIL_KEY, _detail, error_from_rpc, status_code_for
 from fabric.v1 import fabric_pb2
 
 EXPECTED = {

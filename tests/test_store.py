@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from _store_helpers import SMALL_CHUNK, make_adapters, snapshot
-from fabric.content_id import content_id
+from fabric.format.content_id import content_id
 from fabric.errors import (
     AdapterNotFound,
     IntegrityError,
@@ -27,7 +27,7 @@ from fabric.errors import (
     InvalidTensors,
     QuotaExceeded,
 )
-from fabric.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, adapter_digest, build_manifest
+from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, adapter_digest, build_manifest
 from fabric.store import AdapterStore
 
 WORKER = Path(__file__).with_name("_stage_worker.py")
@@ -100,7 +100,7 @@ def _assert_peft_loads(view: Path, source: Path) -> None:
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from fabric.tiny import build_tiny_model
+    from fabric.serving.tiny import build_tiny_model
 
     model = PeftModel.from_pretrained(build_tiny_model(), view)
     expected = load_file(source / WEIGHTS_FILE)["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"]

@@ -14,12 +14,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fabric import swarm, wire
-from fabric.client import NodeClient
-from fabric.cluster import LocalNode, free_port
-from fabric.discovery import PeerSource, resolve
+from fabric.transport import swarm
+
+from fabric.transport import wire
+from fabric.client.node_client import NodeClient
+from fabric.harness.cluster import LocalNode, free_port
+from fabric.transport.discovery import PeerSource, resolve
 from fabric.errors import AdapterNotFound, InvalidArgument
-from fabric.tiny import build_tiny_model, make_peft_adapter
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.v1 import fabric_pb2
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

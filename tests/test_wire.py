@@ -1,4 +1,4 @@
-"""fabric.wire: the hand-written Chunk codec is wire-compatible with the generated class,
+"""fabric.transport.wire: the hand-written Chunk codec is wire-compatible with the generated class,
 rejects malformed bytes with fabric errors only, and plugs into a real grpc.aio server."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fabric import wire
+from fabric.transport import wire
 from fabric.errors import FabricError, IntegrityError, InvalidArgument
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 

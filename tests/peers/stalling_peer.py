@@ -22,7 +22,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fabric import wire  # noqa: E402
+from fabric.transport import wire  # noqa: E402
 from _relay import serve  # noqa: E402
 from fabric.v1 import fabric_pb2_grpc  # noqa: E402
 

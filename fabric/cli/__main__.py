@@ -1,0 +1,3 @@
+from fabric.cli.main import main
+
+raise SystemExit(main())

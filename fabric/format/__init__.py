@@ -1,0 +1,1 @@
+"""The adapter format: strict PEFT config, safetensors header validation, LoRA tensor pairs, content ids."""

@@ -1,0 +1,25 @@
+"""Content-derived adapter ids: the u64 a prefix cache keys on.
+
+Two adapters get the same id exactly when they hold the same bytes and the same
+per-module scaling, so every node computes the same id for the same adapter and
+a name reloaded with new contents gets a new id (a stale prefix cache entry can
+never be reused). 0 is reserved for the base model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Iterable
+
+from fabric.format.config import PeftAdapterConfig
+
+BASE_MODEL_ID = 0
+
+
+def content_id(safetensors_sha256: str, config: PeftAdapterConfig, modules: Iterable[str]) -> int:
+    """A non-zero u64 from the safetensors digest and the scaling of every adapted module."""
+    scaling = {module: repr(float(config.scaling_for(module))) for module in sorted(set(modules))}
+    material = json.dumps({"safetensors": safetensors_sha256, "scaling": scaling}, sort_keys=True)
+    value = int.from_bytes(hashlib.sha256(b"adapter-fabric content id\0" + material.encode()).digest()[:8], "big")
+    return value or 1

@@ -1,0 +1,205 @@
+"""Real node processes on this machine: used by the demo, the integration tests and the benchmarks.
+
+Each node is a separate ``fabric-node`` process listening on a free loopback
+port; it announces the port on its first stdout line. Nodes stop with SIGTERM
+(graceful) or SIGKILL (to test crash safety).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from fabric.rpc import security
+from fabric.client.node_client import NodeClient
+from fabric.errors import PeerUnavailable
+from fabric.rpc.security import TlsFiles, read_token
+
+_LISTENING = re.compile(r"fabric-node listening on (\S+):(\d+)")
+START_TIMEOUT_S = 120.0
+
+
+class LocalNode:
+    def __init__(
+        self,
+        store: Path,
+        *,
+        model: str = "tiny",
+        slots: int = 2,
+        max_rank: int = 16,
+        peers: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        port: int = 0,
+        extra_args: Sequence[str] = (),
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+        netns: str | None = None,
+        tls: TlsFiles | None = None,
+        token_file: Path | None = None,
+    ) -> None:
+        """``tls`` and ``token_file`` turn on the node's --tls-* and --auth-token-file flags; ``client()`` then uses them too."""
+        self.store = Path(store)
+        self.tls = tls
+        self.token_file = token_file
+        security_args: list[str] = []
+        if tls is not None:
+            for flag, path in (("--tls-cert", tls.cert), ("--tls-key", tls.key), ("--tls-ca", tls.ca)):
+                if path is not None:
+                    security_args += [flag, str(path)]
+        if token_file is not None:
+            security_args += ["--auth-token-file", str(token_file)]
+        self.args = [
+            "--listen", f"{host}:{port}", "--store", str(self.store), "--model", model,
+            "--slots", str(slots), "--max-rank", str(max_rank), "--device", "cpu",
+            "--peers", ",".join(peers), *security_args, *extra_args,
+        ]  # fmt: skip
+        self.log_path = log_path or self.store.with_name(self.store.name + ".log")
+        self.env = env
+        self.netns = netns
+        self.process: subprocess.Popen | None = None
+        self.address = ""
+        self._lines: list[str] = []
+
+    def start(self) -> "LocalNode":
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (a cluster launches all, then waits)."""
+        command = [sys.executable, "-m", "node.main", *self.args]
+        if self.netns:
+            command = ["ip", "netns", "exec", self.netns, *command]
+        env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
+        self.store.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, env=env)
+
+    def wait_ready(self) -> "LocalNode":
+        """Read the announced port, then wait for health SERVING."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        assert self.process.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline().decode(errors="replace")
+            if not line:
+                raise PeerUnavailable(f"node exited with code {self.process.wait()} before listening; see {self.log_path}")
+            self._log.write(line.encode())
+            match = _LISTENING.search(line)
+            if match:
+                self.address = f"{match.group(1)}:{match.group(2)}"
+                break
+        else:
+            self.kill()
+            raise PeerUnavailable(f"node did not start within {START_TIMEOUT_S:.0f}s; see {self.log_path}")
+        # Keep draining stdout so the node never blocks on a full pipe.
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.wait_serving()
+        return self
+
+    def _drain(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            self._log.write(line)
+            self._log.flush()
+
+    def client(self, **kwargs) -> NodeClient:
+        """A client of this node with its own certificate and token (a node's cert is also a client cert)."""
+        token = read_token(self.token_file) if self.token_file is not None else None
+        return NodeClient(self.address, **{"tls": self.tls, "token": token, **kwargs})
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        # Health is open to any caller, but over TLS the channel must speak TLS.
+        credentials = self.tls.channel_credentials() if self.tls is not None and self.tls.enabled else None
+        with security.channel(self.address, credentials=credentials) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise PeerUnavailable(f"node {self.address} never reported SERVING")
+                time.sleep(0.05)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait: the graceful path."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def kill(self) -> None:
+        """SIGKILL: the crash path."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> "LocalNode":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now (a cluster needs its addresses before its nodes start, to list peers)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+class LocalCluster:
+    """Several nodes in separate processes, each knowing the others as peers."""
+
+    def __init__(self, root: Path, count: int, host: str = "127.0.0.1", **node_kwargs) -> None:
+        self.root = Path(root)
+        ports = [free_port(host) for _ in range(count)]
+        addresses = [f"{host}:{port}" for port in ports]
+        self.nodes = [
+            LocalNode(self.root / f"node{i + 1}", host=host, port=port, peers=[a for a in addresses if a != addresses[i]], **node_kwargs)
+            for i, port in enumerate(ports)
+        ]
+
+    def start(self) -> "LocalCluster":
+        # Launch them all before waiting on any: their start-up (imports, model) overlaps.
+        try:
+            for node in self.nodes:
+                node.launch()
+            for node in self.nodes:
+                node.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

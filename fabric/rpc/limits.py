@@ -1,0 +1,81 @@
+"""Limits a node enforces on what callers may make it do, and their defaults.
+
+Size limits (adapter bytes, header bytes, store bytes) live in ``AdapterStore``,
+which checks them before a byte is written, for client uploads and peer pulls
+alike. This module holds the defaults and the one limit that is about
+connections rather than bytes: concurrent ``Fetch`` streams per peer.
+"""
+
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+import grpc
+
+from fabric.errors import QuotaExceeded
+from fabric.rpc.status import abort_with
+
+#: largest adapter (weights file) a node accepts by default: well above any LoRA of a 70B model at rank 64
+DEFAULT_MAX_ADAPTER_BYTES = 4 << 30
+#: largest safetensors header by default: a LoRA header is a few hundred bytes per tensor
+DEFAULT_MAX_HEADER_BYTES = 8 << 20
+#: concurrent Fetch streams one peer host may hold open (a swarm pull opens a few; a loop opening thousands is refused)
+DEFAULT_MAX_STREAMS_PER_PEER = 64
+
+FETCH_METHOD = "/fabric.v1.Fabric/Fetch"
+
+
+def peer_host(peer: str) -> str:
+    """The host part of a grpc peer string: ``ipv4:10.0.0.2:5123`` -> ``10.0.0.2``, ``ipv6:[::1]:5123`` -> ``[::1]``.
+
+    Streams are counted per host, not per connection: a peer that opens many
+    channels (one per port) is still one peer.
+    """
+    _, _, address = peer.partition(":")
+    if not address:
+        return peer
+    host, sep, port = address.rpartition(":")
+    return host if sep and port.isdigit() else address
+
+
+class PeerStreamLimit(grpc.aio.ServerInterceptor):
+    """At most ``limit`` concurrent Fetch streams per peer host; the next gets RESOURCE_EXHAUSTED (retryable)."""
+
+    def __init__(self, limit: int, method: str = FETCH_METHOD) -> None:
+        if limit <= 0:
+            raise ValueError(f"max streams per peer must be positive, got {limit}")
+        self.limit = limit
+        self.method = method
+        self.open: dict[str, int] = {}  # the event loop is the only thread that touches it
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method != self.method or handler.unary_stream is None:
+            return handler
+        behavior = handler.unary_stream
+
+        async def counted(request, context):
+            host = peer_host(context.peer())
+            if self.open.get(host, 0) >= self.limit:
+                await abort_with(
+                    context,
+                    QuotaExceeded(f"peer {host} already holds {self.limit} Fetch streams to this node (--max-streams-per-peer); finish one first"),
+                )
+            self.open[host] = self.open.get(host, 0) + 1
+            try:
+                async for item in behavior(request, context):
+                    yield item
+            finally:
+                left = self.open[host] - 1
+                if left:
+                    self.open[host] = left
+                else:
+                    del self.open[host]
+
+        return grpc.unary_stream_rpc_method_handler(
+            counted, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )

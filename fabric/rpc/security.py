@@ -1,0 +1,224 @@
+"""Who may talk to a node: TLS credentials from files, and a bearer token.
+
+- ``TlsFiles``: PEM files named by flags. A server with a CA requires client
+  certificates (mutual TLS); a node uses its own certificate as the client
+  certificate when it pulls from peers.
+- ``BearerAuth``: a grpc.aio server interceptor that checks
+  ``authorization: Bearer <token>`` with a constant-time compare. Health and
+  reflection stay open (load balancers and grpcurl need them); the peer reads
+  (``Fetch``, ``GetManifest``, ``Availability``, ``Locate``) are open unless
+  ``peer_reads`` is set; every other method needs the token.
+- ``token_interceptor`` / ``channel``: the client side, for NodeClient, the
+  CLI and node-to-node pulls. The token rides as plain metadata, so it works
+  with or without TLS (use TLS wherever the network is not trusted).
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+import grpc
+
+from fabric.errors import InvalidArgument, Unauthenticated
+from fabric.rpc.status import abort_with
+
+AUTH_METADATA_KEY = "authorization"
+_BEARER = "Bearer "
+
+#: methods any caller may use, auth or not
+OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+#: what a peer needs to pull from this node; open unless --auth-peer-reads
+PEER_READ_METHODS = frozenset(f"/fabric.v1.Fabric/{m}" for m in ("Fetch", "GetManifest", "Availability", "Locate"))
+
+
+# ---------------------------------------------------------------- TLS
+
+
+def _read_pem(path: Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the {what} {path}: {exc.strerror}; check the --tls-* flags") from None
+    if b"-----BEGIN " not in data:
+        raise InvalidArgument(f"the {what} {path} is not a PEM file (no '-----BEGIN' line)")
+    return data
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files: this side's certificate chain and key, and the CA that signs the other side's."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise InvalidArgument("--tls-cert and --tls-key go together: give both, or neither")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any TLS file is set."""
+        return any(p is not None for p in (self.cert, self.key, self.ca))
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """TLS for a listening node; with a CA, clients must present a certificate it signed (mTLS)."""
+        if self.cert is None or self.key is None:
+            raise InvalidArgument("a node serving TLS needs --tls-cert and --tls-key (--tls-ca alone only verifies others)")
+        pair = (_read_pem(self.key, "TLS key"), _read_pem(self.cert, "TLS certificate"))
+        ca = _read_pem(self.ca, "TLS CA")
+        return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """TLS for a caller: verify the server against the CA (system roots when none); present cert/key when given."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read_pem(self.ca, "TLS CA"),
+            private_key=_read_pem(self.key, "TLS key"),
+            certificate_chain=_read_pem(self.cert, "TLS certificate"),
+        )
+
+
+# ---------------------------------------------------------------- the token
+
+
+def read_token(path: Path | str) -> str:
+    """The bearer token in ``path`` (surrounding whitespace ignored)."""
+    try:
+        token = Path(path).read_text(encoding="ascii").strip()
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"the token file {path} holds non-ASCII bytes: a bearer token is printable ASCII") from None
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the token file {path}: {exc.strerror}") from None
+    return check_token(token, str(path))
+
+
+def check_token(token: str, where: str = "the token") -> str:
+    if not token:
+        raise InvalidArgument(f"{where} is empty: put a random secret in it, e.g. `openssl rand -hex 32`")
+    if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+        raise InvalidArgument(f"{where} must be printable ASCII without spaces (gRPC metadata carries it as-is)")
+    return token
+
+
+def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return ((AUTH_METADATA_KEY, _BEARER + token),)
+
+
+class _CallDetails(
+    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _TokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds the bearer token to every call on a sync channel."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = bearer_metadata(check_token(token))
+
+    def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = [m for m in (details.metadata or ()) if m[0] != AUTH_METADATA_KEY]
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            [*metadata, *self._metadata],
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
+
+
+def token_interceptor(token: str) -> _TokenInterceptor:
+    return _TokenInterceptor(token)
+
+
+def channel(
+    address: str,
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    token: str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """A sync channel to ``address``: TLS when ``credentials`` are given, the token on every call when given."""
+    options = list(options)
+    plain = grpc.secure_channel(address, credentials, options=options) if credentials is not None else grpc.insecure_channel(address, options=options)
+    return grpc.intercept_channel(plain, token_interceptor(token)) if token else plain
+
+
+# ---------------------------------------------------------------- the server side
+
+
+def _refusal(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that refuses without calling it (nothing is read or done)."""
+
+    async def refuse(request_or_iterator, context) -> None:
+        await abort_with(context, error)
+
+    if handler.request_streaming and handler.response_streaming:
+        make = grpc.stream_stream_rpc_method_handler
+    elif handler.request_streaming:
+        make = grpc.stream_unary_rpc_method_handler
+    elif handler.response_streaming:
+        make = grpc.unary_stream_rpc_method_handler
+    else:
+        make = grpc.unary_unary_rpc_method_handler
+    return make(refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+
+
+class BearerAuth(grpc.aio.ServerInterceptor):
+    """Refuses calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED, before the servicer runs."""
+
+    def __init__(self, token: str, *, peer_reads: bool = False) -> None:
+        self._expected = (_BEARER + check_token(token)).encode()
+        self.peer_reads = peer_reads
+
+    def requires_token(self, method: str) -> bool:
+        if method.startswith(OPEN_SERVICES):
+            return False
+        if method in PEER_READ_METHODS:
+            return self.peer_reads
+        return True  # everything else, including methods added later: closed by default
+
+    def authorized(self, metadata: Sequence[tuple[str, Any]] | None) -> bool:
+        ok = False
+        for key, value in metadata or ():
+            if key == AUTH_METADATA_KEY:
+                given = value.encode("utf-8", "replace") if isinstance(value, str) else bytes(value)
+                ok |= hmac.compare_digest(given, self._expected)  # constant time: no early exit on the first differing byte
+        return ok
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not self.requires_token(details.method) or self.authorized(details.invocation_metadata):
+            return handler
+        has_header = any(key == AUTH_METADATA_KEY for key, _ in details.invocation_metadata or ())
+        problem = "a wrong bearer token" if has_header else "no bearer token"
+        return _refusal(handler, Unauthenticated(f"{details.method} needs this cluster's bearer token; the call carried {problem}"))

@@ -1,0 +1,403 @@
+"""The slot pool: preallocated device buffers for ``slots`` LoRA adapters.
+
+Layout. One flat device tensor ``storage[slots + 1, slot_numel]``: row ``s``
+holds every adapted module's A (``[max_rank, in]``) and B transposed
+(``[max_rank, out]``) for slot ``s``; each module's buffers are strided views
+into it. The extra last row is the *zero slot* that base-model rows of a mixed
+batch gather from. Per-slot per-module scaling lives in ``scaling[modules,
+slots + 1]`` (zero in the zero slot and for modules an adapter does not touch).
+
+A swap never allocates device memory: an adapter is first *staged* off any
+lock into a host buffer shaped exactly like one slot row (zero padding
+included; pinned on CUDA), then *committed* as a single contiguous copy of
+that row. Writing the whole row is what zeroes the slot before the adapter
+lands (invariant 4): padding and untouched modules are copied as zeros, so no
+byte of the previous tenant survives.
+
+Metadata (names, content ids, refcounts, pins, generations, the LRU clock,
+the active slot) is guarded by one re-entrant lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Mapping
+
+import torch
+
+from fabric.errors import AdapterNotFound, IncompatibleAdapter, InvalidArgument, SlotBusy
+from fabric.serving.host_copy import SINGLE_THREAD_COPY_BYTES, host_array, host_copy
+from fabric.serving.slot_records import SlotMeta, Span, StagedAdapter
+from fabric.serving.policy import SlotView, check_pin_limit, choose_victim
+
+#: ``acquire``/``adapter_id_for`` argument meaning "the active adapter".
+ACTIVE = -1
+#: host staging rows kept for reuse by ``SlotPool.recycle`` (each is one slot row: 84 MB for Llama-3-8B at r=16)
+SPARE_STAGING_ROWS = 2
+
+
+class SlotPool:
+    """``slots`` adapter slots for the given modules, preallocated at ``max_rank``."""
+
+    def __init__(
+        self,
+        modules: Mapping[str, tuple[int, int]],
+        slots: int,
+        max_rank: int,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if slots < 1:
+            raise InvalidArgument(f"slots={slots} must be at least 1")
+        if max_rank < 1:
+            raise InvalidArgument(f"max_rank={max_rank} must be at least 1")
+        if not modules:
+            raise InvalidArgument("a slot pool needs at least one adapted module")
+        self.slots = slots
+        self.max_rank = max_rank
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.modules: tuple[str, ...] = tuple(modules)
+        self.module_index = {m: i for i, m in enumerate(self.modules)}
+        self._spans: dict[str, Span] = {}
+        offset = 0
+        for name, (fan_in, fan_out) in modules.items():
+            if fan_in < 1 or fan_out < 1:
+                raise InvalidArgument(f"module {name}: shape (in={fan_in}, out={fan_out}) must be positive")
+            self._spans[name] = Span(offset, offset + max_rank * fan_in, fan_in, fan_out)
+            offset += max_rank * (fan_in + fan_out)
+        self.slot_numel = offset
+        self.zero_slot = slots
+        self.storage = torch.zeros(slots + 1, offset, device=self.device, dtype=dtype)
+        self.scaling = torch.zeros(len(self.modules), slots + 1, device=self.device, dtype=dtype)
+        self._a = {m: self._view(m, a=True) for m in self.modules}
+        self._bt = {m: self._view(m, a=False) for m in self.modules}
+        self._meta = [SlotMeta() for _ in range(slots)]
+        self._names: dict[str, int] = {}
+        self._active: int | None = None
+        self._clock = 0
+        self._spare: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.lock = threading.RLock()
+
+    # ------------------------------------------------------------ buffers
+
+    def _view(self, module: str, a: bool) -> torch.Tensor:
+        span = self._spans[module]
+        width = span.in_features if a else span.out_features
+        start = span.a_off if a else span.bt_off
+        return self.storage[:, start : start + self.max_rank * width].view(self.slots + 1, self.max_rank, width)
+
+    def a(self, module: str) -> torch.Tensor:
+        """``[slots + 1, max_rank, in]`` view of the module's A buffers."""
+        return self._a[module]
+
+    def bt(self, module: str) -> torch.Tensor:
+        """``[slots + 1, max_rank, out]`` view of the module's B buffers, transposed."""
+        return self._bt[module]
+
+    def shape_of(self, module: str) -> tuple[int, int]:
+        """``(in_features, out_features)`` of an adapted module."""
+        span = self._spans[module]
+        return span.in_features, span.out_features
+
+    @property
+    def slot_nbytes(self) -> int:
+        """Bytes of one slot row (every module's A and B^T at ``max_rank``)."""
+        return self.slot_numel * self.storage.element_size()
+
+    # ------------------------------------------------------------ staging (no lock)
+
+    def stage(self, pairs: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scalings: Mapping[str, float]) -> StagedAdapter:
+        """Check an adapter against the pool and lay it out as one host slot row.
+
+        ``pairs`` maps module -> (A ``[r, in]``, B ``[out, r]``) as PEFT stores
+        them. Refuses (``IncompatibleAdapter``) a module the pool does not hold,
+        a rank above ``max_rank`` and shapes that differ from the pool's.
+        """
+        if not pairs:
+            raise IncompatibleAdapter("the adapter has no LoRA modules: nothing to load")
+        for module, (a, b) in pairs.items():
+            if module not in self._spans:
+                raise IncompatibleAdapter(
+                    f"module {module} is not held by the slot pool ({len(self.modules)} adapted modules); "
+                    "build the model with it in target_modules"
+                )
+            fan_in, fan_out = self.shape_of(module)
+            if a.dim() != 2 or b.dim() != 2:
+                raise IncompatibleAdapter(f"module {module}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} must be 2-D")
+            rank = a.shape[0]
+            if rank > self.max_rank:
+                raise IncompatibleAdapter(f"module {module}: rank {rank} is above the pool's max_rank {self.max_rank}")
+            if a.shape[1] != fan_in:
+                raise IncompatibleAdapter(f"module {module}: lora_A has in_features {a.shape[1]}, the model's linear has {fan_in}")
+            if tuple(b.shape) != (fan_out, rank):
+                raise IncompatibleAdapter(
+                    f"module {module}: lora_B is {tuple(b.shape)}, expected ({fan_out}, {rank}) for out_features "
+                    f"{fan_out} and rank {rank}"
+                )
+            if module not in scalings:
+                raise IncompatibleAdapter(f"module {module}: no scaling given")
+        row, scaling = self._staging_buffers()
+        flat = host_array(row)
+        factors = [0.0] * len(self.modules)  # zero for modules the adapter does not touch
+        ranks: dict[str, int] = {}
+        for module, span in self._spans.items():
+            a_end, bt_end = span.a_off + self.max_rank * span.in_features, span.bt_off + self.max_rank * span.out_features
+            if module not in pairs:
+                # Zeros everywhere the adapter does not write: this is the slot's zeroing (invariant 4).
+                flat[span.a_off : bt_end] = 0
+                continue
+            a, b = pairs[module]
+            rank = a.shape[0]
+            a_used, bt_used = span.a_off + rank * span.in_features, span.bt_off + rank * span.out_features
+            host_copy(row[span.a_off : a_used].view(rank, span.in_features), a)
+            host_copy(row[span.bt_off : bt_used].view(rank, span.out_features), b.t())
+            if rank < self.max_rank:  # rank padding
+                flat[a_used:a_end] = 0
+                flat[bt_used:bt_end] = 0
+            factors[self.module_index[module]] = float(scalings[module])
+            ranks[module] = rank
+        scaling.copy_(torch.tensor(factors, dtype=torch.float32))
+        return StagedAdapter(row=row, scaling=scaling, ranks=ranks, rank=max(ranks.values()), nbytes=row.numel() * row.element_size())
+
+    def _staging_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A host row and scaling vector to stage into: a recycled pair, or new ones (pinned on CUDA).
+
+        Every byte is overwritten by ``stage``, so a recycled row needs no zeroing first;
+        reuse saves the page faults of a fresh slot-sized allocation (and, on CUDA, a pinned one).
+        """
+        with self.lock:
+            if self._spare:
+                return self._spare.pop()
+        pin = self.device.type == "cuda"
+        return (
+            torch.empty(self.slot_numel, dtype=self.dtype, pin_memory=pin),
+            torch.empty(len(self.modules), dtype=torch.float32, pin_memory=pin),
+        )
+
+    def recycle(self, staged: StagedAdapter) -> None:
+        """Hand a committed (or abandoned) staged adapter's buffers back for the next ``stage``; it cannot be committed again."""
+        if staged.row is None:
+            return
+        row, scaling = staged.row, staged.scaling
+        staged.row = staged.scaling = None
+        with self.lock:
+            if len(self._spare) < SPARE_STAGING_ROWS:
+                self._spare.append((row, scaling))
+
+    # ------------------------------------------------------------ commit (quiescent point)
+
+    def commit(
+        self,
+        staged: StagedAdapter,
+        name: str,
+        content_id: int,
+        *,
+        slot: int | None = None,
+        make_active: bool = True,
+    ) -> tuple[int, str | None]:
+        """Land a staged adapter; return ``(slot, evicted_name or None)``.
+
+        ``slot=None`` lets the policy choose the victim (promote); a given slot
+        is refused if busy or pinned by another adapter (swap). Every check
+        happens before a byte moves, so a refusal changes nothing (invariant 3).
+        Reloading a resident name in place reports no eviction.
+        """
+        if not name:
+            raise InvalidArgument("an adapter name must be a non-empty string")
+        if content_id <= 0 or content_id >= 1 << 64:
+            raise InvalidArgument(f"content id {content_id} must be a non-zero u64")
+        if staged.row is None:
+            raise InvalidArgument(f"adapter {name!r}: its staged buffers were recycled; prepare it again")
+        with self.lock:
+            current = self._names.get(name)
+            if slot is None and current is not None and self._meta[current].content_id == content_id:
+                # Same bytes already resident: no copy, just make it current.
+                self._touch(current)
+                if make_active:
+                    self._active = current
+                return current, None
+            if slot is None:
+                if current is not None and self._meta[current].ref_count == 0:
+                    slot = current  # reload in place
+                else:
+                    slot = choose_victim(self._views())
+            else:
+                self._check_index(slot)
+                meta = self._meta[slot]
+                if meta.ref_count > 0:
+                    raise SlotBusy(
+                        f"slot {slot} holds {meta.ref_count} reference(s) to adapter {meta.name!r} from running "
+                        "sequences; it cannot be overwritten until they end"
+                    )
+                if meta.pinned and meta.name != name:
+                    raise SlotBusy(f"slot {slot} holds pinned adapter {meta.name!r}; unpin it first")
+            meta = self._meta[slot]
+            evicted = meta.name if meta.name is not None and meta.name != name else None
+            pinned = self._meta[current].pinned if current is not None else False
+            self._write(slot, staged)
+            # The old tenant leaves; a same-name copy still busy elsewhere is retired (unnamed).
+            if evicted is not None:
+                del self._names[evicted]
+                if self._active == slot:
+                    self._active = None
+            if current is not None and current != slot:
+                old = self._meta[current]
+                old.name = None
+                old.pinned = False
+                if self._active == current:
+                    self._active = slot
+            meta.name = name
+            meta.content_id = content_id
+            meta.pinned = pinned
+            meta.rank = staged.rank
+            meta.generation += 1
+            self._names[name] = slot
+            self._touch(slot)  # invariant 6: the promoted slot is the most recently used
+            if make_active:
+                self._active = slot
+            return slot, evicted
+
+    def _write(self, slot: int, staged: StagedAdapter) -> None:
+        try:
+            if self.device.type == "cpu" and staged.nbytes < SINGLE_THREAD_COPY_BYTES:
+                host_copy(self.storage[slot], staged.row)  # one thread: no wait for torch's intra-op pool
+            else:
+                self.storage[slot].copy_(staged.row, non_blocking=True)
+            self.scaling[:, slot].copy_(staged.scaling, non_blocking=True)
+            if self.device.type == "cuda":
+                # The slot is marked ready only once the bytes are on the device.
+                torch.cuda.current_stream(self.device).synchronize()
+        except BaseException:
+            # Only a device failure can land here (shapes were checked in stage):
+            # never leave half an adapter under a name.
+            self._clear(slot)
+            raise
+
+    def _clear(self, slot: int) -> None:
+        meta = self._meta[slot]
+        if meta.name is not None:
+            self._names.pop(meta.name, None)
+        if self._active == slot:
+            self._active = None
+        self.storage[slot].zero_()
+        self.scaling[:, slot].zero_()
+        meta.name, meta.content_id, meta.rank, meta.pinned = None, 0, 0, False
+        meta.generation += 1
+
+    # ------------------------------------------------------------ sequences
+
+    def acquire(self, slot: int) -> int:
+        """Take a ref on ``slot`` (``-1``: the active one); the resolved slot, or -1 if no ref was taken."""
+        with self.lock:
+            if slot == ACTIVE:
+                if self._active is None:
+                    return ACTIVE
+                slot = self._active
+            self._check_index(slot)
+            meta = self._meta[slot]
+            if meta.name is None:
+                # Never filled, or retired by a same-name reload: no new sequence may start on it.
+                raise AdapterNotFound(f"slot {slot} holds no adapter")
+            meta.ref_count += 1
+            self._touch(slot)
+            return slot
+
+    def acquire_name(self, name: str) -> int:
+        """Take a ref on the slot holding ``name`` (``AdapterNotFound`` when it is not resident)."""
+        with self.lock:
+            return self.acquire(self.slot_of(name))
+
+    def release(self, resolved: int) -> None:
+        """Drop a ref taken by ``acquire``/``acquire_name``."""
+        if resolved == ACTIVE:
+            return
+        with self.lock:
+            self._check_index(resolved)
+            meta = self._meta[resolved]
+            if meta.ref_count <= 0:
+                raise InvalidArgument(f"slot {resolved} has no reference to release")
+            meta.ref_count -= 1
+
+    # ------------------------------------------------------------ names, pins, ids
+
+    def slot_of(self, name: str) -> int:
+        """The slot holding ``name`` (``AdapterNotFound`` when it is not resident)."""
+        with self.lock:
+            slot = self._names.get(name)
+            if slot is None:
+                raise AdapterNotFound(f"adapter {name!r} is not resident (resident: {sorted(self._names)})")
+            return slot
+
+    def set_active(self, name: str | None) -> None:
+        """Make ``name`` the active adapter (``None``: no active adapter)."""
+        with self.lock:
+            self._active = None if name is None else self.slot_of(name)
+
+    @property
+    def active_slot(self) -> int | None:
+        """The active adapter's slot, or None."""
+        return self._active
+
+    def pin(self, name: str, pinned: bool) -> None:
+        """Pin (or unpin) a resident adapter against eviction; at most ``slots - 1`` may be pinned."""
+        with self.lock:
+            meta = self._meta[self.slot_of(name)]
+            if pinned and not meta.pinned:
+                check_pin_limit(sum(m.pinned for m in self._meta), self.slots)
+            meta.pinned = pinned
+
+    def resolve(self, slot: int) -> int | None:
+        """``-1`` -> the active slot (None if there is none); a slot index is checked and returned."""
+        with self.lock:
+            if slot == ACTIVE:
+                return self._active
+            self._check_index(slot)
+            return slot
+
+    def adapter_id_for(self, slot: int) -> int:
+        """The content id of a slot (``ACTIVE`` resolves the active one; 0 = empty or base)."""
+        with self.lock:
+            resolved = self.resolve(slot)
+            return 0 if resolved is None else self._meta[resolved].content_id
+
+    def rank_of(self, slot: int) -> int:
+        """The largest rank of a slot's tenant (0 when empty)."""
+        return self._meta[slot].rank
+
+    def touch(self, slots: set[int]) -> None:
+        """Mark slots as used now (the LRU clock)."""
+        with self.lock:
+            for s in sorted(slots):
+                self._touch(s)
+
+    def info(self) -> list[dict]:
+        """One dict per slot: name, content id, refs, pin, rank, active, last use."""
+        with self.lock:
+            return [
+                dict(
+                    slot=i,
+                    name=m.name,
+                    content_id=m.content_id,
+                    ref_count=m.ref_count,
+                    pinned=m.pinned,
+                    active=self._active == i,
+                    last_used=m.last_used,
+                    rank=m.rank,
+                    generation=m.generation,
+                )
+                for i, m in enumerate(self._meta)
+            ]
+
+    # ------------------------------------------------------------ helpers
+
+    def _views(self) -> list[SlotView]:
+        return [SlotView(i, m.name is not None, m.ref_count, m.pinned, m.last_used) for i, m in enumerate(self._meta)]
+
+    def _touch(self, slot: int) -> None:
+        self._clock += 1
+        self._meta[slot].last_used = self._clock
+
+    def _check_index(self, slot: int) -> None:
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.slots:
+            raise InvalidArgument(f"slot {slot!r} is out of range: the pool has slots 0..{self.slots - 1} (and -1 = active)")

@@ -1,0 +1,269 @@
+"""``PoolAdapters``: the ``ModelAdapters`` operations over a ``SlotPool``, with no forward.
+
+Loading an adapter is split in two (DESIGN invariant 7):
+
+* ``prepare`` runs off every lock: validate the config, the safetensors header
+  and every tensor's module, rank and shape against the pool, derive the
+  content id, and stage the tensors as one host slot row (pinned on CUDA). Any
+  refusal happens here, before a slot is touched.
+* ``commit`` runs at the quiescent point under the model lock (no forward is
+  running): choose the victim, overwrite the whole slot row (zeroing included),
+  set scaling, name and id, make it active and most recently used. It does no
+  I/O: a memory copy only.
+
+``prepare`` reads an untrusted directory (a private snapshot, hashed for the
+content id); ``prepare_verified`` loads a store blob whose bytes were verified
+against a manifest at commit, taking the sha256 and content id from it instead
+of hashing again. Both load tensors as views into the file's bytes, so staging
+is the only copy.
+
+``MultiLoraModel`` (``fabric.serving.multi_lora``) adds a transformers model on top;
+``ShapeOnlyModel`` (``fabric.serving.shape_only``) is a pool with a module-shape table
+and no weights (benchmarks at Llama-3-8B shapes, store-and-pool checks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Collection, Mapping, Sequence
+
+import torch
+
+from fabric.format.adapter_tensors import LoraPair, lora_pairs
+from fabric.serving.adapters import ModelAdapters
+from fabric.format.config import PeftAdapterConfig
+from fabric.format.content_id import content_id
+from fabric.errors import AdaptersUnsupported, IncompatibleAdapter, InvalidAdapter, InvalidArgument, InvalidTensors
+from fabric.store.manifest import Manifest
+from fabric.serving.pool import ACTIVE, SlotPool, StagedAdapter
+from fabric.format.safetensors_index import parse_header
+from fabric.format.tensor_file import has_non_finite, lora_views, map_immutable, read_private
+
+SAFETENSORS_FILE = "adapter_model.safetensors"
+
+#: ``(peer_addr, adapter_id, peft fields or None) -> local adapter directory`` (store first, then swap).
+Fetcher = Callable[[str, str, Any], Path]
+#: A batch row's slot: an index, -1 for the active adapter, a resident name, or None for the base model.
+RowSlot = int | str | None
+
+
+@dataclass(frozen=True)
+class PreparedAdapter:
+    """An adapter read, validated and staged off the lock, ready to commit."""
+
+    name: str
+    config: PeftAdapterConfig
+    sha256: str
+    content_id: int
+    staged: StagedAdapter
+    source: Path
+
+
+class PoolAdapters(ModelAdapters):
+    """Adapters loaded into ``pool``; ``module_names`` are every module of the (possibly weightless) model, for messages."""
+
+    def __init__(
+        self,
+        pool: SlotPool,
+        *,
+        target_modules: Sequence[str],
+        module_names: Collection[str],
+        model_label: str,
+        fetcher: Fetcher | None = None,
+    ) -> None:
+        self.pool = pool
+        self.device = pool.device
+        self.dtype = pool.dtype
+        self.target_modules = tuple(target_modules)
+        self.fetcher = fetcher
+        self._module_names = frozenset(module_names)
+        self._model_label = model_label
+        # Held by each forward step and by each commit: commits land between steps.
+        self.lock = threading.RLock()
+
+    # ------------------------------------------------------------ ModelAdapters
+
+    def set_active_lora(self, name: str) -> None:
+        self.pool.set_active(name)
+
+    def adapter_id_for(self, slot: int) -> int:
+        return self.pool.adapter_id_for(slot)
+
+    def acquire_adapter_slot(self, slot: int) -> int:
+        return self.pool.acquire(slot)
+
+    def release_adapter_slot(self, resolved: int) -> None:
+        self.pool.release(resolved)
+
+    def swap_lora_from_disk(self, adapter_dir: str | Path, name: str, slot: int) -> None:
+        """Load into the given slot (refused if busy or pinned by another adapter); the active adapter is kept."""
+        self._commit_once(self.prepare(adapter_dir, name), slot=slot, make_active=False)
+
+    def promote_lora_from_disk(self, adapter_dir: str | Path, name: str) -> tuple[int, str | None]:
+        return self._commit_once(self.prepare(adapter_dir, name))
+
+    def promote_lora_from_peer(self, peer_addr: str, adapter_id: str, name: str, peft: Any) -> tuple[int, str | None]:
+        if self.fetcher is None:
+            raise AdaptersUnsupported(
+                f"promote_lora_from_peer({peer_addr!r}, {adapter_id!r}): this {type(self).__name__} was built without a "
+                "fetcher, so it cannot pull adapters from peers; pass fetcher= (the node supplies one)"
+            )
+        adapter_dir = self.fetcher(peer_addr, adapter_id, peft)  # network and store I/O: off the lock
+        prepared = self.prepare(adapter_dir, name)
+        if peft is not None:
+            from fabric.format.peft_fields import check_agrees
+
+            try:
+                check_agrees(peft, prepared.config, adapter_id)
+            except BaseException:
+                self.pool.recycle(prepared.staged)
+                raise
+        return self._commit_once(prepared)
+
+    # ------------------------------------------------------------ prepare / commit
+
+    def prepare(self, adapter_dir: str | Path, name: str) -> PreparedAdapter:
+        """Read, validate and stage an adapter directory; touches no slot and takes no lock."""
+        _check_name(name)
+        adapter_dir = Path(adapter_dir)
+        config = PeftAdapterConfig.from_dir(adapter_dir)
+        path = adapter_dir / SAFETENSORS_FILE
+        try:
+            data = read_private(path)  # a snapshot: the bytes hashed are the bytes validated and loaded
+        except FileNotFoundError:
+            raise InvalidAdapter(f"{path} does not exist: a PEFT adapter directory holds {SAFETENSORS_FILE}") from None
+        # hashlib drops the GIL on large inputs: hash on a second core while the rest is checked and staged.
+        digest = _Sha256InBackground(data)
+        try:
+            index = parse_header(data, len(data))
+            pairs = lora_pairs(index, config)
+            staged = self._stage(data, index, pairs, config)
+        finally:
+            sha = digest.hexdigest()  # always joined: the helper thread reads ``data``
+        return PreparedAdapter(name, config, sha, content_id(sha, config, pairs), staged, adapter_dir)
+
+    def prepare_verified(self, manifest: Manifest, weights_path: str | Path, name: str) -> PreparedAdapter:
+        """Stage a store blob whose sha256 was verified against ``manifest`` when it was committed.
+
+        The config, tensor index, sha256 and content id come from the manifest
+        (``Manifest`` checks that they agree with each other); only the tensor
+        bytes are read, through a memory map of the read-only blob. The size on
+        disk is checked against the manifest; rehashing would repeat the
+        commit's whole-file check (``AdapterStore.verify`` does that on demand).
+        """
+        _check_name(name)
+        weights_path = Path(weights_path)
+        config, index = manifest.config, manifest.index
+        pairs = lora_pairs(index, config)
+        self.check_compatible(pairs)  # before any byte is read
+        mapped = map_immutable(weights_path, manifest.weights.size)
+        staged = self._stage(mapped, index, pairs, config)
+        return PreparedAdapter(name, config, manifest.weights.sha256, manifest.content_id, staged, weights_path)
+
+    def _stage(self, buffer, index, pairs: Mapping[str, LoraPair], config: PeftAdapterConfig) -> StagedAdapter:
+        self.check_compatible(pairs)
+        weights = lora_views(buffer, index, pairs)
+        staged = self.pool.stage(weights, {m: config.scaling_for(m) for m in pairs})
+        # NaN/inf anywhere (or fp32 -> fp16 overflow): one aminmax over the staged row, then
+        # the exact per-tensor check, which names the tensor.
+        if has_non_finite(staged.row):
+            message = _non_finite_message(weights, pairs, self.dtype)
+            self.pool.recycle(staged)
+            raise InvalidTensors(message)
+        return staged
+
+    def commit(self, prepared: PreparedAdapter, *, slot: int | None = None, make_active: bool = True) -> tuple[int, str | None]:
+        """Land a prepared adapter at the quiescent point; ``(slot, evicted_name or None)``.
+
+        ``prepared`` stays valid (it may be committed again); call ``recycle`` when done with it.
+        """
+        with self.lock:
+            return self.pool.commit(prepared.staged, prepared.name, prepared.content_id, slot=slot, make_active=make_active)
+
+    def recycle(self, prepared: PreparedAdapter) -> None:
+        """Give a prepared adapter's host staging row back for reuse (saves a slot-sized allocation)."""
+        self.pool.recycle(prepared.staged)
+
+    def _commit_once(self, prepared: PreparedAdapter, **kwargs) -> tuple[int, str | None]:
+        try:
+            return self.commit(prepared, **kwargs)
+        finally:
+            self.recycle(prepared)
+
+    def check_compatible(self, pairs: Mapping[str, LoraPair]) -> None:
+        """Refuse, naming the module and numbers, an adapter this model and pool cannot hold.
+
+        Needs only the tensor index, so a node checks a peer's manifest before any byte moves.
+        """
+        for pair in pairs.values():
+            self._check_fits(pair.module, pair.rank, pair.in_features, pair.out_features)
+
+    def _check_fits(self, module: str, rank: int, fan_in: int, fan_out: int) -> None:
+        if module not in self.pool.module_index:
+            if module not in self._module_names:
+                raise IncompatibleAdapter(
+                    f"module {module} does not exist in the model {self._model_label}: the adapter was made "
+                    "for another architecture or size"
+                )
+            raise IncompatibleAdapter(
+                f"module {module} is not held by the slot pool (pool target_modules: {', '.join(self.target_modules)})"
+            )
+        model_in, model_out = self.pool.shape_of(module)
+        if (fan_in, fan_out) != (model_in, model_out):
+            raise IncompatibleAdapter(
+                f"module {module}: the adapter's shape (in={fan_in}, out={fan_out}) differs from the model's "
+                f"linear (in={model_in}, out={model_out})"
+            )
+        if rank > self.pool.max_rank:
+            raise IncompatibleAdapter(f"module {module}: rank {rank} is above the pool's max_rank {self.pool.max_rank}")
+
+    # ------------------------------------------------------------ pool state
+
+    def slots_info(self) -> list[dict]:
+        return self.pool.info()
+
+    def pin(self, name: str, pinned: bool) -> None:
+        self.pool.pin(name, pinned)
+
+    # ------------------------------------------------------------ sequences
+
+    def acquire(self, slot_or_name: RowSlot) -> int:
+        """Take a ref for a sequence (at prefill): the resolved slot, or -1 (base model / no active adapter)."""
+        if slot_or_name is None:
+            return ACTIVE
+        if isinstance(slot_or_name, str):
+            return self.pool.acquire_name(slot_or_name)
+        return self.pool.acquire(slot_or_name)
+
+    def release(self, resolved: int) -> None:
+        self.pool.release(resolved)
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"adapter name {name!r} must be a non-empty string")
+
+
+def _non_finite_message(weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]], pairs: Mapping[str, Any], dtype: torch.dtype) -> str:
+    for module, (a, b) in weights.items():
+        for tensor, info in ((a, pairs[module].a), (b, pairs[module].b)):
+            bad = int((~torch.isfinite(tensor.to(dtype))).sum())
+            if bad:
+                return f"module {module}: tensor {info.name!r} holds {bad} non-finite value(s) in {dtype}"
+    return "the adapter holds non-finite values"
+
+
+class _Sha256InBackground:
+    """sha256 of a buffer nobody writes meanwhile, computed on a helper thread; ``hexdigest`` waits for it."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self._result: list[str] = []
+        self._thread = threading.Thread(target=lambda: self._result.append(hashlib.sha256(data).hexdigest()), daemon=True)
+        self._thread.start()
+
+    def hexdigest(self) -> str:
+        self._thread.join()
+        return self._result[0]

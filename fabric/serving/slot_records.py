@@ -1,0 +1,38 @@
+"""The plain records of the slot pool: a slot's metadata, a staged row, a module's place in a row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SlotMeta:
+    name: str | None = None
+    content_id: int = 0
+    ref_count: int = 0
+    pinned: bool = False
+    last_used: int = 0
+    generation: int = 0
+    #: largest rank of any module of the tenant (0 when empty)
+    rank: int = 0
+
+
+@dataclass
+class StagedAdapter:
+    """An adapter laid out like one slot row in host memory, checked against the pool."""
+
+    row: torch.Tensor | None  # [slot_numel], pool dtype, pinned on CUDA; None once recycled
+    scaling: torch.Tensor | None  # [num_modules], float32
+    ranks: dict[str, int]
+    rank: int
+    nbytes: int = field(default=0)
+
+
+@dataclass(frozen=True)
+class Span:
+    a_off: int
+    bt_off: int
+    in_features: int
+    out_features: int

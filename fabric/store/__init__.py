@@ -1,0 +1,10 @@
+"""The content-addressed adapter store: ids, manifests and digests, committed blobs, partial downloads, uploads.
+
+``AdapterStore`` is the entry point; ``PartialDownload`` and ``Upload`` are what it opens.
+"""
+
+from fabric.store.adapter_store import AdapterStore
+from fabric.store.partial import PartialDownload
+from fabric.store.upload import Upload
+
+__all__ = ["AdapterStore", "PartialDownload", "Upload"]

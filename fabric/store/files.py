@@ -1,0 +1,149 @@
+"""File primitives for the store: durable writes, locks held by open descriptors, writeback hints.
+
+Every helper here is about one file or directory; none knows the store's layout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import shutil
+from pathlib import Path
+
+from fabric.errors import IntegrityError, InvalidArgument, QuotaExceeded
+from fabric.format.safetensors_index import read_index
+from fabric.store.manifest import Manifest
+
+COPY_BLOCK = 1 << 20
+WRITEBACK_RUN = 8 << 20  # start a partial's writeback in runs this long (one call per ~8 chunks)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+    except OSError as exc:
+        # A full disk is the store's limit too: say so as QuotaExceeded (RESOURCE_EXHAUSTED), not a bare OSError.
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise QuotaExceeded(
+                f"the disk holding the adapter store is full ({os.strerror(exc.errno)}) writing {view.nbytes} bytes "
+                f"at offset {offset}; nothing was committed: free space or unstage adapters, then retry"
+            ) from None
+        raise
+
+
+def _load_sync_file_range():
+    name = ctypes.util.find_library("c")
+    try:
+        func = ctypes.CDLL(name, use_errno=True).sync_file_range
+    except (OSError, AttributeError, TypeError):
+        return None  # not Linux/glibc: commit's fdatasync does all the work
+    func.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    func.restype = ctypes.c_int
+    return func
+
+
+_sync_file_range = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range, do not wait for it
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing a range out now, so the fdatasync at commit finds little left (a hint: errors surface there)."""
+    if _sync_file_range is not None and length > 0:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
+def pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:
+    parts, got = [], 0
+    while got < length:
+        block = os.pread(fd, length - got, offset + got)
+        if not block:
+            raise IntegrityError(f"{what}: file ends at offset {offset + got}, {length - got} bytes short")
+        parts.append(block)
+        got += len(block)
+    return b"".join(parts)
+
+
+def encode_id(adapter_id: str) -> str:
+    # "%" is outside the id alphabet, so this is reversible and never nests directories.
+    return adapter_id.replace("/", "%2F")
+
+
+def decode_id(name: str) -> str:
+    return name.replace("%2F", "/")
+
+
+def try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def lock_held_dir(directory: Path, what: str) -> int:
+    """Create ``directory`` if needed and hold ``directory/lock``; the fd keeps the hold."""
+    while True:
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # removed by a cleaner between mkdir and open
+            continue
+        if not try_lock(fd):
+            os.close(fd)
+            raise InvalidArgument(f"{what} is open in another process or store object; close it there or retry later")
+        if os.fstat(fd).st_nlink:
+            return fd
+        os.close(fd)  # a cleaner removed the directory while we waited: start again
+
+
+def remove_if_unheld(directory: Path) -> bool:
+    """Remove a partial/upload directory unless a live owner holds its lock."""
+    try:
+        fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
+    try:
+        if not try_lock(fd):
+            return False
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def writer_alive(temp_name: str) -> bool:
+    """Whether the process that named a temp file ``<pid>-<hex>`` still runs (this one included)."""
+    pid_text = temp_name.split("-", 1)[0]
+    if not pid_text.isdigit():
+        return False
+    if int(pid_text) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_header(manifest: Manifest, path: Path) -> None:
+    """The file's own header must be the one the manifest describes."""
+    index = read_index(path)
+    if index.header_size != manifest.header_size or index.tensors != manifest.tensors:
+        raise IntegrityError(f"{path}: the safetensors header differs from the tensor index in the manifest of {manifest.digest}")

@@ -1,0 +1,265 @@
+"""The manifest of a staged adapter: its files, sizes, digests, chunks and tensor index.
+
+A manifest is everything a node needs to decide, before moving a byte, whether
+an adapter fits (config, tensor index) and to verify every byte it receives
+(whole-file sha256 and one sha256 per chunk). A ``Manifest`` checks itself on
+construction, so one read from a peer or from disk that lies about a size, a
+digest or its content id never exists as an object.
+
+The adapter digest (the name of an adapter's content, on the wire and on disk)::
+
+    digest = sha256(b"adapter-fabric adapter digest v1\\0"
+                    + hex(sha256(adapter_config.json)) + b"\\0"
+                    + hex(sha256(adapter_model.safetensors))).hexdigest()
+
+with both file digests as 64 lowercase ASCII hex characters. Two adapters share
+a digest exactly when both files are byte-for-byte equal.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+
+from fabric.format.adapter_tensors import lora_pairs
+from fabric.format.config import PeftAdapterConfig
+from fabric.format.content_id import content_id as compute_content_id
+from fabric.errors import IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
+from fabric.store.digests import (  # re-exported: the manifest is where callers look for them
+    CONFIG_FILE,
+    DEFAULT_CHUNK_SIZE,
+    FILE_NAMES,
+    MAX_CHUNK_SIZE,
+    WEIGHTS_FILE,
+    FileEntry,
+    FileHasher,
+    adapter_digest,
+    check_chunk_size,
+    hash_bytes,
+    hash_file,
+    iter_file,
+    plan_chunks,
+)
+from fabric.store.ids import validate_adapter_id, validate_digest
+
+from fabric.format.peft_fields import peft_fields_of
+from fabric.format.safetensors_index import MAX_HEADER_BYTES, SafetensorsIndex, TensorInfo, parse_header, read_index
+from fabric.v1 import fabric_pb2
+
+__all__ = ["CONFIG_FILE", "DEFAULT_CHUNK_SIZE", "FILE_NAMES", "MAX_CHUNK_SIZE", "WEIGHTS_FILE", "FileEntry", "FileHasher", "Manifest",
+           "adapter_digest", "build_manifest", "hash_bytes", "hash_file", "iter_file", "plan_chunks"]
+
+#: the on-disk JSON form's version
+_JSON_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A staged adapter: its id, digest, content id, files, config bytes and tensor index.
+
+    Construction checks every claim that can be checked without the weights
+    bytes: the id, each digest's form, chunk counts against sizes, the config
+    file entry against ``config_json``, the digest against the file digests,
+    the tensor index against the weights size and the config, and the content
+    id recomputed from all of it.
+    """
+
+    adapter_id: str
+    digest: str
+    content_id: int
+    files: tuple[FileEntry, ...]
+    config_json: bytes
+    tensors: tuple[TensorInfo, ...]
+    header_size: int
+    # Derived in __post_init__ (kept off repr/eq: they follow from the fields).
+    modules: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validate_adapter_id(self.adapter_id)
+        try:
+            validate_digest(self.digest, f"adapter {self.adapter_id!r} digest")
+        except InvalidArgument as exc:
+            raise InvalidAdapter(str(exc)) from None
+        names = tuple(f.name for f in self.files)
+        if names != FILE_NAMES:
+            raise InvalidAdapter(f"adapter {self.adapter_id!r}: files {list(names)} must be exactly {list(FILE_NAMES)}")
+        self._check_config_file()
+        expected = adapter_digest(self.files[0].sha256, self.files[1].sha256)
+        if self.digest != expected:
+            raise IntegrityError(f"adapter {self.adapter_id!r}: digest {self.digest} does not match its files (expected {expected})")
+        pairs = lora_pairs(self.index, self.config)
+        modules = tuple(sorted(pairs))
+        object.__setattr__(self, "modules", modules)
+        cid = compute_content_id(self.weights.sha256, self.config, modules)
+        if self.content_id != cid:
+            raise IntegrityError(f"adapter {self.adapter_id!r}: content_id {self.content_id} does not match its bytes and scaling (expected {cid})")
+
+    def _check_config_file(self) -> None:
+        if not isinstance(self.config_json, bytes):
+            raise InvalidAdapter(f"adapter {self.adapter_id!r}: config_json must be bytes")
+        entry = self.files[0]
+        actual = hash_bytes(CONFIG_FILE, self.config_json, entry.chunk_size)
+        if actual != entry:
+            raise IntegrityError(
+                f"adapter {self.adapter_id!r}: {CONFIG_FILE} entry (size {entry.size}, sha256 {entry.sha256}) "
+                f"does not match config_json ({actual.size} bytes, sha256 {actual.sha256})"
+            )
+
+    # ------------------------------------------------------------- views
+
+    @cached_property
+    def config(self) -> PeftAdapterConfig:
+        return PeftAdapterConfig.from_json_bytes(self.config_json)
+
+    @property
+    def weights(self) -> FileEntry:
+        """The safetensors file's entry."""
+        return self.files[1]
+
+    @cached_property
+    def index(self) -> SafetensorsIndex:
+        """The weights' safetensors index as the manifest claims it (checked against the size)."""
+        return _claimed_index(self.adapter_id, self.header_size, self.tensors, self.weights.size)
+
+    @property
+    def total_size(self) -> int:
+        """Bytes of every file of the adapter."""
+        return sum(f.size for f in self.files)
+
+    def file(self, name: str) -> FileEntry:
+        """The entry of a file by name (``InvalidAdapter`` naming it when absent)."""
+        for entry in self.files:
+            if entry.name == name:
+                return entry
+        raise InvalidArgument(f"adapter {self.adapter_id!r} has no file {name!r} (files: {', '.join(FILE_NAMES)})")
+
+    def with_id(self, adapter_id: str) -> "Manifest":
+        """The same manifest under another adapter id (the digest does not depend on the id)."""
+        return self if adapter_id == self.adapter_id else replace(self, adapter_id=adapter_id)
+
+    # ------------------------------------------------------------- proto
+
+    def to_proto(self) -> fabric_pb2.Manifest:
+        """The wire form (``fabric.v1.Manifest``)."""
+        return fabric_pb2.Manifest(
+            adapter_id=self.adapter_id,
+            digest=self.digest,
+            content_id=self.content_id,
+            files=[f.to_proto() for f in self.files],
+            config_json=self.config_json,
+            peft=peft_fields_of(self.config),
+            tensors=[
+                fabric_pb2.TensorEntry(name=t.name, dtype=t.dtype, shape=list(t.shape), begin=t.begin, end=t.end)
+                for t in self.tensors
+            ],
+            header_size=self.header_size,
+        )
+
+    @classmethod
+    def from_proto(cls, pb: fabric_pb2.Manifest) -> "Manifest":
+        """A manifest from the wire, every claim checked (see the class docstring)."""
+        manifest = cls(
+            adapter_id=pb.adapter_id,
+            digest=pb.digest,
+            content_id=pb.content_id,
+            files=tuple(FileEntry.from_proto(f) for f in pb.files),
+            config_json=bytes(pb.config_json),
+            tensors=tuple(
+                TensorInfo(name=t.name, dtype=t.dtype, shape=tuple(t.shape), begin=t.begin, end=t.end) for t in pb.tensors
+            ),
+            header_size=pb.header_size,
+        )
+        # peft is derived from config_json; a sender that fills it must agree.
+        if pb.HasField("peft") and pb.peft != peft_fields_of(manifest.config):
+            raise IntegrityError(f"adapter {pb.adapter_id!r}: the peft fields disagree with config_json")
+        return manifest
+
+    # ------------------------------------------------------------- json
+
+    def to_json(self) -> bytes:
+        """The store's on-disk form (canonical JSON)."""
+        raw = {
+            "format": _JSON_FORMAT,
+            "adapter_id": self.adapter_id,
+            "digest": self.digest,
+            "content_id": self.content_id,
+            "files": [f.to_dict() for f in self.files],
+            "config_json": base64.b64encode(self.config_json).decode("ascii"),
+            "header_size": self.header_size,
+            "tensors": [
+                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "begin": t.begin, "end": t.end} for t in self.tensors
+            ],
+        }
+        return json.dumps(raw, indent=1, sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Manifest":
+        try:
+            raw = json.loads(data)
+            if raw.get("format") != _JSON_FORMAT:
+                raise ValueError(f"format {raw.get('format')!r} is not {_JSON_FORMAT}")
+            files = tuple(FileEntry.from_dict(f) for f in raw["files"])
+            tensors = tuple(
+                TensorInfo(name=t["name"], dtype=t["dtype"], shape=tuple(t["shape"]), begin=t["begin"], end=t["end"])
+                for t in raw["tensors"]
+            )
+            config_json = base64.b64decode(raw["config_json"], validate=True)
+            fields = (raw["adapter_id"], raw["digest"], raw["content_id"], raw["header_size"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidAdapter(f"manifest JSON is malformed: {exc}") from None
+        adapter_id, digest, cid, header_size = fields
+        return cls(adapter_id, digest, cid, files, config_json, tensors, header_size)
+
+
+def _claimed_index(adapter_id: str, header_size: int, tensors: tuple[TensorInfo, ...], weights_size: int) -> SafetensorsIndex:
+    """A ``SafetensorsIndex`` from a manifest's claims: checked by the header parser, and adding up to the file size."""
+    if isinstance(header_size, bool) or not isinstance(header_size, int) or header_size < 2:
+        raise InvalidAdapter(f"adapter {adapter_id!r}: header_size {header_size!r} is not a safetensors header length")
+    # Re-encode the claimed entries as a header so the one parser checks dtypes, shapes and contiguity.
+    entries = {t.name: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.begin, t.end]} for t in tensors}
+    header = json.dumps(entries).encode("utf-8")
+    try:
+        checked = parse_header(struct.pack("<Q", len(header)) + header)
+    except InvalidHeader as exc:
+        raise InvalidHeader(f"adapter {adapter_id!r}: the manifest's tensor index is invalid: {exc}") from None
+    if checked.tensors != tuple(tensors):
+        raise InvalidAdapter(f"adapter {adapter_id!r}: the manifest's tensors are duplicated or not in offset order")
+    index = SafetensorsIndex(header_size=header_size, tensors=checked.tensors, metadata={})
+    if index.file_size != weights_size:
+        raise IntegrityError(
+            f"adapter {adapter_id!r}: {WEIGHTS_FILE} is {weights_size} bytes but its index "
+            f"(8 + header {header_size} + data {index.data_size}) adds up to {index.file_size}"
+        )
+    return index
+
+
+# ---------------------------------------------------------------- building
+
+
+def build_manifest(
+    adapter_id: str, config_json: bytes, weights_path: str | Path, chunk_size: int = DEFAULT_CHUNK_SIZE, *, max_header_bytes: int = MAX_HEADER_BYTES
+) -> Manifest:
+    """Validate an adapter's config and weights file and describe them, reading the weights once."""
+    validate_adapter_id(adapter_id)
+    check_chunk_size(chunk_size)
+    config = PeftAdapterConfig.from_json_bytes(config_json)
+    index = read_index(weights_path, max_header_bytes=max_header_bytes)
+    modules = tuple(sorted(lora_pairs(index, config)))
+    weights = hash_file(WEIGHTS_FILE, weights_path, chunk_size)
+    if weights.size != index.file_size:
+        raise IntegrityError(f"{weights_path}: {weights.size} bytes read, but its header describes {index.file_size}")
+    files = (hash_bytes(CONFIG_FILE, config_json, chunk_size), weights)
+    return Manifest(
+        adapter_id=adapter_id,
+        digest=adapter_digest(files[0].sha256, weights.sha256),
+        content_id=compute_content_id(weights.sha256, config, modules),
+        files=files,
+        config_json=bytes(config_json),
+        tensors=index.tensors,
+        header_size=index.header_size,
+    )
+

@@ -1,0 +1,71 @@
+"""Restart recovery and garbage collection: temp files, orphans, dead partials and uploads go; live data stays."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from fabric.store.files import fsync_dir, remove_if_unheld, try_lock, writer_alive
+
+
+class StoreRecovery:
+    """Mixed into ``AdapterStore``: runs under the store's lock."""
+
+    def _recover(self) -> None:
+        """After a crash or restart (under the lock): drop temp files and orphans, keep partials to resume."""
+        for entry in os.scandir(self.tmp):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)  # views are built under the lock: never live here
+                continue
+            if writer_alive(entry.name):
+                # A temp blob is unlocked between its write and its rename into blobs/: the
+                # lock alone cannot tell "abandoned" from "about to be installed".
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                if try_lock(fd):  # its writer is gone
+                    os.unlink(entry.path)
+            finally:
+                os.close(fd)
+        for entry in os.scandir(self.partials):
+            name = entry.name
+            committed = len(name) == 64 and self._manifest_path(name).is_file()
+            if committed or not (Path(entry.path) / "manifest.json").is_file():
+                remove_if_unheld(Path(entry.path))
+        for entry in os.scandir(self.uploads):
+            if not (Path(entry.path) / "meta.json").is_file():
+                remove_if_unheld(Path(entry.path))
+        self._collect()
+
+    def _collect(self) -> None:
+        """Remove manifests, views and blobs no ref reaches (under the lock)."""
+        live = set(self._refs().values())
+        keep: set[str] = set()
+        for entry in os.scandir(self.manifests):
+            digest = entry.name.removesuffix(".json")
+            if digest in live:
+                keep.update(self._blob_shas(digest))
+            else:
+                os.unlink(entry.path)
+                self._cache.pop(digest, None)
+        for entry in os.scandir(self.views):
+            if entry.name not in live:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        for bucket in os.scandir(self.blobs):
+            for blob in os.scandir(bucket.path):
+                if blob.name not in keep:
+                    os.unlink(blob.path)
+        fsync_dir(self.manifests)
+
+    def _blob_shas(self, digest: str) -> list[str]:
+        # Raw JSON, not Manifest.from_json: collection must not depend on a manifest still validating.
+        try:
+            raw = json.loads(self._manifest_path(digest).read_bytes())
+            return [f["sha256"] for f in raw["files"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []

@@ -1,0 +1,177 @@
+"""Client uploads: one safetensors file appended in order, resumable, committed atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fabric.errors import IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
+from fabric.format.config import PeftAdapterConfig
+from fabric.store.files import lock_held_dir, pwrite_all
+from fabric.store.ids import validate_adapter_id, validate_digest
+from fabric.format.safetensors_index import header_length
+from fabric.store.manifest import WEIGHTS_FILE, Manifest, build_manifest
+
+if TYPE_CHECKING:
+    from fabric.store.adapter_store import AdapterStore
+
+
+class StoreUploads:
+    """Mixed into ``AdapterStore``: opening client uploads and finding their offsets."""
+
+    def _upload_dir(self, adapter_id: str, sha256: str) -> Path:
+        key = hashlib.sha256(f"{adapter_id}\0{sha256}".encode()).hexdigest()
+        return self.uploads / key
+
+    def upload_offset(self, adapter_id: str, sha256: str) -> int:
+        """Bytes of an interrupted upload of (id, sha256) kept here; 0 when none."""
+        validate_adapter_id(adapter_id)
+        validate_digest(sha256, f"{WEIGHTS_FILE} sha256")
+        with self._open_lock:
+            current = self._open_uploads.get(self._upload_dir(adapter_id, sha256).name)
+            if current is not None:
+                return current.offset
+        try:
+            return os.stat(self._upload_dir(adapter_id, sha256) / "data").st_size
+        except FileNotFoundError:
+            return 0
+
+    def open_upload(self, adapter_id: str, config_json: bytes, size: int, sha256: str) -> "Upload":
+        """A client upload of a safetensors file; reopening the same (id, sha256) continues at ``offset``."""
+        validate_adapter_id(adapter_id)
+        validate_digest(sha256, f"{WEIGHTS_FILE} sha256")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidArgument(f"upload of {adapter_id!r}: size {size!r} must be a non-negative integer")
+        self._check_adapter_size(size + len(config_json), f"uploading {adapter_id!r}")
+        PeftAdapterConfig.from_json_bytes(config_json)  # refuse a bad config before any byte moves
+        directory = self._upload_dir(adapter_id, sha256)
+        with self._open_lock:
+            current = self._open_uploads.get(directory.name)
+            if current is not None:
+                if current.size != size:
+                    raise InvalidArgument(f"upload of {adapter_id!r} is open with size {current.size}, asked for {size}")
+                current.config_json = bytes(config_json)
+                return current
+            if not (directory / "meta.json").is_file():
+                self._check_quota(size + len(config_json), f"uploading {adapter_id!r}")
+            lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (sha256 {sha256})")
+            try:
+                upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, sha256)
+            except BaseException:
+                os.close(lock_fd)
+                raise
+            self._open_uploads[directory.name] = upload
+            return upload
+
+    def _forget_upload(self, key: str) -> None:
+        with self._open_lock:
+            self._open_uploads.pop(key, None)
+
+
+class Upload:
+    """A client's upload of a safetensors file, appended in order; nothing is committed until ``commit``."""
+
+    def __init__(
+        self, store: AdapterStore, directory: Path, lock_fd: int, adapter_id: str, config_json: bytes, size: int, sha256: str
+    ) -> None:
+        self.store = store
+        self.adapter_id = adapter_id
+        self.config_json = config_json
+        self.size = size
+        self.sha256 = sha256
+        #: after commit: True when the same content was already committed
+        self.already_staged = False
+        self._directory = directory
+        self._lock_fd: int | None = lock_fd
+        self._lock = threading.Lock()
+        meta = json.dumps({"adapter_id": adapter_id, "sha256": sha256, "size": size}, sort_keys=True).encode()
+        meta_path = directory / "meta.json"
+        fresh = not meta_path.is_file() or meta_path.read_bytes() != meta
+        self._fd: int | None = os.open(directory / "data", os.O_RDWR | os.O_CREAT, 0o644)
+        if fresh or os.fstat(self._fd).st_size > size:
+            os.ftruncate(self._fd, 0)
+            os.fsync(self._fd)
+            store._write_atomic(meta_path, meta)
+        self._offset = os.fstat(self._fd).st_size
+
+    @property
+    def offset(self) -> int:
+        """Bytes received and written durably: the next append starts here."""
+        return self._offset
+
+    def append(self, offset: int, data: bytes) -> None:
+        with self._lock:
+            self._require_open()
+            if offset != self._offset:
+                raise InvalidArgument(f"upload of {self.adapter_id!r}: data at offset {offset}, expected offset {self._offset}")
+            if offset + len(data) > self.size:
+                raise InvalidArgument(
+                    f"upload of {self.adapter_id!r}: {len(data)} bytes at offset {offset} end at {offset + len(data)}, "
+                    f"beyond the declared size {self.size}"
+                )
+            if offset == 0 and len(data) >= 8:  # refuse an oversized header before storing a byte of it
+                try:
+                    header_length(bytes(data[:8]), max_header_bytes=self.store.max_header_bytes)
+                except InvalidHeader:
+                    self._close_locked(remove=True)  # nothing to resume: the same bytes would be refused again
+                    raise
+            pwrite_all(self._fd, data, offset)
+            os.fdatasync(self._fd)
+            self._offset += len(data)
+
+    def commit(self) -> Manifest:
+        """Check size, sha256, config, header and tensors, then commit; any failure commits nothing and drops the upload."""
+        with self._lock:
+            self._require_open()
+            if self._offset != self.size:
+                raise InvalidArgument(f"upload of {self.adapter_id!r} holds {self._offset} of {self.size} bytes: send the rest first")
+            data_path = self._directory / "data"
+            try:
+                os.fsync(self._fd)
+                manifest = build_manifest(
+                    self.adapter_id, self.config_json, data_path, self.store.chunk_size, max_header_bytes=self.store.max_header_bytes
+                )
+                if manifest.weights.sha256 != self.sha256:
+                    raise IntegrityError(
+                        f"upload of {self.adapter_id!r}: received {self.size} bytes with sha256 {manifest.weights.sha256}, "
+                        f"declared {self.sha256}"
+                    )
+                config_blob = self.store._temp_blob(self.config_json)
+                try:
+                    sources = {manifest.files[0].sha256: config_blob, manifest.weights.sha256: data_path}
+                    self.already_staged = self.store._commit(manifest, self.adapter_id, sources)
+                finally:
+                    config_blob.unlink(missing_ok=True)
+            except (InvalidAdapter, IntegrityError):
+                self._close_locked(remove=True)
+                raise
+            self._close_locked(remove=True)
+            return manifest
+
+    def discard(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                self._close_locked(remove=True)
+
+    def close(self) -> None:
+        """Let go of the upload, keeping its bytes for a later resume."""
+        with self._lock:
+            if self._fd is not None:
+                self._close_locked(remove=False)
+
+    def _require_open(self) -> None:
+        if self._fd is None:
+            raise InvalidArgument(f"upload of {self.adapter_id!r} was committed, closed or discarded")
+
+    def _close_locked(self, remove: bool) -> None:
+        if remove:
+            shutil.rmtree(self._directory, ignore_errors=True)
+        os.close(self._fd)
+        os.close(self._lock_fd)
+        self._fd = self._lock_fd = None
+        self.store._forget_upload(self._directory.name)

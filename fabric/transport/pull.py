@@ -1,0 +1,204 @@
+"""The peer client: pull a staged adapter from peers into the local store.
+
+A pull asks peers for the manifest, lets the caller check it against this
+node's model before a byte moves, then fetches the weights file in runs of
+chunks into the store's partial area, spread over every peer that holds them
+(a swarm: ``fabric.transport.swarm`` decides who is asked for what; peers still
+receiving the adapter announce their verified chunks through Availability).
+Every chunk is verified before it is written, and only verified chunks are
+ever served on. A dead or stalled peer is dropped and its chunks are asked of
+the others; a restarted pull resumes from the chunks already verified; a peer
+that sends corrupt bytes is asked again and, when it keeps doing so, dropped.
+Commit checks the whole file's digest.
+
+Concurrent pulls of one adapter on one node share one download (single
+flight, keyed by digest), so its bytes cross the network once.
+
+The client is synchronous on purpose: it runs on worker threads of the node
+(never under the model lock) and also backs the library-level
+``promote_lora_from_peer``, which is a plain blocking call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, Sequence
+
+import grpc
+
+from fabric.errors import AdapterNotFound, FabricError, IntegrityError, PeerUnavailable
+from fabric.rpc.status import error_from_rpc
+from fabric.store import AdapterStore
+from fabric.store.ids import validate_adapter_id
+from fabric.store.manifest import Manifest
+from fabric.transport import swarm
+from fabric.transport.channels import PeerChannels
+from fabric.transport.rate import TokenBucket
+from fabric.transport.swarm_pull import AVAILABILITY_TIMEOUT_S, STALL_TIMEOUT_S, PullStats, SwarmPull
+from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+
+__all__ = ["PeerChannels", "PeerPuller", "PullStats", "STALL_TIMEOUT_S"]
+
+log = logging.getLogger(__name__)
+
+#: seconds for a manifest call; a dead peer answers UNAVAILABLE long before this
+MANIFEST_TIMEOUT_S = 10.0
+
+
+class PeerPuller:
+    """Pulls adapters from peers into one store; safe to call from many threads.
+
+    A pull spreads its chunks over every given peer that holds them (see
+    ``fabric.transport.swarm`` for the policy); peers that hold part of the adapter
+    (they are pulling it too) announce their verified chunks through
+    Availability, so a rollout forms a pipeline rather than a star.
+    """
+
+    def __init__(
+        self,
+        store: AdapterStore,
+        channels: PeerChannels | None = None,
+        stall_timeout: float = STALL_TIMEOUT_S,
+        download_rate: int = 0,
+        window: int = swarm.WINDOW,
+    ) -> None:
+        self.store = store
+        self.channels = channels or PeerChannels()
+        self.stall_timeout = stall_timeout
+        self.window = window
+        # One bucket for every pull of this node: the flag bounds what it receives in total.
+        self.download_limit = TokenBucket(download_rate) if download_rate > 0 else None
+        self._inflight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ manifest
+
+    def manifest(self, peers: Sequence[str], adapter_id: str) -> tuple[Manifest, str]:
+        """The manifest from the first peer that has it, and that peer's address."""
+        validate_adapter_id(adapter_id)
+        if not peers:
+            raise PeerUnavailable(f"no peer to pull {adapter_id!r} from: give a peer address")
+        missing: list[str] = []
+        failures: list[str] = []
+        for peer in peers:
+            stub = fabric_pb2_grpc.FabricStub(self.channels.get(peer))
+            try:
+                reply = stub.GetManifest(fabric_pb2.GetManifestRequest(adapter_id=adapter_id), timeout=MANIFEST_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                error = error_from_rpc(exc, peer=peer)
+                if isinstance(error, AdapterNotFound):
+                    missing.append(peer)
+                else:
+                    failures.append(f"{peer}: {error}")
+                continue
+            manifest = Manifest.from_proto(reply)  # checks that the manifest is self-consistent
+            if manifest.adapter_id != adapter_id:
+                raise IntegrityError(f"peer {peer} answered for {manifest.adapter_id!r} when asked for {adapter_id!r}")
+            return manifest, peer
+        if missing and not failures:
+            raise AdapterNotFound(f"adapter {adapter_id!r} is not staged on {', '.join(missing)}: stage it there first, or name a peer that has it")
+        raise PeerUnavailable(f"no peer could serve the manifest of {adapter_id!r}: " + "; ".join(failures + [f"{p}: not staged" for p in missing]))
+
+    # ------------------------------------------------------------ availability
+
+    def holding(self, peer: str, digest: str) -> tuple[set[int], bool, int]:
+        """``(verified chunks, complete, chunk count)`` of ``digest`` on ``peer``; nothing held = ``(set(), False, 0)``.
+
+        Raises PeerUnavailable (or another FabricError) when the peer cannot answer.
+        """
+        stub = fabric_pb2_grpc.FabricStub(self.channels.get(peer))
+        try:
+            reply = stub.Availability(fabric_pb2.AvailabilityRequest(digest=digest), timeout=AVAILABILITY_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return set(), False, 0  # an older peer: it can still serve what GetManifest says it has
+            error = error_from_rpc(exc, peer=peer)
+            if isinstance(error, AdapterNotFound):
+                return set(), False, 0
+            raise error from None
+        if reply.complete:
+            return set(range(reply.chunk_count)), True, reply.chunk_count
+        return swarm.bitmap_to_chunks(reply.verified_bitmap, reply.chunk_count), False, reply.chunk_count
+
+    def availability(self, peer: str, digest: str) -> fabric_pb2.PeerHolding | None:
+        """What ``peer`` holds of ``digest`` for a Locate answer; None when nothing, or when it does not answer."""
+        try:
+            have, complete, _ = self.holding(peer, digest)
+        except FabricError as exc:
+            log.info("locate: %s did not answer: %s", peer, exc)
+            return None
+        if not complete and not have:
+            return None
+        return fabric_pb2.PeerHolding(address=peer, complete=complete, verified_chunks=len(have))
+
+    # ---------------------------------------------------------------- pull
+
+    def pull(
+        self,
+        peers: Sequence[str],
+        adapter_id: str,
+        check: Callable[[Manifest], None] | None = None,
+    ) -> tuple[Manifest, PullStats]:
+        """Fetch ``adapter_id`` from ``peers`` (in order of preference) and commit it under that id.
+
+        The manifest comes from the first peer that has the adapter; the
+        chunks from every peer that holds them. ``check`` sees the manifest
+        before any bytes move (model compatibility, the caller's PEFT fields);
+        an error it raises ends the pull with nothing written.
+        """
+        manifest, first = self.manifest(peers, adapter_id)
+        if check is not None:
+            check(manifest)
+        ordered = [first] + [p for p in dict.fromkeys(peers) if p != first]
+        return self._single_flight(manifest, ordered)
+
+    def _single_flight(self, manifest: Manifest, peers: list[str]) -> tuple[Manifest, PullStats]:
+        with self._lock:
+            future = self._inflight.get(manifest.digest)
+            leader = future is None
+            if leader:
+                future = Future()
+                self._inflight[manifest.digest] = future
+        if not leader:
+            committed, stats = future.result()
+            joined = PullStats(digest=stats.digest, source_peers=list(stats.source_peers), shared=True)
+            return self.store.get(manifest.adapter_id) if self._has_ref(manifest) else self._commit_existing(manifest), joined
+        try:
+            result = self._download(manifest, peers)
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        else:
+            future.set_result(result)
+            return result
+        finally:
+            with self._lock:
+                self._inflight.pop(manifest.digest, None)
+
+    def _has_ref(self, manifest: Manifest) -> bool:
+        try:
+            return self.store.get(manifest.adapter_id).digest == manifest.digest
+        except AdapterNotFound:
+            return False
+
+    def _commit_existing(self, manifest: Manifest) -> Manifest:
+        partial = self.store.open_partial(manifest)
+        return partial.commit(manifest.adapter_id)
+
+    def _download(self, manifest: Manifest, peers: list[str]) -> tuple[Manifest, PullStats]:
+        """``peers[0]`` served the manifest, so it holds every chunk; the others say what they hold."""
+        stats = PullStats(digest=manifest.digest)
+        if self.store.by_digest(manifest.digest) is not None:
+            # The bytes are here already (another id, or an earlier pull): only the reference is new.
+            return self._commit_existing(manifest), stats
+        started = time.monotonic()
+        partial = self.store.open_partial(manifest)
+        stats.resumed_from = partial.verified_offset
+        if not partial.complete:
+            SwarmPull(self, manifest, partial, peers, stats).run()
+        committed = partial.commit(manifest.adapter_id)
+        stats.pull_seconds = time.monotonic() - started
+        return committed, stats

@@ -1,0 +1,302 @@
+"""Swarm scheduling: which chunks of an adapter to ask which peer for.
+
+Pure policy over plain data (no sockets, no threads, no clock of its own: the
+caller passes ``now``), so it is tested on its own (tests/test_swarm.py). The
+puller in ``fabric.transport.pull`` owns the I/O and feeds this module what happened.
+
+The policy, after BitTorrent:
+- every live peer keeps up to ``window`` requests outstanding, so a peer never
+  idles for a round trip between two requests;
+- a request is a run of consecutive chunks (at most ``max_run``) that the peer
+  holds, that this node still needs and that no other request carries;
+- the first chunk of a run is the rarest among the peers, ties broken by a
+  per-pull random order: nodes of one rollout ask the seeder for different
+  chunks, so they soon have something to trade;
+- endgame: when a peer has a free slot and nothing fresh to ask for, it
+  re-requests the unverified chunks of the oldest request that has been out
+  longer than ``endgame_after`` seconds on another peer (one duplicate per
+  chunk); whichever copy lands first wins and the other is cancelled.
+
+Serving side (super-seeding, after BitTorrent's): a swarm request also names
+the chunks the puller would take instead (``FetchRequest.accept_bitmap``);
+the serving node sends, for each requested chunk, one it has handed out least
+(``pick_chunks``). Pullers only learn who holds what with a delay, so without
+this the seed sends the same chunk to several nodes; with it, its upload
+carries every chunk once before any chunk twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+#: requests outstanding per peer
+WINDOW = 1
+#: bytes per request: enough to amortize a round trip, small enough to spread a rollout
+RUN_BYTES = 1 << 20
+#: an outstanding request younger than this is never duplicated by the endgame
+ENDGAME_MIN_S = 1.0
+#: ... nor one younger than this many times the median request time
+ENDGAME_FACTOR = 3.0
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class PeerView:
+    """What this node knows of one peer."""
+
+    address: str
+    have: set[int] = field(default_factory=set)  # verified chunks it announced
+    complete: bool = False  # it holds every chunk (committed)
+    dead: bool = False  # failed in this pull: never asked again
+    inflight: int = 0  # requests outstanding
+    resume_at: float = 0.0  # busy (it refused a stream for now): not asked before this time
+
+    def holds(self, chunk: int) -> bool:
+        return self.complete or chunk in self.have
+
+
+@dataclass
+class Request:
+    """One Fetch of consecutive chunks from one peer."""
+
+    peer: str
+    chunks: list[int]
+    started: float
+    endgame: bool = False  # a duplicate of chunks another request carries
+    id: int = field(default_factory=lambda: next(_ids))
+    accept: frozenset[int] = frozenset()  # chunks the peer may send instead (super-seeding); empty = exactly ``chunks``
+
+
+def substitutes(plan: SwarmPlan, request: Request) -> frozenset[int]:
+    """What ``request`` accepts in place of its chunks: every needed chunk no other request carries.
+
+    Endgame copies want their chunks exactly; a pull from one peer gains
+    nothing from substitutes (it needs every chunk from it anyway).
+    """
+    if request.endgame or len(plan.peers) < 2:
+        return frozenset()
+    return frozenset(c for c in plan.needed if c not in plan.carriers) | frozenset(request.chunks)
+
+
+@dataclass
+class SwarmPlan:
+    """The state of one pull: what is needed, who holds what, what is outstanding."""
+
+    chunk_count: int
+    needed: set[int]  # chunks not verified here yet
+    peers: dict[str, PeerView]  # in preference order
+    tiebreak: list[float]  # per-chunk random rank among equally rare chunks
+    carriers: dict[int, list[int]] = field(default_factory=dict)  # chunk -> ids of outstanding requests carrying it
+    outstanding: dict[int, Request] = field(default_factory=dict)
+    durations: list[float] = field(default_factory=list)  # seconds per finished request
+
+
+def new_plan(chunk_count: int, verified: Iterable[int], peers: Sequence[str], seed: int | None = None) -> SwarmPlan:
+    """A plan for a pull that already holds ``verified`` chunks; ``peers`` in preference order."""
+    rng = random.Random(seed)
+    done = set(verified)
+    return SwarmPlan(
+        chunk_count=chunk_count,
+        needed={i for i in range(chunk_count) if i not in done},
+        peers={address: PeerView(address) for address in dict.fromkeys(peers)},
+        tiebreak=[rng.random() for _ in range(chunk_count)],
+    )
+
+
+def run_length(chunk_size: int, chunk_count: int, peers: int, window: int = WINDOW) -> int:
+    """Chunks per request: up to RUN_BYTES, but short enough that every peer's window gets work twice over."""
+    spread = chunk_count // max(1, 2 * peers * window)
+    return max(1, min(RUN_BYTES // chunk_size, spread))
+
+
+def set_holding(plan: SwarmPlan, address: str, have: Iterable[int], complete: bool = False) -> None:
+    """Record what a peer announced (an Availability answer, or complete for the manifest's source)."""
+    peer = plan.peers[address]
+    peer.complete = complete
+    peer.have = set() if complete else {i for i in have if 0 <= i < plan.chunk_count}
+
+
+def forget_chunks(plan: SwarmPlan, address: str, chunks: Iterable[int]) -> None:
+    """A peer refused chunks it had announced (it lost them): stop asking it until it announces them again."""
+    peer = plan.peers[address]
+    if peer.complete:
+        peer.complete = False
+        peer.have = set(range(plan.chunk_count))
+    peer.have.difference_update(chunks)
+
+
+def mark_dead(plan: SwarmPlan, address: str) -> None:
+    plan.peers[address].dead = True
+
+
+def chunk_verified(plan: SwarmPlan, chunk: int) -> None:
+    plan.needed.discard(chunk)
+
+
+def live_peers(plan: SwarmPlan) -> list[PeerView]:
+    return [p for p in plan.peers.values() if not p.dead]
+
+
+def rarity(plan: SwarmPlan) -> dict[int, int]:
+    """Live holders of each needed chunk."""
+    live = live_peers(plan)
+    return {c: sum(1 for p in live if p.holds(c)) for c in plan.needed}
+
+
+def endgame_after(plan: SwarmPlan) -> float:
+    """Seconds a request must be out before the endgame duplicates it."""
+    if not plan.durations:
+        return ENDGAME_MIN_S
+    return max(ENDGAME_MIN_S, ENDGAME_FACTOR * statistics.median(plan.durations[-32:]))
+
+
+def plan_requests(plan: SwarmPlan, now: float, window: int = WINDOW, max_run: int = 1) -> list[Request]:
+    """New requests that fill every live peer's window; they are registered as outstanding."""
+    if all(p.dead or p.inflight >= window or p.resume_at > now for p in plan.peers.values()):
+        return []  # the common case when an event arrives: nothing to do
+    counts = _Rarity(plan)
+    wait = endgame_after(plan)
+    made: list[Request] = []
+    # Round-robin over the peers, one request each per round, so one peer does
+    # not take every rare chunk before the others get a turn.
+    while True:
+        progressed = False
+        for peer in plan.peers.values():
+            if peer.dead or peer.inflight >= window or peer.resume_at > now:
+                continue
+            request = _fresh(plan, peer, counts, now, max_run) or _endgame(plan, peer, now, wait)
+            if request is None:
+                continue
+            _register(plan, request)
+            made.append(request)
+            progressed = True
+        if not progressed:
+            return made
+
+
+class _Rarity(dict):
+    """Live holders per chunk, counted on first use (most calls never need them)."""
+
+    def __init__(self, plan: SwarmPlan) -> None:
+        super().__init__()
+        self._live = live_peers(plan)
+
+    def __missing__(self, chunk: int) -> int:
+        count = self[chunk] = sum(1 for p in self._live if p.holds(chunk))
+        return count
+
+
+def _fresh(plan: SwarmPlan, peer: PeerView, counts: dict[int, int], now: float, max_run: int) -> Request | None:
+    pool = plan.needed if peer.complete else peer.have & plan.needed
+    candidates = [c for c in pool if c not in plan.carriers]
+    if not candidates:
+        return None
+    first = min(candidates, key=lambda c: (counts[c], plan.tiebreak[c]))
+    run = [first]
+    while len(run) < max_run:
+        nxt = run[-1] + 1
+        if nxt >= plan.chunk_count or nxt not in plan.needed or nxt in plan.carriers or not peer.holds(nxt):
+            break
+        run.append(nxt)
+    return Request(peer=peer.address, chunks=run, started=now)
+
+
+def _endgame(plan: SwarmPlan, peer: PeerView, now: float, wait: float) -> Request | None:
+    for old in sorted(plan.outstanding.values(), key=lambda r: r.started):
+        if now - old.started < wait:
+            return None  # sorted by age: nothing older follows
+        if old.peer == peer.address:
+            continue
+        run: list[int] = []
+        for c in old.chunks:
+            duplicable = c in plan.needed and peer.holds(c) and len(plan.carriers.get(c, ())) == 1
+            if duplicable and (not run or c == run[-1] + 1):
+                run.append(c)
+            elif run:
+                break
+        if run:
+            return Request(peer=peer.address, chunks=run, started=now, endgame=True)
+    return None
+
+
+def _register(plan: SwarmPlan, request: Request) -> None:
+    plan.outstanding[request.id] = request
+    plan.peers[request.peer].inflight += 1
+    for c in request.chunks:
+        plan.carriers.setdefault(c, []).append(request.id)
+
+
+def finish(plan: SwarmPlan, request: Request, now: float | None = None) -> None:
+    """The request ended (done, failed or cancelled): its unverified chunks are free to ask again."""
+    if plan.outstanding.pop(request.id, None) is None:
+        return
+    plan.peers[request.peer].inflight -= 1
+    for c in request.chunks:
+        ids = plan.carriers.get(c)
+        if ids is not None and request.id in ids:
+            ids.remove(request.id)
+            if not ids:
+                del plan.carriers[c]
+    if now is not None:
+        plan.durations.append(now - request.started)
+
+
+def retarget(plan: SwarmPlan, request: Request, chunks: Sequence[int]) -> None:
+    """The peer said which chunks it will send for ``request`` (substitutes): they, not the asked ones, are carried now."""
+    if request.id not in plan.outstanding:
+        return
+    for c in request.chunks:
+        ids = plan.carriers.get(c)
+        if ids is not None and request.id in ids:
+            ids.remove(request.id)
+            if not ids:
+                del plan.carriers[c]
+    request.chunks = list(chunks)
+    for c in request.chunks:
+        plan.carriers.setdefault(c, []).append(request.id)
+
+
+def redundant(plan: SwarmPlan) -> list[Request]:
+    """Outstanding requests whose every chunk is verified already (the other endgame copy won): cancel them."""
+    return [r for r in plan.outstanding.values() if not any(c in plan.needed for c in r.chunks)]
+
+
+def pick_chunks(requested: Sequence[int], accept: Iterable[int], holds: Callable[[int], bool], sent: list[int], rng: random.Random) -> list[int]:
+    """Chunks to serve for a request that accepts substitutes; ``sent[i]`` (handed-out counts) is bumped.
+
+    For each requested chunk: itself, when this node holds it and has handed
+    it out no more than any other acceptable chunk it holds; else one of
+    those least handed out (at random, so concurrent requests spread). Fewer
+    chunks than requested when this node holds no more acceptable ones.
+    """
+    pool = {c for c in accept if 0 <= c < len(sent) and holds(c)}
+    picked: list[int] = []
+    for want in requested:
+        if 0 <= want < len(sent) and holds(want):
+            pool.add(want)
+        if not pool:
+            break
+        least = min(sent[c] for c in pool)
+        choice = want if want in pool and sent[want] == least else rng.choice([c for c in pool if sent[c] == least])
+        pool.discard(choice)
+        sent[choice] += 1
+        picked.append(choice)
+    return picked
+
+
+def bitmap_to_chunks(bitmap: bytes, chunk_count: int) -> set[int]:
+    """Chunk indexes set in an AvailabilityResponse bitmap (bit i, LSB first in byte i // 8)."""
+    return {i for i in range(min(chunk_count, len(bitmap) * 8)) if bitmap[i // 8] >> (i % 8) & 1}
+
+
+def chunks_to_bitmap(chunks: Iterable[int], chunk_count: int) -> bytes:
+    bitmap = bytearray((chunk_count + 7) // 8)
+    for i in chunks:
+        if 0 <= i < chunk_count:
+            bitmap[i // 8] |= 1 << (i % 8)
+    return bytes(bitmap)
