@@ -1,7 +1,14 @@
 """The node process: a grpc.aio server for fabric.v1 plus health checking and reflection.
 
-SIGTERM (or SIGINT) shuts down gracefully: health turns NOT_SERVING first, so
-load balancers stop sending, then in-flight calls get a grace period to finish.
+Start-up order (each step's failure is one line, status 1; ``node.startup``):
+the probe endpoint first (``/healthz`` live, ``/readyz`` not yet), then
+security files, the store (crash recovery, expiry of abandoned entries), the
+model, and the gRPC port (port reuse off: a second node on a busy port fails
+instead of sharing it). Only then is the node ready.
+
+SIGTERM (or SIGINT) drains: ``/readyz`` and gRPC health turn NOT_SERVING
+first, so load balancers and peers stop sending; in-flight calls, Fetch
+streams included, get --drain-timeout seconds to finish and are cut after.
 """
 
 from __future__ import annotations
@@ -15,21 +22,32 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from fabric import __version__
+from fabric.observability import metrics
+from fabric.observability.endpoint import ProbeEndpoint
+from fabric.observability.logs import event
+from fabric.rpc.limits import PeerStreamLimit
+from fabric.rpc.security import BearerAuth
+from fabric.store.hygiene import expire_abandoned
 from fabric.transport import wire
 from fabric.transport.discovery import PeerSource
-from fabric.errors import FabricError
-from fabric.rpc.limits import PeerStreamLimit
-from fabric.rpc.security import BearerAuth, TlsFiles, read_token
-from fabric.store import AdapterStore
-from fabric.transport.pull import PeerChannels, PeerPuller
+from fabric.transport.pull import PeerChannels
 from fabric.v1 import fabric_pb2
+from node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from node.servicer import FabricServicer
-from node.settings import NodeSettings
+from node.settings import NodeSettings, fail
+from node.startup import bind, check_bindable, load_security, open_store
+
+__all__ = ["build_model", "load_security", "serve"]
 
 log = logging.getLogger("fabric.node")
 
 SERVICE_NAME = fabric_pb2.DESCRIPTOR.services_by_name["Fabric"].full_name
-SHUTDOWN_GRACE_S = 10.0
+#: gRPC reuses ports by default, so a second node on a busy port would share it
+NO_PORT_REUSE = ("grpc.so_reuseport", 0)
+#: how often abandoned uploads and partials are looked for, at most (and at least)
+HYGIENE_INTERVAL_MAX_S = 600.0
+HYGIENE_INTERVAL_MIN_S = 0.5
 
 
 def build_model(settings: NodeSettings):
@@ -39,7 +57,10 @@ def build_model(settings: NodeSettings):
     from fabric.serving.multi_lora import MultiLoraModel
     from fabric.serving.tiny import load_base_model
 
-    base = load_base_model(settings.model)
+    try:
+        base = load_base_model(settings.model)
+    except OSError as exc:
+        fail(f"--model {settings.model}: cannot load it: {exc}")
     return MultiLoraModel(
         base,
         slots=settings.slots,
@@ -49,63 +70,103 @@ def build_model(settings: NodeSettings):
     )
 
 
-def load_security(settings: NodeSettings) -> tuple[TlsFiles, str | None]:
-    """The TLS files and token the flags name, read now so a bad file stops the node at start, not at the first call."""
+class Readiness:
+    """Whether the node takes traffic: false until start-up finishes, and again while it drains."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        metrics.READY.set(0)
+
+    def set(self, ready: bool) -> None:
+        self.ready = ready
+        metrics.READY.set(1 if ready else 0)
+
+
+def start_endpoint(settings: NodeSettings, readiness: Readiness) -> ProbeEndpoint | None:
+    if not settings.metrics_listen:
+        return None
+    check_bindable("--metrics-listen", settings.metrics_listen)
+    host, _, port = settings.metrics_listen.rpartition(":")
     try:
-        tls = TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_ca)
-        if tls.enabled:
-            tls.server_credentials()
-        token = read_token(settings.auth_token_file) if settings.auth_token_file else None
-    except FabricError as exc:
-        raise SystemExit(f"fabric-node: {exc}") from None
-    return tls, token
+        return ProbeEndpoint(host, int(port), lambda: readiness.ready).start()
+    except OSError as exc:
+        fail(f"--metrics-listen {settings.metrics_listen}: cannot listen there: {exc.strerror or exc}")
+
+
+async def _expire_periodically(servicer: FabricServicer, max_age: float) -> None:
+    interval = min(HYGIENE_INTERVAL_MAX_S, max(HYGIENE_INTERVAL_MIN_S, max_age / 4))
+    while True:
+        await asyncio.sleep(interval)
+        await asyncio.to_thread(_expire, servicer.store, max_age)
+
+
+def _expire(store, max_age: float) -> None:
+    for item in expire_abandoned(store, max_age):
+        metrics.EXPIRED.labels(item.kind).inc()
+        metrics.EXPIRED_BYTES.inc(item.bytes)
+        event(log, f"expired abandoned {item.kind}", kind=item.kind, adapter=item.adapter_id or None, digest=item.digest or None,
+              bytes=item.bytes, age_s=round(item.age_seconds, 1))
 
 
 async def serve(settings: NodeSettings) -> None:
+    metrics.BUILD.info({"version": __version__})
+    readiness = Readiness()
+    endpoint = start_endpoint(settings, readiness)  # /healthz answers from here on; /readyz says "not ready" until the end
     tls, token = load_security(settings)
-    store = AdapterStore(
-        settings.store,
-        chunk_size=settings.chunk_size,
-        max_bytes=settings.max_store_bytes or None,
-        max_adapter_bytes=settings.max_adapter_bytes,
-        max_header_bytes=settings.max_header_bytes,
-    )
+    store = open_store(settings)
+    _expire(store, settings.expire_abandoned_after)
     model = build_model(settings)
-    # Pulls present this node's own certificate and token to its peers.
-    channels = PeerChannels(credentials=tls.channel_credentials() if tls.enabled else None, token=token)
-    puller = PeerPuller(store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate)
-    peer_source = PeerSource(static=settings.peers, dns=settings.peers_dns, me=settings.listen)
-    servicer = FabricServicer(store=store, model=model, puller=puller, peers=settings.peers, upload_rate=settings.upload_rate, peer_source=peer_source)
 
-    # Auth first: an unauthenticated Fetch is refused before it counts against the peer's streams.
-    interceptors: list[grpc.aio.ServerInterceptor] = [BearerAuth(token, peer_reads=settings.auth_peer_reads)] if token else []
+    # Observe first: it sees refusals by the auth interceptor too. Auth next: an unauthenticated
+    # Fetch is refused before it counts against the peer's streams.
+    interceptors: list[grpc.aio.ServerInterceptor] = [RpcObserver()]
+    if token:
+        interceptors.append(BearerAuth(token, peer_reads=settings.auth_peer_reads))
     interceptors.append(PeerStreamLimit(settings.max_streams_per_peer))
-    server = grpc.aio.server(options=wire.SERVER_OPTIONS, interceptors=interceptors)
+    server = grpc.aio.server(options=[*wire.SERVER_OPTIONS, NO_PORT_REUSE], interceptors=interceptors)
+    port = bind(server, settings, tls.server_credentials() if tls.enabled else None)
+    host = settings.listen.rsplit(":", 1)[0]
+
+    # Pulls present this node's own certificate and token to its peers; the bound port tells peers that are this node.
+    peer_source = PeerSource(static=settings.peers, dns=settings.peers_dns, me=f"{host}:{port}")
+    channels = PeerChannels(credentials=tls.channel_credentials() if tls.enabled else None, token=token)
+    puller = ObservedPuller(
+        store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers
+    )
+    servicer = FabricServicer(store=store, model=model, puller=puller, peers=settings.peers, upload_rate=settings.upload_rate, peer_source=peer_source)
+    servicer.expire_after = settings.expire_abandoned_after
     wire.add_fabric_servicer_to_server(servicer, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    metrics.set_refresh(refresh_gauges(store, model))
 
-    port = server.add_secure_port(settings.listen, tls.server_credentials()) if tls.enabled else server.add_insecure_port(settings.listen)
-    if port == 0:
-        raise SystemExit(f"fabric-node: cannot listen on {settings.listen}")
     await server.start()
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
-    host = settings.listen.rsplit(":", 1)[0]
+    readiness.set(True)
     device = model.device if model is not None else "store-only"
-    # Tests and the demo read this line to learn the port when --listen ends in :0.
     guard = ("mTLS" if settings.tls_ca else "TLS") if tls.enabled else "plaintext"
     guard += ", token" + (" (peer reads too)" if settings.auth_peer_reads else "") if token else ""
-    print(f"fabric-node listening on {host}:{port} (model={settings.model}, device={device}, store={settings.store}, {guard})", flush=True)
+    probes = f", metrics on {settings.metrics_listen.rsplit(':', 1)[0]}:{endpoint.port}" if endpoint else ""
+    # Tests and the demo read this line to learn the ports when --listen or --metrics-listen ends in :0.
+    print(f"fabric-node listening on {host}:{port} (model={settings.model}, device={device}, store={settings.store}, {guard}{probes})", flush=True)
 
+    hygiene = asyncio.create_task(_expire_periodically(servicer, settings.expire_abandoned_after)) if settings.expire_abandoned_after > 0 else None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     await stopping.wait()
 
-    log.info("shutting down: health NOT_SERVING, %.0fs grace for in-flight calls", SHUTDOWN_GRACE_S)
+    # Drain: out of rotation first, then in-flight calls get the bound to finish; what is left is cut.
+    readiness.set(False)
+    log.info("draining: readiness false, health NOT_SERVING, %.1fs for in-flight calls", settings.drain_timeout)
     await health.enter_graceful_shutdown()
-    await server.stop(SHUTDOWN_GRACE_S)
+    if hygiene is not None:
+        hygiene.cancel()
+    await server.stop(settings.drain_timeout)
     servicer.close()
+    if endpoint is not None:
+        endpoint.close()
+    log.info("stopped")

@@ -33,6 +33,7 @@ from fabric.store import AdapterStore
 from fabric.transport.pull import PeerPuller, PullStats
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from node.peer_reads import PeerReads
+from node.store_status import StoreStatusRpc
 
 log = logging.getLogger("fabric.node")
 T = TypeVar("T")
@@ -41,7 +42,7 @@ T = TypeVar("T")
 BASE_NAME = "base"
 
 
-class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
+class FabricServicer(PeerReads, StoreStatusRpc, fabric_pb2_grpc.FabricServicer):
     def __init__(
         self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None
     ) -> None:

@@ -1,17 +1,28 @@
-"""The node's flags. Each has an environment variable of the same name (FABRIC_<FLAG>)."""
+"""The node's flags. Each has an environment variable of the same name (FABRIC_<FLAG>).
+
+Values are parsed strictly, the same way from the command line and from the
+environment: ``FABRIC_SLOTS=abc`` or ``FABRIC_AUTH_PEER_READS=ture`` stop the
+node with one line naming the variable and what it takes, instead of a
+traceback or a silent default. An empty variable counts as unset. The
+environment is read after argparse, so ``--help`` and ``--version`` work
+whatever it holds.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from fabric.serving.tiny import DEFAULT_TARGET_MODULES
 
 STORE_ONLY = "none"
+PROG = "fabric-node"
 
 
 @dataclass(frozen=True)
@@ -41,101 +52,214 @@ class NodeSettings:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
     max_store_bytes: int = 0  # 0 = no limit but the disk
+    # operations
+    metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
+    log_format: str = "text"
+    drain_timeout: float = 10.0  # seconds in-flight calls get after SIGTERM before they are cut
+    expire_abandoned_after: float = 24 * 3600.0  # seconds; 0 = never
 
     @property
     def store_only(self) -> bool:
         return self.model == STORE_ONLY
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"FABRIC_{name.upper().replace('-', '_')}", default)
+# ---------------------------------------------------------------- strict value parsers
+# Each takes the raw text and returns the value, or raises ValueError saying what is expected.
+
+_DIGITS = re.compile(r"[0-9]+")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def _csv(value: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in value.split(",") if item.strip())
+def positive_int(text: str) -> int:
+    if not _DIGITS.fullmatch(text) or int(text) <= 0:
+        raise ValueError("expected a positive integer")
+    return int(text)
 
 
-def _positive(value: str) -> int:
-    number = int(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+def non_negative_int(text: str) -> int:
+    if not _DIGITS.fullmatch(text):
+        raise ValueError("expected a whole number, 0 or more")
+    return int(text)
+
+
+def positive_float(text: str) -> float:
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError("expected a positive number of seconds")
     return number
 
 
-def _non_negative(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return number
+def duration(text: str) -> float:
+    """Seconds: ``90``, ``90s``, ``15m``, ``24h``, ``7d``; 0 turns the feature off."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not match:
+        raise ValueError("expected a duration such as 3600, 90s, 15m, 24h or 7d (0 = never)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-def _path_or_none(value: str) -> Path | None:
-    return Path(value) if value else None
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false (also 1/0, yes/no, on/off)")
 
 
-def _truthy(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+def host_port(text: str, *, allow_zero: bool = True) -> str:
+    """``host:port`` or ``[v6]:port`` with a port in range; returned as given."""
+    host, sep, port = text.rpartition(":")
+    low = 0 if allow_zero else 1
+    if not sep or not host.strip("[]") or not _DIGITS.fullmatch(port) or not low <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT with a port from {low} to 65535 (for example 0.0.0.0:50051)")
+    return text
+
+
+def peer_host_port(text: str) -> str:
+    return host_port(text, allow_zero=False)
+
+
+def csv(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def peer_list(text: str) -> tuple[str, ...]:
+    return tuple(peer_host_port(item) for item in csv(text))
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return text
+
+    return parse
+
+
+def path(text: str) -> Path:
+    if "\0" in text:
+        raise ValueError("expected a file path")
+    return Path(text)
+
+
+def optional_path(text: str) -> Path | None:
+    return path(text) if text else None
+
+
+def optional_host_port(text: str) -> str:
+    return host_port(text) if text else ""
+
+
+# ---------------------------------------------------------------- the flags
+
+#: (flag, parser, default, help, group); the default is what applies when neither the flag nor its variable is set
+_FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
+    ("--listen", host_port, "127.0.0.1:50051", "HOST:PORT to serve on (port 0 picks a free one)", ""),
+    ("--store", path, Path("./fabric-store"), "directory of the adapter store", ""),
+    ("--model", str, "tiny", "'tiny', 'tiny-mistral', 'tiny-qwen2', a local transformers model directory, or 'none' (store-only seeder)", ""),
+    ("--device", choice("auto", "cpu", "cuda"), "auto", "where the slot pool lives: auto, cpu or cuda (auto = CUDA when present)", ""),
+    ("--slots", positive_int, 4, "adapter slots in the pool", ""),
+    ("--max-rank", positive_int, 16, "largest LoRA rank a slot holds", ""),
+    ("--target-modules", csv, tuple(DEFAULT_TARGET_MODULES), "comma-separated linear module names the pool adapts", ""),
+    ("--peers", peer_list, (), "comma-separated HOST:PORT of known peers (failover and lookup)", ""),
+    ("--chunk-size", positive_int, 1 << 20, "bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB)", ""),
+    ("--upload-rate", non_negative_int, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
+    ("--download-rate", non_negative_int, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
+    ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
+    ("--stall-timeout", positive_float, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over", ""),
+    ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
+    ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
+    ("--tls-ca", optional_path, None, "PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)", "security"),
+    ("--auth-token-file", optional_path, None, "file holding the cluster's bearer token: calls must carry it, and this node sends it to peers", "security"),
+    ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),
+    ("--max-adapter-bytes", positive_int, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
+    ("--max-header-bytes", positive_int, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
+    ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
+    ("--max-store-bytes", non_negative_int, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
+    ("--expire-abandoned-after", duration, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),
+    ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
+    ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
+    ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR", "operations"),
+    ("--drain-timeout", positive_float, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
+]
+_BOOLEAN_FLAGS = {"--auth-peer-reads"}
+
+
+def env_name(flag: str) -> str:
+    """``--max-rank`` -> ``FABRIC_MAX_RANK``."""
+    return "FABRIC_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, tuple):
+        return ",".join(default) or "none"
+    return "none" if default in (None, "") else str(default)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 1 (a bad start-up is an error, not a usage hint)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (see {PROG} --help)")
+
+
+def fail(message: str) -> NoReturn:
+    """Stop the process with one line on stderr and status 1 (Python prints a SystemExit's message so)."""
+    raise SystemExit(f"{PROG}: {message}")
+
+
+def _argparse_type(flag: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+    convert.__name__ = flag  # argparse names the type in some messages
+    return convert
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fabric-node",
+    from fabric import __version__
+
+    parser = _Parser(
+        prog=PROG,
         description="Run an adapter-fabric node: stage adapters, serve them to peers, promote them into a slot pool.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="Every flag can also be set by an environment variable: --max-rank is FABRIC_MAX_RANK, and so on.",
+        epilog="Every flag can also be set by an environment variable: --max-rank is FABRIC_MAX_RANK, and so on "
+        "(booleans: true/false, 1/0, yes/no, on/off; an empty variable counts as unset).",
     )
-    parser.add_argument("--listen", default=_env("listen", "127.0.0.1:50051"), help="host:port to serve on (port 0 picks a free one)")
-    parser.add_argument("--store", default=_env("store", "./fabric-store"), help="directory of the adapter store")
-    parser.add_argument("--model", default=_env("model", "tiny"), help="'tiny', 'tiny-mistral', 'tiny-qwen2', a local transformers model directory, or 'none' (store-only seeder)")
-    parser.add_argument("--device", default=_env("device", "auto"), choices=["auto", "cpu", "cuda"], help="where the slot pool lives; auto = CUDA when present")
-    parser.add_argument("--slots", type=_positive, default=int(_env("slots", "4")), help="adapter slots in the pool")
-    parser.add_argument("--max-rank", type=_positive, default=int(_env("max_rank", "16")), help="largest LoRA rank a slot holds")
-    parser.add_argument("--target-modules", default=_env("target_modules", ",".join(DEFAULT_TARGET_MODULES)), help="comma-separated linear module names the pool adapts")
-    parser.add_argument("--peers", default=_env("peers", ""), help="comma-separated host:port of known peers (failover and lookup)")
-    parser.add_argument("--chunk-size", type=_positive, default=int(_env("chunk_size", str(1 << 20))), help="bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB)")
-    parser.add_argument("--upload-rate", type=int, default=int(_env("upload_rate", "0")), help="bytes/s this node serves to peers in all; 0 = unlimited")
-    parser.add_argument("--download-rate", type=int, default=int(_env("download_rate", "0")), help="bytes/s this node pulls from peers in all; 0 = unlimited")
-    parser.add_argument("--peers-dns", default=_env("peers_dns", ""), help="NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull")
-    parser.add_argument("--stall-timeout", type=float, default=float(_env("stall_timeout", "10")), help="seconds without a byte before a peer's stream is dropped and the pull fails over")
-    security = parser.add_argument_group("security (see README: Running a secure cluster)")
-    security.add_argument("--tls-cert", type=_path_or_none, default=_env("tls_cert", ""), help="PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on")
-    security.add_argument("--tls-key", type=_path_or_none, default=_env("tls_key", ""), help="PEM private key of --tls-cert")
-    security.add_argument("--tls-ca", type=_path_or_none, default=_env("tls_ca", ""), help="PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)")
-    security.add_argument("--auth-token-file", type=_path_or_none, default=_env("auth_token_file", ""), help="file holding the cluster's bearer token: calls must carry it, and this node sends it to peers")
-    security.add_argument("--auth-peer-reads", action="store_true", default=_truthy(_env("auth_peer_reads", "")), help="also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)")
-    limits = parser.add_argument_group("limits")
-    limits.add_argument("--max-adapter-bytes", type=_positive, default=int(_env("max_adapter_bytes", str(DEFAULT_MAX_ADAPTER_BYTES))), help="largest adapter (config + weights) accepted by Stage or pulled from a peer")
-    limits.add_argument("--max-header-bytes", type=_positive, default=int(_env("max_header_bytes", str(DEFAULT_MAX_HEADER_BYTES))), help="largest safetensors header accepted")
-    limits.add_argument("--max-streams-per-peer", type=_positive, default=int(_env("max_streams_per_peer", str(DEFAULT_MAX_STREAMS_PER_PEER))), help="concurrent Fetch streams one peer host may hold open")
-    limits.add_argument("--max-store-bytes", type=_non_negative, default=int(_env("max_store_bytes", "0")), help="total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk")
-    parser.add_argument("--log-level", default=_env("log_level", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for flag, parse, default, text, group in _FLAGS:
+        where = groups.setdefault(group, parser.add_argument_group(group)) if group else parser
+        help_text = f"{text} (default: {_shown(default)}; env {env_name(flag)})"
+        if flag in _BOOLEAN_FLAGS:
+            where.add_argument(flag, action="store_const", const=True, default=None, help=help_text)
+        else:
+            where.add_argument(flag, type=_argparse_type(flag, parse), default=None, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_text)
     return parser
 
 
-def parse_settings(argv: Sequence[str] | None = None) -> NodeSettings:
+def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> NodeSettings:
+    """The settings from ``argv`` and ``environ`` (flags win); a bad value ends the process with one line (status 1)."""
     args = build_parser().parse_args(argv)
-    return NodeSettings(
-        listen=args.listen,
-        store=Path(args.store),
-        model=args.model,
-        device=args.device,
-        slots=args.slots,
-        max_rank=args.max_rank,
-        target_modules=_csv(args.target_modules),
-        peers=_csv(args.peers),
-        log_level=args.log_level,
-        chunk_size=args.chunk_size,
-        upload_rate=args.upload_rate,
-        stall_timeout=args.stall_timeout,
-        download_rate=args.download_rate,
-        peers_dns=args.peers_dns,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        tls_ca=args.tls_ca,
-        auth_token_file=args.auth_token_file,
-        auth_peer_reads=args.auth_peer_reads,
-        max_adapter_bytes=args.max_adapter_bytes,
-        max_header_bytes=args.max_header_bytes,
-        max_streams_per_peer=args.max_streams_per_peer,
-        max_store_bytes=args.max_store_bytes,
-    )
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for flag, parse, default, _, _ in _FLAGS:
+        dest = flag.lstrip("-").replace("-", "_")
+        value = getattr(args, dest)
+        if value is None:
+            raw = environ.get(env_name(flag), "")
+            if raw:
+                try:
+                    value = parse(raw)
+                except ValueError as exc:
+                    fail(f"environment variable {env_name(flag)}={raw!r} (for {flag}): {exc}")
+            else:
+                value = default
+        values[dest] = value
+    return NodeSettings(**values)

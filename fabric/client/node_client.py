@@ -180,6 +180,10 @@ class NodeClient:
         """The node's staged adapters and its slots (name, content id, refs, pin, active)."""
         return self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest())
 
+    def store_status(self) -> fabric_pb2.StoreStatusResponse:
+        """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries."""
+        return self._call(self.stub.StoreStatus, fabric_pb2.StoreStatusRequest())
+
     def set_active(self, name: str) -> fabric_pb2.SetActiveResponse:
         """Make a resident adapter the node's active one (what slot -1 means)."""
         return self._call(self.stub.SetActive, fabric_pb2.SetActiveRequest(name=name))

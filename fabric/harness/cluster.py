@@ -27,6 +27,7 @@ from fabric.errors import PeerUnavailable
 from fabric.rpc.security import TlsFiles, read_token
 
 _LISTENING = re.compile(r"fabric-node listening on (\S+):(\d+)")
+_METRICS = re.compile(r"metrics on (\S+):(\d+)\)")
 START_TIMEOUT_S = 120.0
 
 
@@ -69,6 +70,7 @@ class LocalNode:
         self.netns = netns
         self.process: subprocess.Popen | None = None
         self.address = ""
+        self.metrics_address = ""  # HOST:PORT of /metrics, /healthz, /readyz when started with --metrics-listen
         self._lines: list[str] = []
 
     def start(self) -> "LocalNode":
@@ -97,6 +99,8 @@ class LocalNode:
             match = _LISTENING.search(line)
             if match:
                 self.address = f"{match.group(1)}:{match.group(2)}"
+                metrics = _METRICS.search(line)
+                self.metrics_address = f"{metrics.group(1)}:{metrics.group(2)}" if metrics else ""
                 break
         else:
             self.kill()

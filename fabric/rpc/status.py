@@ -4,6 +4,11 @@ Servicer methods raise ``fabric.errors`` types; ``rpc_errors`` turns each into
 its code, with the message and a serialized ``ErrorDetail`` in the trailing
 metadata so a client in any language can act on the kind. Clients turn a
 status back into the same library type with ``error_from_rpc``.
+
+Beside that trailer, the standard ``grpc-status-details-bin`` carries a
+``google.rpc.Status`` whose ``ErrorInfo`` names the error type (``reason``,
+in the ``fabric.v1`` domain), so grpcurl and other languages' gRPC libraries
+show the kind without knowing fabric's own message.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import logging
 from typing import Any, Callable
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from fabric import errors
 from fabric.v1 import fabric_pb2
@@ -21,6 +29,8 @@ from fabric.v1 import fabric_pb2
 log = logging.getLogger(__name__)
 
 ERROR_DETAIL_KEY = "fabric-error-bin"
+#: the ErrorInfo domain of fabric's errors in grpc-status-details-bin
+ERROR_DOMAIN = "fabric.v1"
 
 # Most specific first: the first isinstance match wins.
 _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
@@ -55,14 +65,23 @@ def _detail(exc: errors.FabricError, message: str) -> bytes:
     return fabric_pb2.ErrorDetail(kind=type(exc).__name__, message=message, retryable=exc.retryable).SerializeToString()
 
 
+def rich_status(exc: errors.FabricError, code: grpc.StatusCode, message: str) -> grpc.Status:
+    """The standard status details: a google.rpc.Status with an ErrorInfo naming the error type."""
+    info = error_details_pb2.ErrorInfo(reason=type(exc).__name__, domain=ERROR_DOMAIN, metadata={"retryable": str(exc.retryable).lower()})
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    return rpc_status.to_status(status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail]))
+
+
 async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError) -> None:
     code = status_code_for(exc)
     message = str(exc)
     if code in _ADVICE:
         message = f"{message} ({_ADVICE[code]})"
     # The detail carries the advice too: Python clients rebuild the error from it.
-    context.set_trailing_metadata(((ERROR_DETAIL_KEY, _detail(exc, message)),))
-    await context.abort(code, message)
+    trailer = ((ERROR_DETAIL_KEY, _detail(exc, message)), *rich_status(exc, code, message).trailing_metadata)
+    context.set_trailing_metadata(trailer)
+    await context.abort(code, message, trailer)
 
 
 def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,6 +3,11 @@
 No membership protocol of our own: a Kubernetes headless service (or any DNS
 name with several A/AAAA records) already lists the nodes, so the node
 re-resolves the name whenever it needs its peers (each pull, each Locate).
+
+A node never counts itself: a peer is this node when it names this node's port
+and an address this node listens on, compared after resolving both (so
+``--listen 0.0.0.0:P`` with a DNS name that resolves to the node's own pod IP,
+or a static ``localhost:P``, is recognised), not by comparing the text.
 """
 
 from __future__ import annotations
@@ -35,13 +40,51 @@ def resolve(name_port: str) -> list[str]:
     return list(addresses)
 
 
+#: listen hosts that mean "every address of this machine"
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})
+
+
+def _addresses(host: str) -> set[str]:
+    """The IPs ``host`` resolves to (none when it does not resolve)."""
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def is_local_address(ip: str) -> bool:
+    """Whether ``ip`` is one of this machine's own addresses: only those can be bound."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((ip, 0))
+        return True
+    except OSError:
+        return False
+
+
+def is_self(peer: str, listen: str) -> bool:
+    """Whether ``peer`` (HOST:PORT) reaches the node listening on ``listen`` (HOST:PORT, the bound port)."""
+    try:
+        peer_host, peer_port = split_host_port(peer)
+        my_host, my_port = split_host_port(listen)
+    except InvalidArgument:
+        return peer == listen
+    if peer_port != my_port:
+        return False
+    peer_ips = _addresses(peer_host)
+    if my_host in WILDCARD_HOSTS:
+        return any(is_local_address(ip) for ip in peer_ips)
+    return bool(peer_ips & _addresses(my_host))
+
+
 @dataclass(frozen=True)
 class PeerSource:
-    """A node's known peers: ``static`` as given, plus what ``dns`` resolves to now; ``me`` is left out."""
+    """A node's known peers: ``static`` as given, plus what ``dns`` resolves to now; this node itself is left out."""
 
     static: tuple[str, ...] = ()
     dns: str = ""  # NAME:PORT, or empty
-    me: str = ""  # this node's own address, as peers would name it
+    me: str = ""  # the address this node listens on (HOST:PORT with the bound port); a wildcard host means all of its addresses
 
     def __post_init__(self) -> None:
         if self.dns:
@@ -54,4 +97,4 @@ class PeerSource:
                 found += resolve(self.dns)
             except OSError as exc:  # a name with no records yet (a service scaling from zero) is not fatal
                 log.warning("peer discovery: %s did not resolve (%s); using the static peers only", self.dns, exc)
-        return [p for p in dict.fromkeys(found) if p != self.me]
+        return [p for p in dict.fromkeys(found) if not (self.me and is_self(p, self.me))]

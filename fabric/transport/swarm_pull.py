@@ -62,6 +62,7 @@ class PullStats:
     shared: bool = False  # this caller joined a download another caller started
     endgame_requests: int = 0  # requests that duplicated a slow one near the end
     pull_seconds: float = 0.0
+    peer_bytes: dict[str, int] = field(default_factory=dict)  # verified bytes received, by source peer (metrics)
 
 
 class _Active:
@@ -287,6 +288,7 @@ class SwarmPull:
         with self._count_lock:
             self.stats.bytes_transferred += moved
             self.delivered[peer] = self.delivered.get(peer, 0) + moved
+            self.stats.peer_bytes[peer] = self.stats.peer_bytes.get(peer, 0) + moved
 
     def _fetch(self, request: swarm.Request, handle: _Active) -> None:
         try:

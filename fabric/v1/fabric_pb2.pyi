@@ -372,6 +372,52 @@ class GenerateResponse(_message.Message):
     content_id: int
     def __init__(self, output_ids: _Optional[_Iterable[int]] = ..., last_logits: _Optional[_Iterable[float]] = ..., slot: _Optional[int] = ..., content_id: _Optional[int] = ...) -> None: ...
 
+class StoreStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StoreLeftover(_message.Message):
+    __slots__ = ("adapter_id", "digest", "bytes", "age_seconds", "in_use")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IN_USE_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    digest: str
+    bytes: int
+    age_seconds: float
+    in_use: bool
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., bytes: _Optional[int] = ..., age_seconds: _Optional[float] = ..., in_use: _Optional[bool] = ...) -> None: ...
+
+class DamagedEntry(_message.Message):
+    __slots__ = ("adapter_id", "digest", "reason")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    digest: str
+    reason: str
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class StoreStatusResponse(_message.Message):
+    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged")
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    UPLOADS_FIELD_NUMBER: _ClassVar[int]
+    PARTIALS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_FIELD_NUMBER: _ClassVar[int]
+    used_bytes: int
+    quota_bytes: int
+    adapters: int
+    uploads: _containers.RepeatedCompositeFieldContainer[StoreLeftover]
+    partials: _containers.RepeatedCompositeFieldContainer[StoreLeftover]
+    expire_after_seconds: float
+    damaged: _containers.RepeatedCompositeFieldContainer[DamagedEntry]
+    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ...) -> None: ...
+
 class ErrorDetail(_message.Message):
     __slots__ = ("kind", "message", "retryable")
     KIND_FIELD_NUMBER: _ClassVar[int]

@@ -94,6 +94,11 @@ class FabricStub:
                 request_serializer=fabric_dot_v1_dot_fabric__pb2.LocateRequest.SerializeToString,
                 response_deserializer=fabric_dot_v1_dot_fabric__pb2.LocateResponse.FromString,
                 _registered_method=True)
+        self.StoreStatus = channel.unary_unary(
+                '/fabric.v1.Fabric/StoreStatus',
+                request_serializer=fabric_dot_v1_dot_fabric__pb2.StoreStatusRequest.SerializeToString,
+                response_deserializer=fabric_dot_v1_dot_fabric__pb2.StoreStatusResponse.FromString,
+                _registered_method=True)
 
 
 class FabricServicer:
@@ -184,6 +189,13 @@ class FabricServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StoreStatus(self, request, context):
+        """The store's usage and quota, the uploads and partial downloads it keeps, and damaged entries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FabricServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +258,11 @@ def add_FabricServicer_to_server(servicer, server):
                     servicer.Locate,
                     request_deserializer=fabric_dot_v1_dot_fabric__pb2.LocateRequest.FromString,
                     response_serializer=fabric_dot_v1_dot_fabric__pb2.LocateResponse.SerializeToString,
+            ),
+            'StoreStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.StoreStatus,
+                    request_deserializer=fabric_dot_v1_dot_fabric__pb2.StoreStatusRequest.FromString,
+                    response_serializer=fabric_dot_v1_dot_fabric__pb2.StoreStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -572,6 +589,33 @@ class Fabric:
             '/fabric.v1.Fabric/Locate',
             fabric_dot_v1_dot_fabric__pb2.LocateRequest.SerializeToString,
             fabric_dot_v1_dot_fabric__pb2.LocateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StoreStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabric.v1.Fabric/StoreStatus',
+            fabric_dot_v1_dot_fabric__pb2.StoreStatusRequest.SerializeToString,
+            fabric_dot_v1_dot_fabric__pb2.StoreStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

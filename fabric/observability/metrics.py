@@ -1,0 +1,96 @@
+"""Every metric a node exports, in one place (the README's Metrics table is checked against ``catalog()``).
+
+Names follow the Prometheus conventions: a ``fabric_`` prefix, ``_total`` on
+counters, ``_seconds`` and ``_bytes`` units. Labels are bounded: ``outcome``
+is ``ok`` or an error type of ``fabric.errors`` (or a gRPC code name),
+``peer`` is a known peer's address or ``other``, ``method`` a Fabric RPC,
+``slot`` one per slot. Gauges of state (slots, store) are set just before each
+scrape by the node (``set_refresh``), so they are never stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterable, NamedTuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+
+disable_created_metrics()  # the _created series double the output and no dashboard here reads them
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+#: latency buckets (seconds) from a cached promote (~ms) to a slow multi-GB pull
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+OK = "ok"
+OTHER_PEER = "other"
+
+BUILD = Info("fabric_build", "The node's version.", registry=REGISTRY)
+READY = Gauge("fabric_ready", "1 once store recovery and model load finished, 0 before and while draining.", registry=REGISTRY)
+
+SLOTS = Gauge("fabric_slots", "Adapter slots in the pool (0 on a store-only node).", registry=REGISTRY)
+SLOTS_FILLED = Gauge("fabric_slots_filled", "Slots holding an adapter.", registry=REGISTRY)
+SLOTS_PINNED = Gauge("fabric_slots_pinned", "Slots pinned against eviction.", registry=REGISTRY)
+SLOTS_BUSY = Gauge("fabric_slots_busy", "Slots a running sequence holds (ref count above 0).", registry=REGISTRY)
+RESIDENT = Gauge(
+    "fabric_resident_adapter_info", "1 for each adapter resident in a slot (one series per filled slot).", ["slot", "adapter", "content_id"], registry=REGISTRY
+)
+
+PROMOTES = Counter("fabric_promotes_total", "Promote calls that load a slot, by outcome.", ["outcome"], registry=REGISTRY)
+PROMOTE_SECONDS = Histogram(
+    "fabric_promote_duration_seconds", "Promote latency, pull included (outcome ok or error).", ["outcome"], buckets=LATENCY_BUCKETS, registry=REGISTRY
+)
+PULLS = Counter("fabric_pulls_total", "Pulls of an adapter from peers, by outcome.", ["outcome"], registry=REGISTRY)
+PULL_SECONDS = Histogram("fabric_pull_duration_seconds", "Pull latency (outcome ok or error).", ["outcome"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
+PULL_BYTES = Counter("fabric_pull_received_bytes_total", "Verified bytes received from peers, by source peer (unknown peers: other).", ["peer"], registry=REGISTRY)
+PULL_RESUMES = Counter("fabric_pull_resumes_total", "Pulls that resumed from chunks verified by an earlier, interrupted pull.", registry=REGISTRY)
+PULL_FAILOVERS = Counter("fabric_pull_failovers_total", "Peers dropped during a pull while chunks were still missing.", registry=REGISTRY)
+SERVED_BYTES = Counter("fabric_served_bytes_total", "Bytes of Fetch responses served to peers.", registry=REGISTRY)
+STAGES = Counter("fabric_stage_uploads_total", "Stage uploads from clients, by outcome.", ["outcome"], registry=REGISTRY)
+STAGE_BYTES = Counter("fabric_stage_received_bytes_total", "Adapter bytes received by Stage.", registry=REGISTRY)
+
+STORE_USED = Gauge("fabric_store_used_bytes", "Bytes the store holds: blobs, partial downloads and uploads.", registry=REGISTRY)
+STORE_QUOTA = Gauge("fabric_store_quota_bytes", "The store's limit, --max-store-bytes (0 = no limit but the disk).", registry=REGISTRY)
+EXPIRED = Counter("fabric_store_expired_total", "Abandoned uploads and partial downloads removed for age, by kind.", ["kind"], registry=REGISTRY)
+EXPIRED_BYTES = Counter("fabric_store_expired_bytes_total", "Bytes freed by expiring abandoned uploads and partial downloads.", registry=REGISTRY)
+
+RPC_SECONDS = Histogram("fabric_rpc_duration_seconds", "Latency of every Fabric RPC, by method.", ["method"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
+RPC_ERRORS = Counter("fabric_rpc_errors_total", "RPCs that ended with a status other than OK, by method and gRPC code.", ["method", "code"], registry=REGISTRY)
+GENERATE_SECONDS = Histogram("fabric_generate_duration_seconds", "Generate latency.", buckets=LATENCY_BUCKETS, registry=REGISTRY)
+
+_refresh: list[Callable[[], None]] = []
+_scrape_lock = threading.Lock()
+
+
+def set_refresh(hook: Callable[[], None] | None) -> None:
+    """The hook that sets the state gauges (slots, store) right before a scrape; None removes it."""
+    _refresh[:] = [hook] if hook is not None else []
+
+
+def scrape() -> bytes:
+    """The Prometheus text exposition of every metric, state gauges refreshed first."""
+    with _scrape_lock:  # one refresh at a time: clearing RESIDENT must not race another scrape's refill
+        for hook in _refresh:
+            hook()
+        return generate_latest(REGISTRY)
+
+
+def peer_label(peer: str, known: Iterable[str]) -> str:
+    """``peer`` when it is a known peer, else ``other``: an unbounded set of callers must not become series."""
+    return peer if peer in set(known) else OTHER_PEER
+
+
+class MetricInfo(NamedTuple):
+    name: str  # as exposed: counters end in _total, Info in _info
+    kind: str
+    labels: tuple[str, ...]
+    help: str
+
+
+def catalog() -> list[MetricInfo]:
+    """Every metric as exposed: name, type, labels and help (the README table is checked against this)."""
+    found = []
+    for value in globals().values():
+        if isinstance(value, MetricWrapperBase):
+            name = value._name + {"counter": "_total", "info": "_info"}.get(value._type, "")
+            found.append(MetricInfo(name, value._type, tuple(value._labelnames), value._documentation))
+    return sorted(found)

@@ -1,0 +1,106 @@
+"""Start-up checks: each bad flag or file stops the node with one line naming it and what it needs.
+
+Everything here runs before the node says "listening"; a failure raises
+``SystemExit`` through ``node.settings.fail`` (one line on stderr, status 1),
+never a traceback, and leaves no state behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from pathlib import Path
+
+import grpc
+
+from fabric.errors import FabricError
+from fabric.rpc.security import TlsFiles, read_token
+from fabric.store import AdapterStore
+from node.settings import NodeSettings, fail
+
+#: what each TLS flag's file must hold, and what it holds when the flags were swapped
+_PEM_KINDS = {"--tls-cert": (b"-----BEGIN CERTIFICATE-----", "a certificate"), "--tls-key": (b"PRIVATE KEY-----", "a private key")}
+
+
+def _check_pem_kind(flag: str, path: Path | None) -> None:
+    if path is None:
+        return
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        fail(f"{flag} {path}: cannot read it: {exc.strerror}")
+    marker, what = _PEM_KINDS[flag]
+    if marker not in data:
+        other = "--tls-key" if flag == "--tls-cert" else "--tls-cert"
+        swapped = _PEM_KINDS[other][0] in data
+        hint = f" (it holds {_PEM_KINDS[other][1]}: are --tls-cert and --tls-key swapped?)" if swapped else " (expected a PEM file)"
+        fail(f"{flag} {path}: holds no {what}{hint}")
+
+
+def load_security(settings: NodeSettings) -> tuple[TlsFiles, str | None]:
+    """The TLS files and token the flags name, read now so a bad file stops the node at start, not at the first call."""
+    _check_pem_kind("--tls-cert", settings.tls_cert)
+    _check_pem_kind("--tls-key", settings.tls_key)
+    try:
+        tls = TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_ca)
+        if tls.enabled:
+            tls.server_credentials()
+        token = read_token(settings.auth_token_file) if settings.auth_token_file else None
+    except FabricError as exc:
+        fail(str(exc))
+    return tls, token
+
+
+def open_store(settings: NodeSettings) -> AdapterStore:
+    """The store at --store, recovered after a crash; an unusable path is one line."""
+    try:
+        return AdapterStore(
+            settings.store,
+            chunk_size=settings.chunk_size,
+            max_bytes=settings.max_store_bytes or None,
+            max_adapter_bytes=settings.max_adapter_bytes,
+            max_header_bytes=settings.max_header_bytes,
+        )
+    except OSError as exc:
+        fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")
+    except FabricError as exc:
+        fail(f"--store {settings.store}: {exc}")
+
+
+def check_bindable(flag: str, listen: str) -> None:
+    """Refuse an address another process holds, or one that is not this machine's, before gRPC tries it.
+
+    gRPC's own bind reuses ports by default (two nodes then share one port) and
+    reports failures in several lines; this probe gives one line naming the flag.
+    """
+    host, _, port_text = listen.rpartition(":")
+    host, port = host.strip("[]"), int(port_text)
+    try:
+        infos = socket.getaddrinfo(None if host in ("", "*") else host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        fail(f"{flag} {listen}: the host {host!r} does not resolve ({getattr(exc, 'strerror', None) or exc}); expected HOST:PORT of this machine")
+    if port == 0:
+        return
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT leftovers are not "in use"
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    fail(f"{flag} {listen}: port {port} is already in use on {address[0]} (another process listens there); stop it or pick another port")
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    fail(f"{flag} {listen}: {address[0]} is not an address of this machine")
+                fail(f"{flag} {listen}: cannot listen there: {exc.strerror}")
+
+
+def bind(server: grpc.aio.Server, settings: NodeSettings, credentials: grpc.ServerCredentials | None) -> int:
+    """Add the --listen port to ``server`` (port reuse is off in its options); the bound port."""
+    check_bindable("--listen", settings.listen)
+    try:
+        port = server.add_secure_port(settings.listen, credentials) if credentials is not None else server.add_insecure_port(settings.listen)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        fail(f"--listen {settings.listen}: cannot listen there (in use, or not an address of this machine)")
+    return port
