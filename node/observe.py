@@ -57,6 +57,8 @@ class _Call:
         self.method = method
         self.context = context
         self.started = time.monotonic()
+        # Read now: a finished or cancelled call's context must not be asked (grpc.aio can crash the process).
+        self.peer = context.peer()
         self.adapter_id: str | None = None
         self.bytes = 0
         self.request: Any = None
@@ -91,7 +93,7 @@ class _Call:
         # Never the metadata: it carries the bearer token.
         event(
             log, f"{method} {outcome}", level,
-            method=method, adapter=self.adapter_id, peer=self.context.peer(), bytes=self.bytes,
+            method=method, adapter=self.adapter_id, peer=self.peer, bytes=self.bytes,
             duration_s=round(elapsed, 6), outcome=outcome, code=code, error=kind,
             source_peer=getattr(self.response, "source_peer", None) or None,
         )
@@ -100,8 +102,8 @@ class _Call:
         """(gRPC code name, fabric error type or None) of how the call ended."""
         if failure is None:
             return "OK", None
-        if isinstance(failure, asyncio.CancelledError):
-            return "CANCELLED", None
+        if isinstance(failure, (asyncio.CancelledError, GeneratorExit)):
+            return "CANCELLED", None  # the caller went away (or a drain cut it): the context is gone
         kind = _error_kind(self.context)
         try:
             code = self.context.code()

@@ -19,7 +19,7 @@ from fabric.store import AdapterStore
 from node.settings import NodeSettings, fail
 
 #: what each TLS flag's file must hold, and what it holds when the flags were swapped
-_PEM_KINDS = {"--tls-cert": (b"-----BEGIN CERTIFICATE-----", "a certificate"), "--tls-key": (b"PRIVATE KEY-----", "a private key")}
+_PEM_KINDS = {"--tls-cert": (b"-----BEGIN CERTIFICATE-----", "certificate"), "--tls-key": (b"PRIVATE KEY-----", "private key")}
 
 
 def _check_pem_kind(flag: str, path: Path | None) -> None:
@@ -33,8 +33,8 @@ def _check_pem_kind(flag: str, path: Path | None) -> None:
     if marker not in data:
         other = "--tls-key" if flag == "--tls-cert" else "--tls-cert"
         swapped = _PEM_KINDS[other][0] in data
-        hint = f" (it holds {_PEM_KINDS[other][1]}: are --tls-cert and --tls-key swapped?)" if swapped else " (expected a PEM file)"
-        fail(f"{flag} {path}: holds no {what}{hint}")
+        hint = f" (it holds a {_PEM_KINDS[other][1]}: are --tls-cert and --tls-key swapped?)" if swapped else ""
+        fail(f"{flag} {path}: holds no PEM {what}{hint}")
 
 
 def load_security(settings: NodeSettings) -> tuple[TlsFiles, str | None]:

@@ -5,6 +5,7 @@
     fabric ls NODE                          staged adapters and resident slots
     fabric generate NODE --adapter NAME --tokens 1,2,3
     fabric unstage NODE --id ID
+    fabric store-status NODE                usage, quota, and the uploads/partial downloads the store keeps
     fabric rollout NODE... --id ID --from SEED  promote on many nodes at once (a swarm), each node timed
     fabric demo                             a local 3-node cluster on the tiny model
 
@@ -24,6 +25,7 @@ from typing import Any, Sequence
 
 from google.protobuf.json_format import MessageToDict
 
+from fabric.cli.store_status import cmd_store_status
 from fabric.errors import FabricError
 
 
@@ -171,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin", action="store_true", help="pin the slot so it is never evicted")
 
     command("ls", cmd_ls, "list staged adapters and resident slots")
+    command("store-status", cmd_store_status, "a node's store: usage, quota, kept uploads and partial downloads (age, bytes)")
 
     p = command("generate", cmd_generate, "run the model on token ids with an adapter (greedy)")
     p.add_argument("--adapter", help="resident adapter name (default: the active one)")

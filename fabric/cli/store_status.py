@@ -1,0 +1,30 @@
+"""``fabric store-status NODE``: what a node's store holds beyond its adapters (self-contained; the CLI registers it)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_store_status(args: argparse.Namespace) -> None:
+    from fabric.cli.main import _client, _print
+
+    with _client(args) as client:
+        reply = client.store_status()
+    quota = _size(reply.quota_bytes) if reply.quota_bytes else "no limit"
+    expiry = f"after {reply.expire_after_seconds:.0f}s untouched" if reply.expire_after_seconds else "never"
+    lines = [f"{args.node}: {reply.adapters} adapters, {_size(reply.used_bytes)} used of {quota}; abandoned entries expire {expiry}"]
+    for kind, items in (("upload", reply.uploads), ("partial", reply.partials)):
+        for item in items:
+            state = "in use" if item.in_use else f"idle {item.age_seconds:.0f}s"
+            lines.append(f"  {kind:8} {item.adapter_id or '?':30} {_size(item.bytes):>10}  {state}  {item.digest[:16]}")
+    for entry in reply.damaged:
+        lines.append(f"  damaged  {entry.adapter_id or '?':30} {entry.digest[:16]}  {entry.reason}")
+    _print(args, reply, "\n".join(lines))
