@@ -129,7 +129,8 @@ async def serve(settings: NodeSettings) -> None:
 
     # Pulls present this node's own certificate and token to its peers; the bound port tells peers that are this node.
     peer_source = PeerSource(static=settings.peers, dns=settings.peers_dns, me=f"{host}:{port}")
-    channels = PeerChannels(credentials=tls.channel_credentials() if tls.enabled else None, token=token)
+    options = [*wire.CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", settings.peer_tls_name)] if settings.peer_tls_name else [])]
+    channels = PeerChannels(options, credentials=tls.channel_credentials() if tls.enabled else None, token=token)
     puller = ObservedPuller(
         store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers
     )

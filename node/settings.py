@@ -47,6 +47,7 @@ class NodeSettings:
     tls_ca: Path | None = None
     auth_token_file: Path | None = None
     auth_peer_reads: bool = False
+    peer_tls_name: str = ""  # the name peers' certificates are verified against when dialled by IP; empty = the address dialled
     # limits
     max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
@@ -175,6 +176,8 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
     ("--tls-ca", optional_path, None, "PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)", "security"),
     ("--auth-token-file", optional_path, None, "file holding the cluster's bearer token: calls must carry it, and this node sends it to peers", "security"),
+    ("--peer-tls-name", str, "", "with TLS: the name every peer's certificate must carry, checked instead of the address dialled "
+     "(peers found through --peers-dns are dialled by pod IP; give the nodes one certificate naming e.g. the headless Service)", "security"),
     ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),
     ("--max-adapter-bytes", positive_int, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
     ("--max-header-bytes", positive_int, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),

@@ -339,3 +339,24 @@ def test_errors_carry_grpc_status_details_with_the_error_type(tmp_path) -> None:
             client.manifest("nobody")
     with pytest.raises(PeerUnavailable):
         NodeClient(node.address, timeout=5).list()
+
+
+def test_peers_dialled_by_ip_are_verified_against_the_peer_tls_name(tmp_path, adapters) -> None:
+    """As in a StatefulSet: one certificate naming the headless Service, peers dialled by an IP it does not name.
+
+    The nodes listen on 0.0.0.0 (the harness and the operator reach them there, an address the certificate
+    names); peers dial the seed at 127.0.0.2, which it does not name, as pods dial pod IPs."""
+    ca = TestCA(tmp_path / "ca")
+    shared = ca.issue("fabric-peers", hosts=("fabric-peers", "0.0.0.0"))
+    tls = TlsFiles(shared.cert, shared.key, shared.ca)
+    with LocalNode(tmp_path / "a", model="none", host="0.0.0.0", tls=tls, extra_args=SMALL_CHUNK) as a:
+        with a.client() as seed:
+            seed.stage(adapters["alpha"], "alpha")
+        by_ip = "127.0.0.2:" + a.address.rsplit(":", 1)[1]
+        named = LocalNode(tmp_path / "b", model="none", host="0.0.0.0", tls=tls, extra_args=[*SMALL_CHUNK, "--peer-tls-name", "fabric-peers"])
+        unnamed = LocalNode(tmp_path / "c", model="none", host="0.0.0.0", tls=tls, extra_args=SMALL_CHUNK)
+        with named as b, unnamed as c:
+            with b.client() as client:
+                assert client.promote("alpha", peer=by_ip, stage_only=True).bytes_transferred > 0
+            with c.client() as client, pytest.raises(PeerUnavailable):  # without the flag, 127.0.0.2 is not in the certificate
+                client.promote("alpha", peer=by_ip, stage_only=True)

@@ -25,6 +25,7 @@ OK = "ok"
 OTHER_PEER = "other"
 
 BUILD = Info("fabric_build", "The node's version.", registry=REGISTRY)
+BUILD_LABELS = ("version",)  # an Info's labels are the keys it is given at start
 READY = Gauge("fabric_ready", "1 once store recovery and model load finished, 0 before and while draining.", registry=REGISTRY)
 
 SLOTS = Gauge("fabric_slots", "Adapter slots in the pool (0 on a store-only node).", registry=REGISTRY)
@@ -92,5 +93,6 @@ def catalog() -> list[MetricInfo]:
     for value in globals().values():
         if isinstance(value, MetricWrapperBase):
             name = value._name + {"counter": "_total", "info": "_info"}.get(value._type, "")
-            found.append(MetricInfo(name, value._type, tuple(value._labelnames), value._documentation))
+            labels = BUILD_LABELS if value is BUILD else tuple(value._labelnames)
+            found.append(MetricInfo(name, value._type, labels, value._documentation))
     return sorted(found)
