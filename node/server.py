@@ -57,10 +57,15 @@ def build_model(settings: NodeSettings):
     from fabric.serving.multi_lora import MultiLoraModel
     from fabric.serving.tiny import load_base_model
 
+    from fabric.errors import FabricError
+
     try:
         base = load_base_model(settings.model)
-    except OSError as exc:
-        fail(f"--model {settings.model}: cannot load it: {exc}")
+    except FabricError:
+        raise  # already one line naming the problem (node.main prints it)
+    except Exception as exc:  # noqa: BLE001 (transformers raises many kinds for a bad model directory)
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        fail(f"--model {settings.model}: cannot load it: {type(exc).__name__}: {first_line}")
     return MultiLoraModel(
         base,
         slots=settings.slots,
@@ -97,7 +102,10 @@ async def _expire_periodically(servicer: FabricServicer, max_age: float) -> None
     interval = min(HYGIENE_INTERVAL_MAX_S, max(HYGIENE_INTERVAL_MIN_S, max_age / 4))
     while True:
         await asyncio.sleep(interval)
-        await asyncio.to_thread(_expire, servicer.store, max_age)
+        try:
+            await asyncio.to_thread(_expire, servicer.store, max_age)
+        except OSError as exc:  # a full or failing disk: say so, and try again next round
+            log.warning("expiring abandoned uploads and partials failed: %s", exc)
 
 
 def _expire(store, max_age: float) -> None:

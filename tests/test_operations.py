@@ -360,3 +360,43 @@ def test_peers_dialled_by_ip_are_verified_against_the_peer_tls_name(tmp_path, ad
                 assert client.promote("alpha", peer=by_ip, stage_only=True).bytes_transferred > 0
             with c.client() as client, pytest.raises(PeerUnavailable):  # without the flag, 127.0.0.2 is not in the certificate
                 client.promote("alpha", peer=by_ip, stage_only=True)
+
+
+def test_readyz_is_false_until_store_recovery_finishes(tmp_path) -> None:
+    """Recovery waits on the store's lock; while the test holds it, the node is live but not ready."""
+    import fcntl
+    import os
+
+    store = tmp_path / "store"
+    store.mkdir()
+    fd = os.open(store / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    port = free_port()
+    node = LocalNode(store, model="none", extra_args=["--metrics-listen", f"127.0.0.1:{port}"])
+    node.launch()
+    try:
+        wait_for(lambda: _answers(f"127.0.0.1:{port}"), "/healthz to answer")
+        assert http_get(f"127.0.0.1:{port}", "/readyz") == (503, "not ready\n")
+        os.close(fd)  # recovery runs, the node comes up
+        node.wait_ready()
+        assert http_get(f"127.0.0.1:{port}", "/readyz") == (200, "ready\n")
+    finally:
+        node.stop()
+
+
+def _answers(address: str) -> bool:
+    try:
+        return http_get(address, "/healthz")[0] == 200
+    except OSError:
+        return False
+
+
+def test_a_bad_model_directory_is_one_line(tmp_path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{not json")
+    done = subprocess.run(
+        [sys.executable, "-m", "node.main", "--model", str(tmp_path / "model"), "--store", str(tmp_path / "s"), "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=WAIT_S,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and len(lines) == 1 and "--model" in lines[0] and "cannot load it" in lines[0], done.stderr

@@ -7,6 +7,7 @@ serves only what these three paths say (nothing of the store or the model).
 
 from __future__ import annotations
 
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -45,9 +46,12 @@ class ProbeEndpoint:
             def log_message(self, *args) -> None:  # probes every few seconds would drown the log
                 pass
 
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            daemon_threads = True
+
         self.ready = ready
-        self._server = ThreadingHTTPServer((host.strip("[]"), port), Handler)  # OSError (in use, bad host) goes to the caller
-        self._server.daemon_threads = True
+        self._server = Server((host.strip("[]"), port), Handler)  # OSError (in use, bad host) goes to the caller
         self._thread = threading.Thread(target=self._server.serve_forever, name="probe-endpoint", daemon=True)
 
     @property
