@@ -148,6 +148,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
                 raise
             finally:
                 call.finish(failure)
+                failure = None  # no exception -> traceback -> frame cycle: frames go when the call does
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, handler.request_deserializer, handler.response_serializer)
     if handler.response_streaming:
@@ -156,7 +157,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         async def unary_stream(request, context):
             call = _Call(method, context)
             call.note_request(request)
-            failure = None
+            failure = result = None
             try:
                 result = behavior(request, context)
                 if hasattr(result, "__aiter__"):
@@ -169,7 +170,12 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
                 failure = exc
                 raise
             finally:
+                if hasattr(result, "aclose"):
+                    # Close the inner stream now (a cancelled caller): its own cleanup (super-seeding's
+                    # in-flight set, the per-peer stream count) must not wait for the garbage collector.
+                    await result.aclose()
                 call.finish(failure)
+                failure = result = None
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer, handler.response_serializer)
     behavior = handler.unary_unary
@@ -186,6 +192,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
             raise
         finally:
             call.finish(failure)
+            failure = None
 
     return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer, handler.response_serializer)
 

@@ -27,8 +27,8 @@ def _check_pem_kind(flag: str, path: Path | None) -> None:
         return
     try:
         data = Path(path).read_bytes()
-    except OSError as exc:
-        fail(f"{flag} {path}: cannot read it: {exc.strerror}")
+    except OSError:
+        return  # TlsFiles says it, naming the file (fabric.rpc.security)
     marker, what = _PEM_KINDS[flag]
     if marker not in data:
         other = "--tls-key" if flag == "--tls-cert" else "--tls-cert"
@@ -39,10 +39,10 @@ def _check_pem_kind(flag: str, path: Path | None) -> None:
 
 def load_security(settings: NodeSettings) -> tuple[TlsFiles, str | None]:
     """The TLS files and token the flags name, read now so a bad file stops the node at start, not at the first call."""
-    _check_pem_kind("--tls-cert", settings.tls_cert)
-    _check_pem_kind("--tls-key", settings.tls_key)
     try:
         tls = TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_ca)
+        _check_pem_kind("--tls-cert", settings.tls_cert)
+        _check_pem_kind("--tls-key", settings.tls_key)
         if tls.enabled:
             tls.server_credentials()
         token = read_token(settings.auth_token_file) if settings.auth_token_file else None

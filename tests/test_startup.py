@@ -90,7 +90,7 @@ def test_swapped_tls_cert_and_key_are_named(tmp_path, ca) -> None:
 
 def test_unreadable_and_non_pem_tls_files_are_named(tmp_path, ca) -> None:
     files = ca.issue("node")
-    one_line_failure(run_node(store_only(tmp_path, "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(files.key))), "--tls-cert", "cannot read")
+    one_line_failure(run_node(store_only(tmp_path, "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(files.key))), "cannot read the TLS certificate", "missing.pem")
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
     one_line_failure(run_node(store_only(tmp_path, "--tls-cert", str(files.cert), "--tls-key", str(junk))), "--tls-key", "no PEM private key")
