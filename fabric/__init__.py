@@ -52,7 +52,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path without an i
 #: public name -> the module that defines it (imported on first access)
 _LAZY = {
     "NodeClient": "fabric.client.node_client",
-    "GenerateResult": "fabric.client.node_client",
+    "GenerateResult": "fabric.client.results",
     "rollout": "fabric.client.rollout",
     "NodeRollout": "fabric.client.rollout",
     "TlsFiles": "fabric.rpc.security",
@@ -105,7 +105,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the lazy names, eagerly
-    from fabric.client.node_client import GenerateResult, NodeClient
+    from fabric.client.node_client import NodeClient
+    from fabric.client.results import GenerateResult
     from fabric.client.rollout import NodeRollout, rollout
     from fabric.format.config import PeftAdapterConfig
     from fabric.rpc.security import TlsFiles

@@ -41,6 +41,7 @@ class NodeSettings:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
     max_store_bytes: int = 0  # 0 = no limit but the disk
+    export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (fabric.store.export)
 
     @property
     def store_only(self) -> bool:
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upload-rate", type=int, default=int(_env("upload_rate", "0")), help="bytes/s this node serves to peers in all; 0 = unlimited")
     parser.add_argument("--download-rate", type=int, default=int(_env("download_rate", "0")), help="bytes/s this node pulls from peers in all; 0 = unlimited")
     parser.add_argument("--peers-dns", default=_env("peers_dns", ""), help="NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull")
+    parser.add_argument("--export-dir", type=_path_or_none, default=_env("export_dir", ""), help="keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node")
     parser.add_argument("--stall-timeout", type=float, default=float(_env("stall_timeout", "10")), help="seconds without a byte before a peer's stream is dropped and the pull fails over")
     security = parser.add_argument_group("security (see README: Running a secure cluster)")
     security.add_argument("--tls-cert", type=_path_or_none, default=_env("tls_cert", ""), help="PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on")
@@ -109,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-streams-per-peer", type=_positive, default=int(_env("max_streams_per_peer", str(DEFAULT_MAX_STREAMS_PER_PEER))), help="concurrent Fetch streams one peer host may hold open")
     limits.add_argument("--max-store-bytes", type=_non_negative, default=int(_env("max_store_bytes", "0")), help="total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    for action in parser._actions:  # name each flag's variable in --help
+        if action.option_strings and action.dest != "help":
+            action.help = f"{action.help or ''} [{'FABRIC_' + action.dest.upper()}]".strip()
     return parser
 
 
@@ -138,4 +143,5 @@ def parse_settings(argv: Sequence[str] | None = None) -> NodeSettings:
         max_header_bytes=args.max_header_bytes,
         max_streams_per_peer=args.max_streams_per_peer,
         max_store_bytes=args.max_store_bytes,
+        export_dir=args.export_dir,
     )
