@@ -41,12 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fabric",
         description="Move LoRA adapters between adapter-fabric nodes and serve them.",
         epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"fabric {fabric.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Callable[[argparse.Namespace], None], help: str, node: bool = True, long: bool = False) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help, epilog=EXIT_CODES_HELP)
+        p = sub.add_parser(name, help=help, description=help, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
         if node:
             p.add_argument("node", metavar="NODE", type=node_address, help="the node's host:port")
         p.add_argument("--json", action="store_true", help="print the result (or the error) as one JSON object on stdout")

@@ -27,10 +27,12 @@ EXIT_USAGE = 2
 EXIT_RETRYABLE = 3
 EXIT_INTERRUPTED = 130
 
-EXIT_CODES_HELP = (
-    "exit status: 0 done; 1 refused (change something first); 2 usage error; "
-    "3 retryable (pool full, slot busy, quota, node unreachable: the same command may succeed later); 130 interrupted"
-)
+EXIT_CODES_HELP = """exit status:
+  0    done
+  1    refused: change something first (bad id, not found, incompatible, ...)
+  2    usage error (a bad flag or argument)
+  3    retryable: pool full, slot busy, quota, node unreachable; the same command may succeed later
+  130  interrupted (Ctrl-C)"""
 
 
 def exit_code_for(exc: FabricError) -> int:

@@ -113,7 +113,7 @@ class NodeClient:
         if not has_detail and exc.code() == grpc.StatusCode.UNAVAILABLE:
             # The transport to the node itself failed (nothing the node said): name it, and say what to change.
             hint = unreachable_hint(exc.details() or "", tls=self._tls, client_cert=self._client_cert)
-            return PeerUnavailable(f"node {self.address} unreachable ({exc.details()}); {hint}")
+            return PeerUnavailable(f"node {self.address} unreachable: UNAVAILABLE: {exc.details()}; {hint}")
         if not has_detail and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return PeerUnavailable(f"node {self.address} did not answer in time (the node may go on with the work; run the same command again, or raise --timeout)")
         return error_from_rpc(exc, peer=self.address)
