@@ -38,6 +38,11 @@ def peft_logits(adapter_dir: Path) -> torch.Tensor:
         return model(PROMPT).logits
 
 
+def names(export: Path) -> list[str]:
+    """The adapter entries (removed ones wait out their grace period under a %old- name)."""
+    return sorted(p.name for p in export.iterdir() if not p.name.startswith("%"))
+
+
 def test_names_map_slash_reversibly() -> None:
     assert export_name("team-a/support-v3") == "team-a%2Fsupport-v3"
     assert adapter_id_of("team-a%2Fsupport-v3") == "team-a/support-v3" and adapter_id_of("plain") == "plain"
@@ -61,7 +66,7 @@ def test_unstage_removes_and_restage_replaces_and_restart_resyncs(tmp_path: Path
     store.stage(adapters["b"], "x")  # the same id, other bytes: the entry is swapped
     assert (export / "x" / WEIGHTS_FILE).read_bytes() == (adapters["b"] / WEIGHTS_FILE).read_bytes()
     store.unstage("y")
-    assert sorted(p.name for p in export.iterdir()) == ["x"]
+    assert names(export) == ["x"]
     # Behind the node's back: an entry lost, a stale one left. A restart puts both right.
     store2 = AdapterStore(tmp_path / "store")  # a store without exports does not touch the directory
     store2.stage(adapters["a"], "z")
@@ -70,11 +75,12 @@ def test_unstage_removes_and_restage_replaces_and_restart_resyncs(tmp_path: Path
         p.unlink()
     (export / "x").rmdir()
     AdapterStore(tmp_path / "store", export_dir=export)
-    assert sorted(p.name for p in export.iterdir()) == ["x", "z"]
+    assert names(export) == ["x", "z"]
 
 
 def test_entries_appear_whole_or_not_at_all(tmp_path: Path, adapters) -> None:
-    """A reader listing the directory while adapters are staged and unstaged never sees a half-built entry."""
+    """A reader listing the directory while adapters are staged and unstaged never sees a half-built entry,
+    nor one emptied under it (removed entries keep their files for a grace period)."""
     export = tmp_path / "export"
     store = AdapterStore(tmp_path / "store", export_dir=export)
     sizes = {name: (d / WEIGHTS_FILE).stat().st_size for name, d in adapters.items()}
@@ -132,3 +138,16 @@ def test_resolver_pulls_from_a_peer_and_returns_a_dir_peft_loads(tmp_path: Path,
             with sidecar.client() as client:
                 client.unstage("team-a/support")
             assert not path.exists()
+
+
+def test_removed_entries_are_deleted_after_their_grace_period(tmp_path: Path, adapters, monkeypatch) -> None:
+    from fabric.store import export as export_module
+
+    store = AdapterStore(tmp_path / "store", export_dir=tmp_path / "export")
+    store.stage(adapters["a"], "x")
+    store.unstage("x")
+    assert [p.name[:5] for p in (tmp_path / "export").iterdir()] == ["%old-"]  # still readable by whoever opened it
+    monkeypatch.setattr(export_module, "GRACE_S", 0.0)
+    store.stage(adapters["a"], "y")
+    store.unstage("y")
+    assert list((tmp_path / "export").iterdir()) == []

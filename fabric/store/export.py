@@ -9,11 +9,12 @@ reversible and never nests directories. This is the store's own ref naming.
 
 An entry appears atomically: it is built under a ``%tmp-`` name (never a valid
 name) and renamed into place, so a reader such as vLLM's filesystem resolver
-sees a whole directory or none. Unstaging removes it the same way (renamed
-aside, then deleted). Restaging an id with other bytes swaps the entry: the old
-one is renamed aside first, so for that instant the name is absent, never half
-written. On start the node re-exports every staged adapter and drops entries
-of ids no longer staged.
+sees a whole directory or none. Unstaging removes the name the same way: the
+entry is renamed aside (``%old-``) and deleted only after ``GRACE_S``, so an
+engine that resolved the path just before still reads whole files. Restaging
+an id with other bytes swaps the entry: the old one is renamed aside first, so
+for that instant the name is absent, never half written. On start the node
+re-exports every staged adapter and drops entries of ids no longer staged.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import errno
 import os
 import secrets
 import shutil
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -31,6 +33,8 @@ from fabric.store.manifest import Manifest
 
 _TEMP_PREFIX = "%tmp-"
 _TRASH_PREFIX = "%old-"
+#: seconds a removed entry stays readable (under its %old- name) for readers that opened it before
+GRACE_S = 60.0
 
 
 def export_name(adapter_id: str) -> str:
@@ -105,9 +109,12 @@ class ExportDir:
             return False
 
     def _set_aside(self, dest: Path) -> None:
-        trash = self.root / f"{_TRASH_PREFIX}{secrets.token_hex(8)}"
+        """Take ``dest``'s name away at once; its files go after GRACE_S (a reader may hold the directory)."""
         try:
-            os.rename(dest, trash)
+            os.rename(dest, self.root / f"{_TRASH_PREFIX}{time.time_ns()}-{secrets.token_hex(4)}")
         except FileNotFoundError:
-            return
-        shutil.rmtree(trash, ignore_errors=True)
+            pass
+        for old in self.root.glob(f"{_TRASH_PREFIX}*"):
+            born = int(old.name[len(_TRASH_PREFIX) :].split("-")[0])
+            if time.time_ns() - born > GRACE_S * 1e9:
+                shutil.rmtree(old, ignore_errors=True)
