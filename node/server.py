@@ -151,9 +151,9 @@ async def serve(settings: NodeSettings) -> None:
     metrics.set_refresh(refresh_gauges(store, model))
 
     await server.start()
+    readiness.set(True)  # before health: a caller that saw SERVING (fabric wait) finds /readyz true too
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
-    readiness.set(True)
     device = model.device if model is not None else "store-only"
     guard = ("mTLS" if settings.tls_ca else "TLS") if tls.enabled else "plaintext"
     guard += ", token" + (" (peer reads too)" if settings.auth_peer_reads else "") if token else ""

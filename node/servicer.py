@@ -219,11 +219,10 @@ class FabricServicer(PeerReads, StoreStatusRpc, fabric_pb2_grpc.FabricServicer):
         blob = self.store.blob_path(manifest.weights.sha256)
         prepared = await self._io(model.prepare_verified, manifest, blob, name)
         try:
-            slot, evicted = await self._on_model(model.commit, prepared)  # the memory copy, at the quiescent point
+            # The memory copy, at the quiescent point; a pin past the limit is refused before anything is evicted.
+            slot, evicted = await self._on_model(model.commit, prepared, pin=request.pin)
         finally:
             model.recycle(prepared)
-        if request.pin:
-            await self._on_model(model.pin, name, True)
         log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved)", adapter_id, name, slot, evicted, stats.bytes_transferred)
         return fabric_pb2.PromoteResponse(
             slot=slot,

@@ -53,6 +53,7 @@ class NodeSettings:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
     max_store_bytes: int = 0  # 0 = no limit but the disk
+    export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (fabric.store.export)
     # operations
     metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
     log_format: str = "text"
@@ -171,6 +172,7 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--upload-rate", non_negative_int, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
     ("--download-rate", non_negative_int, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
+    ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
     ("--stall-timeout", positive_float, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over", ""),
     ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),

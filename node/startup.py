@@ -60,6 +60,7 @@ def open_store(settings: NodeSettings) -> AdapterStore:
             max_bytes=settings.max_store_bytes or None,
             max_adapter_bytes=settings.max_adapter_bytes,
             max_header_bytes=settings.max_header_bytes,
+            export_dir=settings.export_dir,
         )
     except OSError as exc:
         fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")

@@ -12,7 +12,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def _documented() -> set[tuple[str, str, tuple[str, ...]]]:
     text = README.read_text()
-    section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split("\n### Metrics\n", 1)[1].split("\n### ", 1)[0]
     rows = set()
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -14,9 +14,12 @@ def _size(n: int) -> str:
 
 
 def cmd_store_status(args: argparse.Namespace) -> None:
-    from fabric.cli.main import _client, _print
+    from google.protobuf.json_format import MessageToDict
 
-    with _client(args) as client:
+    from fabric.cli.connect import client_for
+    from fabric.cli.output import emit
+
+    with client_for(args) as client:
         reply = client.store_status()
     quota = _size(reply.quota_bytes) if reply.quota_bytes else "no limit"
     expiry = f"after {reply.expire_after_seconds:.0f}s untouched" if reply.expire_after_seconds else "never"
@@ -27,4 +30,10 @@ def cmd_store_status(args: argparse.Namespace) -> None:
             lines.append(f"  {kind:8} {item.adapter_id or '?':30} {_size(item.bytes):>10}  {state}  {item.digest[:16]}")
     for entry in reply.damaged:
         lines.append(f"  damaged  {entry.adapter_id or '?':30} {entry.digest[:16]}  {entry.reason}")
-    _print(args, reply, "\n".join(lines))
+    payload = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    emit(args.json, payload, "\n".join(lines))
+
+
+def register(command) -> None:
+    """Add ``store-status`` through ``command(name, handler, help)`` (see ``fabric.cli.main``)."""
+    command("store-status", cmd_store_status, "a node's store: usage, quota, kept uploads and partial downloads (age, bytes), damaged entries")
