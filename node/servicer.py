@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import AsyncIterator, Callable, Sequence, TypeVar
 
-import torch
 from aiolimiter import AsyncLimiter
 
 from fabric.format.adapter_tensors import lora_pairs
@@ -26,6 +25,7 @@ from fabric.transport.discovery import PeerSource
 from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument
 from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest
+from fabric.serving.generation import Generation
 from fabric.serving.pool import ACTIVE
 from fabric.format.peft_fields import check_agrees, peft_fields_of
 from fabric.rpc.status import rpc_errors
@@ -39,13 +39,18 @@ T = TypeVar("T")
 
 #: the name a GenerateRequest uses for the base model
 BASE_NAME = "base"
+#: --max-new-tokens' default: one request's decode steps, each a forward on the model worker
+DEFAULT_MAX_NEW_TOKENS = 256
 
 
 class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
     def __init__(
-        self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None
+        self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     ) -> None:
         self.store = store
+        #: the most tokens one Generate may ask for (--max-new-tokens)
+        self.max_new_tokens = max_new_tokens
         # One bucket for all streams: the flag bounds what the node serves in total.
         self._upload_limit = AsyncLimiter(upload_rate, 1.0) if upload_rate > 0 else None
         self.model = model
@@ -276,24 +281,19 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
     @rpc_errors
     async def Generate(self, request: fabric_pb2.GenerateRequest, context) -> fabric_pb2.GenerateResponse:
         model = self._require_model("generate")
-        if not request.input_ids:
-            raise InvalidArgument("Generate needs at least one input token id")
         # None = base model, -1 = the active adapter (base when none is active), else a resident name.
         target = None if request.use_base or request.adapter == BASE_NAME else (request.adapter or ACTIVE)
-        return await self._on_model(_generate, model, list(request.input_ids), target, request.max_new_tokens, request.return_logits)
-
-
-def _generate(model, input_ids: list[int], target, max_new_tokens: int, return_logits: bool) -> fabric_pb2.GenerateResponse:
-    """One sequence on the model worker: a ref from prefill to the last token."""
-    ids = torch.tensor([input_ids])
-    resolved = model.acquire(target)
-    try:
-        row = None if resolved == ACTIVE else resolved
-        reply = fabric_pb2.GenerateResponse(slot=resolved, content_id=model.adapter_id_for(row) if row is not None else 0)
-        if return_logits:
-            reply.last_logits.extend(model.forward(ids, [row])[0, -1].float().tolist())
-        out = model.generate(ids, row, max_new_tokens) if max_new_tokens else ids
-        reply.output_ids.extend(out[0, len(input_ids):].tolist())
-        return reply
-    finally:
-        model.release(resolved)
+        run = Generation(model, request.input_ids, target, request.max_new_tokens, request.return_logits, self.max_new_tokens)
+        try:
+            # One job per step (fabric.serving.generation): promotes land between steps, and a caller
+            # that cancels or passes its deadline (this coroutine is cancelled) stops the steps.
+            await self._on_model(run.start)
+            while not run.done:
+                remaining = context.time_remaining()
+                if remaining is not None and remaining <= 0:
+                    break  # the caller already has DEADLINE_EXCEEDED
+                await self._on_model(run.step)
+            return fabric_pb2.GenerateResponse(slot=run.resolved, content_id=run.content_id, last_logits=run.last_logits, output_ids=run.output_ids)
+        finally:
+            # After any job still queued or running: the ref is dropped, never before it was taken.
+            self._model_worker.submit(run.finish)
