@@ -44,7 +44,7 @@ class PeerReads:
             async for message in self._seed(manifest, chunks, request, context):
                 yield message
             return
-        path = self.store.blob_path(entry.sha256)
+        path = await self._io(self.store.verified_blob, manifest, entry)  # bytes at rest are re-verified before they leave
         with open(path, "rb") as f:
             for index in chunks:
                 offset, length = entry.chunk_span(index)
@@ -78,7 +78,7 @@ class PeerReads:
         served: set[int] = set()
         try:
             await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
-            with open(self.store.blob_path(weights.sha256), "rb") as f:
+            with open(await self._io(self.store.verified_weights, manifest), "rb") as f:
                 for index in chunks:
                     offset, length = weights.chunk_span(index)
                     if self._upload_limit is not None:

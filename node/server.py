@@ -76,7 +76,7 @@ async def serve(settings: NodeSettings) -> None:
     puller = PeerPuller(store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate)
     peer_source = PeerSource(static=settings.peers, dns=settings.peers_dns, me=settings.listen)
     servicer = FabricServicer(store=store, model=model, puller=puller, peers=settings.peers, upload_rate=settings.upload_rate, peer_source=peer_source,
-                               max_new_tokens=settings.max_new_tokens)
+                               max_new_tokens=settings.max_new_tokens, scrub_rate=settings.scrub_rate)
 
     # Auth first: an unauthenticated Fetch is refused before it counts against the peer's streams.
     interceptors: list[grpc.aio.ServerInterceptor] = [BearerAuth(token, peer_reads=settings.auth_peer_reads)] if token else []

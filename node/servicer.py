@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import AsyncIterator, Callable, Sequence, TypeVar
@@ -22,7 +23,7 @@ from aiolimiter import AsyncLimiter
 
 from fabric.format.adapter_tensors import lora_pairs
 from fabric.transport.discovery import PeerSource
-from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, FabricError, IntegrityError, InvalidArgument
 from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest
 from fabric.serving.generation import Generation
@@ -41,12 +42,14 @@ T = TypeVar("T")
 BASE_NAME = "base"
 #: --max-new-tokens' default: one request's decode steps, each a forward on the model worker
 DEFAULT_MAX_NEW_TOKENS = 256
+#: seconds between two scrubs of the whole store (the first runs at start)
+SCRUB_INTERVAL_S = 6 * 3600.0
 
 
 class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
     def __init__(
         self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, scrub_rate: int = 0,
     ) -> None:
         self.store = store
         #: the most tokens one Generate may ask for (--max-new-tokens)
@@ -63,8 +66,12 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
         self._sent: dict[str, list[int]] = {}
         self._rng = random.Random()
         self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
+        self._scrub_stop = threading.Event()
+        if scrub_rate > 0:
+            threading.Thread(target=self._scrub_loop, args=(scrub_rate,), name="scrub", daemon=True).start()
 
     def close(self) -> None:
+        self._scrub_stop.set()
         self._model_worker.shutdown(wait=True)
         self.puller.channels.close()
 
@@ -172,12 +179,17 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def ListAdapters(self, request, context) -> fabric_pb2.ListAdaptersResponse:
+        # A damaged entry is listed with its problem (fabric.store.integrity), never failing the whole list.
+        damaged = {d.adapter_id: d for d in await self._io(self.store.damaged)}
         staged = [
             fabric_pb2.StagedAdapter(
-                adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config)
+                adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config),
+                damaged=damaged.pop(m.adapter_id).problem if m.adapter_id in damaged else "",
             )
             for m in await self._io(self.store.list)
         ]
+        staged += [fabric_pb2.StagedAdapter(adapter_id=d.adapter_id, digest=d.digest, damaged=d.problem) for d in damaged.values()]
+        staged.sort(key=lambda a: a.adapter_id)
         reply = fabric_pb2.ListAdaptersResponse(staged=staged)
         if self.model is not None:
             reply.max_rank = self.model.pool.max_rank
@@ -212,15 +224,8 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
             check_agrees(requested, manifest.config, adapter_id)
             model.check_compatible(lora_pairs(manifest.index, manifest.config))
 
-        stats = PullStats()
-        if request.peer:
-            manifest, stats = await self._io(self.puller.pull, await self._pull_peers(request), adapter_id, check)
-        else:
-            manifest = self.store.get(adapter_id)
-            check(manifest)
-        # Map the committed blob and stage it off the model worker; its sha256 and content id were
-        # verified at commit, so prepare_verified does not hash 84 MB again.
-        blob = self.store.blob_path(manifest.weights.sha256)
+        manifest, stats, blob = await self._verified(request, adapter_id, check)
+        # Map the verified blob and stage it off the model worker (prepare_verified does not hash it again).
         prepared = await self._io(model.prepare_verified, manifest, blob, name)
         try:
             slot, evicted = await self._on_model(model.commit, prepared)  # the memory copy, at the quiescent point
@@ -239,6 +244,46 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
             pull_seconds=stats.pull_seconds,
         )
 
+    async def _verified(self, request: fabric_pb2.PromoteRequest, adapter_id: str, check: Callable[[Manifest], None]):
+        """``(manifest, stats, weights path)``: the adapter pulled (or found here), its bytes verified since last written.
+
+        Bytes that fail (or a damaged manifest) are quarantined by the store and pulled again from the
+        named peer or the known ones, when there are any (fabric.store.integrity).
+        """
+        stats = PullStats()
+        try:
+            if request.peer:
+                manifest, stats = await self._io(self.puller.pull, await self._pull_peers(request), adapter_id, check)
+            else:
+                manifest = await self._io(self.store.get, adapter_id)
+                check(manifest)
+            return manifest, stats, await self._io(self.store.verified_weights, manifest)
+        except IntegrityError as exc:
+            peers = await self._pull_peers(request) if request.peer else await self._known_peers()
+            if not peers:
+                raise
+            log.warning("%s; pulling it again from %s", exc, ",".join(peers))
+            manifest, stats = await self._io(self.puller.pull, peers, adapter_id, check)
+            return manifest, stats, await self._io(self.store.verified_weights, manifest)
+
+    def _scrub_loop(self, rate: int) -> None:
+        """Re-read every committed blob now and then every SCRUB_INTERVAL_S, at ``rate`` bytes/s; re-pull what fails."""
+        while not self._scrub_stop.is_set():
+            try:
+                self.store.scrub(rate, self._scrub_stop, self._repair)
+            except Exception:  # noqa: BLE001 - a scrub must never take the node down; it runs again later
+                log.exception("store scrub failed")
+            self._scrub_stop.wait(SCRUB_INTERVAL_S)
+
+    def _repair(self, adapter_id: str, error: IntegrityError) -> None:
+        peers = self.peer_source.peers()
+        log.warning("scrub: %s; %s", error, f"pulling it again from {','.join(peers)}" if peers else "no peer to pull it from")
+        if peers:
+            try:
+                self.puller.pull(peers, adapter_id)
+            except FabricError as exc:
+                log.warning("scrub: could not pull %s again: %s", adapter_id, exc)
+
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone)."""
         if request.named_peer_only:
@@ -255,6 +300,7 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
         else:
             manifest = await self._io(self.store.get, adapter_id)
             check_agrees(requested, manifest.config, adapter_id)
+        await self._io(self.store.verified_weights, manifest)
         log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
         return fabric_pb2.PromoteResponse(
             slot=-1,

@@ -42,6 +42,7 @@ class NodeSettings:
     max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
     max_store_bytes: int = 0  # 0 = no limit but the disk
     max_new_tokens: int = 256  # tokens one Generate may ask for
+    scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
 
     @property
     def store_only(self) -> bool:
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-streams-per-peer", type=_positive, default=int(_env("max_streams_per_peer", str(DEFAULT_MAX_STREAMS_PER_PEER))), help="concurrent Fetch streams one peer host may hold open")
     limits.add_argument("--max-store-bytes", type=_non_negative, default=int(_env("max_store_bytes", "0")), help="total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk")
     limits.add_argument("--max-new-tokens", type=_positive, default=int(_env("max_new_tokens", "256")), help="most tokens one Generate may ask for (each is a decode step on the model worker)")
+    limits.add_argument("--scrub-rate", type=_non_negative, default=int(_env("scrub_rate", str(64 << 20))), help="bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -141,4 +143,5 @@ def parse_settings(argv: Sequence[str] | None = None) -> NodeSettings:
         max_streams_per_peer=args.max_streams_per_peer,
         max_store_bytes=args.max_store_bytes,
         max_new_tokens=args.max_new_tokens,
+        scrub_rate=args.scrub_rate,
     )

@@ -36,9 +36,13 @@ class StoreUploads:
             current = self._open_uploads.get(self._upload_dir(adapter_id, sha256).name)
             if current is not None:
                 return current.offset
+        directory = self._upload_dir(adapter_id, sha256)
         try:
-            return os.stat(self._upload_dir(adapter_id, sha256) / "data").st_size
-        except FileNotFoundError:
+            meta = json.loads((directory / "meta.json").read_bytes())
+            if meta.get("adapter_id") != adapter_id or meta.get("sha256") != sha256 or os.stat(directory / "data").st_size > meta.get("size", -1):
+                return 0  # damaged or not this upload's: it restarts from 0 (Upload truncates it)
+            return os.stat(directory / "data").st_size
+        except (OSError, ValueError, AttributeError, TypeError):
             return 0
 
     def open_upload(self, adapter_id: str, config_json: bytes, size: int, sha256: str) -> "Upload":
