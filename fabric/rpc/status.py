@@ -28,6 +28,7 @@ _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
     (errors.AdapterNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.PoolFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Busy, grpc.StatusCode.ABORTED),
     (errors.SlotBusy, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.IncompatibleAdapter, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.AdaptersUnsupported, grpc.StatusCode.FAILED_PRECONDITION),
