@@ -24,7 +24,7 @@ from aiolimiter import AsyncLimiter
 from fabric.format.adapter_tensors import lora_pairs
 from fabric.transport.discovery import PeerSource
 from fabric.errors import AdapterNotFound, AdaptersUnsupported, FabricError, IntegrityError, InvalidArgument
-from fabric.store.ids import validate_adapter_id
+from fabric.store.ids import validate_adapter_id, validate_name
 from fabric.store.manifest import Manifest
 from fabric.serving.generation import Generation
 from fabric.serving.pool import ACTIVE
@@ -67,6 +67,7 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
         self._rng = random.Random()
         self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
         self._scrub_stop = threading.Event()
+        self._slot_digests: dict[tuple[str, int], str] = {}  # (name, content id) of a promote -> the digest it loaded
         if scrub_rate > 0:
             threading.Thread(target=self._scrub_loop, args=(scrub_rate,), name="scrub", daemon=True).start()
 
@@ -205,7 +206,8 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
                         active=info["active"],
                         last_used=info["last_used"],
                         rank=info["rank"],
-                        digest=info.get("digest") or "",
+                        # The bytes it holds, also once they are unstaged from the store.
+                        digest=self._slot_digests.get((info["name"], info["content_id"]), ""),
                     )
                 )
         return reply
@@ -216,7 +218,7 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
             return await self._pull_only(request)
         model = self._require_model("promote adapters")
         adapter_id = validate_adapter_id(request.adapter_id)
-        name = request.name or adapter_id
+        name = validate_name(request.name or adapter_id)  # before any byte moves
         requested = request.peft if request.HasField("peft") else None
 
         def check(manifest: Manifest) -> None:
@@ -231,6 +233,9 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
             slot, evicted = await self._on_model(model.commit, prepared)  # the memory copy, at the quiescent point
         finally:
             model.recycle(prepared)
+        resident = {info["name"] for info in model.slots_info()}
+        self._slot_digests = {k: v for k, v in self._slot_digests.items() if k[0] in resident and k[0] != name}
+        self._slot_digests[(name, prepared.content_id)] = manifest.digest
         if request.pin:
             await self._on_model(model.pin, name, True)
         log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved)", adapter_id, name, slot, evicted, stats.bytes_transferred)
@@ -286,6 +291,7 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone)."""
+        _check_peer_address(request.peer)
         if request.named_peer_only:
             return [request.peer]
         return [request.peer, *await self._known_peers()]
@@ -343,3 +349,10 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
         finally:
             # After any job still queued or running: the ref is dropped, never before it was taken.
             self._model_worker.submit(run.finish)
+
+
+def _check_peer_address(address: str) -> None:
+    """A peer is ``host:port`` over TCP: a ``unix:`` path or any other scheme would reach into this machine."""
+    host, _, port = address.rpartition(":")
+    if not host or "/" in address or not port.isdigit() or not 0 < int(port) < 65536 or host.lower().startswith(("unix", "vsock")):
+        raise InvalidArgument(f"peer address {address[:100]!r} is not host:port (a TCP peer; unix sockets and other schemes are refused)")
