@@ -81,7 +81,8 @@ def cmd_ls(args: argparse.Namespace) -> None:
         reply = client.list()
     lines = [f"staged ({len(reply.staged)}):"]
     for a in reply.staged:
-        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B  r={a.peft.r} alpha={a.peft.lora_alpha:g}")
+        damage = f"  DAMAGED: {a.damaged}" if a.damaged else ""
+        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B  r={a.peft.r} alpha={a.peft.lora_alpha:g}{damage}")
     if reply.slots:
         lines.append(f"slots (device {reply.device}, max rank {reply.max_rank}):")
         for s in reply.slots:
