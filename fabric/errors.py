@@ -109,5 +109,9 @@ class PeerUnavailable(FabricError):
 # --- who is calling ---------------------------------------------------------
 
 
+class Untrusted(FabricError):
+    """An adapter not signed by a signer this node trusts (unsigned, another key, or changed since it was signed)."""
+
+
 class Unauthenticated(FabricError):
     """The call carried no valid bearer token while the node requires one."""

@@ -33,6 +33,7 @@ class PeerReads:
                 yield message
             return
         manifest = self._manifest_for(request.adapter_id, request.digest)
+        self._check_stored(manifest)  # a node that trusts signers serves only signed adapters
         entry = manifest.file(request.file) if request.file else manifest.weights
         if request.offset % entry.chunk_size:
             raise InvalidArgument(f"Fetch offset {request.offset} is not a multiple of the chunk size {entry.chunk_size}")
@@ -109,6 +110,7 @@ class PeerReads:
 
     async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
         """Chunks of an adapter still arriving here: only verified ones, and the whole range must be verified up front."""
+        self._check_stored(partial.manifest)
         weights = partial.manifest.weights
         if request.file and request.file != weights.name:
             raise AdapterNotFound(f"{request.file} of {request.digest} is not here yet (only {weights.name} is served while it arrives)")

@@ -33,7 +33,9 @@ from fabric.rpc.status import rpc_errors
 from fabric.store import AdapterStore
 from fabric.transport.pull import PeerPuller, PullStats
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from fabric.trust.signing import TrustedSigners
 from node.peer_reads import PeerReads
+from node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 T = TypeVar("T")
@@ -46,12 +48,15 @@ DEFAULT_MAX_NEW_TOKENS = 256
 SCRUB_INTERVAL_S = 6 * 3600.0
 
 
-class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
+class FabricServicer(PeerReads, SignedAdapters, fabric_pb2_grpc.FabricServicer):
     def __init__(
         self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, scrub_rate: int = 0,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, scrub_rate: int = 0, trusted: TrustedSigners | None = None,
     ) -> None:
         self.store = store
+        #: the signers whose adapters alone this node stages, pulls, loads and serves (none = any adapter)
+        self.trusted = trusted or TrustedSigners()
+        self._pulling_signatures: dict[str, bytes] = {}  # digest -> signature, while its pull runs (node.signed)
         #: the most tokens one Generate may ask for (--max-new-tokens)
         self.max_new_tokens = max_new_tokens
         # One bucket for all streams: the flag bounds what the node serves in total.
@@ -106,6 +111,7 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
     async def Stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest], context) -> fabric_pb2.StageResponse:
         upload = None
         received = 0
+        signed_digest = ""
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
@@ -113,6 +119,7 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
                     if upload is not None:
                         raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
                     begin = message.begin
+                    signed_digest = self._check_stage_begin(begin)  # before any byte moves
                     upload = await self._io(
                         self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
                     )
@@ -132,6 +139,8 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
                 raise InvalidArgument("Stage stream ended without a StageBegin")
             # A stream that ends early leaves its verified prefix in the upload area for a resume.
             manifest = await self._io(upload.commit)
+            if manifest.digest == signed_digest:  # the signature travels with the manifest from here
+                await self._io(self.store.set_signature, manifest.digest, begin.signature)
         except BaseException:
             if upload is not None:
                 # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume.
@@ -160,7 +169,11 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def GetManifest(self, request, context) -> fabric_pb2.Manifest:
-        return self.store.get(validate_adapter_id(request.adapter_id)).to_proto()
+        manifest = await self._io(self.store.get, validate_adapter_id(request.adapter_id))
+        self._check_stored(manifest)  # a node that trusts signers serves only signed adapters
+        reply = manifest.to_proto()
+        reply.signature = await self._io(self.store.signature, manifest.digest)
+        return reply
 
     @rpc_errors
     async def Locate(self, request, context) -> fabric_pb2.LocateResponse:
@@ -258,9 +271,10 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
         stats = PullStats()
         try:
             if request.peer:
-                manifest, stats = await self._io(self.puller.pull, await self._pull_peers(request), adapter_id, check)
+                manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check)
             else:
                 manifest = await self._io(self.store.get, adapter_id)
+                self._check_stored(manifest)
                 check(manifest)
             return manifest, stats, await self._io(self.store.verified_weights, manifest)
         except IntegrityError as exc:
@@ -268,8 +282,19 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
             if not peers:
                 raise
             log.warning("%s; pulling it again from %s", exc, ",".join(peers))
-            manifest, stats = await self._io(self.puller.pull, peers, adapter_id, check)
+            manifest, stats = await self._signed_pull(peers, adapter_id, check)
             return manifest, stats, await self._io(self.store.verified_weights, manifest)
+
+    async def _signed_pull(self, peers: list[str], adapter_id: str, check) -> tuple[Manifest, PullStats]:
+        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
+        signed_check, digest = await self._io(self._signed_pull_check, peers, adapter_id, check)
+        committed = False
+        try:
+            manifest, stats = await self._io(self.puller.pull, peers, adapter_id, signed_check)
+            committed = manifest.digest == digest
+            return manifest, stats
+        finally:
+            await self._io(self._keep_pulled_signature, digest, committed)
 
     def _scrub_loop(self, rate: int) -> None:
         """Re-read every committed blob now and then every SCRUB_INTERVAL_S, at ``rate`` bytes/s; re-pull what fails."""
@@ -302,9 +327,10 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
         requested = request.peft if request.HasField("peft") else None
         stats = PullStats()
         if request.peer:
-            manifest, stats = await self._io(self.puller.pull, await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
+            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
         else:
             manifest = await self._io(self.store.get, adapter_id)
+            self._check_stored(manifest)
             check_agrees(requested, manifest.config, adapter_id)
         await self._io(self.store.verified_weights, manifest)
         log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")

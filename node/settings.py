@@ -43,6 +43,7 @@ class NodeSettings:
     max_store_bytes: int = 0  # 0 = no limit but the disk
     max_new_tokens: int = 256  # tokens one Generate may ask for
     scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
+    trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
 
     @property
     def store_only(self) -> bool:
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     security.add_argument("--tls-ca", type=_path_or_none, default=_env("tls_ca", ""), help="PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)")
     security.add_argument("--auth-token-file", type=_path_or_none, default=_env("auth_token_file", ""), help="file holding the cluster's bearer token: calls must carry it, and this node sends it to peers")
     security.add_argument("--auth-peer-reads", action="store_true", default=_truthy(_env("auth_peer_reads", "")), help="also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)")
+    security.add_argument("--trusted-signers", nargs="+", type=Path, default=[Path(p) for p in _csv(_env("trusted_signers", ""))], metavar="FILE", help="Ed25519 public keys (PEM or 32 raw bytes); when given, the node stages, pulls, loads and serves only adapters whose manifest one of them signed")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-adapter-bytes", type=_positive, default=int(_env("max_adapter_bytes", str(DEFAULT_MAX_ADAPTER_BYTES))), help="largest adapter (config + weights) accepted by Stage or pulled from a peer")
     limits.add_argument("--max-header-bytes", type=_positive, default=int(_env("max_header_bytes", str(DEFAULT_MAX_HEADER_BYTES))), help="largest safetensors header accepted")
@@ -144,4 +146,5 @@ def parse_settings(argv: Sequence[str] | None = None) -> NodeSettings:
         max_store_bytes=args.max_store_bytes,
         max_new_tokens=args.max_new_tokens,
         scrub_rate=args.scrub_rate,
+        trusted_signers=tuple(args.trusted_signers),
     )

@@ -26,6 +26,7 @@ EXPECTED = {
     errors.ConfigMismatch: grpc.StatusCode.INVALID_ARGUMENT,
     errors.IntegrityError: grpc.StatusCode.DATA_LOSS,
     errors.Busy: grpc.StatusCode.ABORTED,
+    errors.Untrusted: grpc.StatusCode.PERMISSION_DENIED,
     errors.PeerUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }

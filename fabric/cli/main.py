@@ -1,6 +1,8 @@
 """``fabric``: the command line of adapter-fabric.
 
-    fabric stage NODE DIR --id ID          upload a PEFT directory (resumable, with a progress bar)
+    fabric stage NODE DIR --id ID          upload a PEFT directory (resumable, with a progress bar; --sign-key KEY signs it)
+    fabric keygen OUT                       an Ed25519 key pair for signing adapters (OUT.key, OUT.pub)
+    fabric sign DIR --key KEY               an adapter directory's digest and its signature
     fabric promote NODE --from PEER --id ID --name NAME
     fabric ls NODE                          staged adapters and resident slots
     fabric generate NODE --adapter NAME --tokens 1,2,3
@@ -25,6 +27,7 @@ from typing import Any, Sequence
 from google.protobuf.json_format import MessageToDict
 
 from fabric.errors import FabricError
+from fabric.cli.sign import add_sign_commands
 
 
 def _print(args: argparse.Namespace, message, human: str) -> None:
@@ -63,7 +66,8 @@ def cmd_stage(args: argparse.Namespace) -> None:
             bar.n = done
             bar.refresh()
 
-        reply = client.stage(args.dir, args.id, progress=progress)
+        sign_key = Path(args.sign_key).read_bytes() if args.sign_key else None
+        reply = client.stage(args.dir, args.id, progress=progress, sign_key=sign_key)
     note = " (already staged)" if reply.already_staged else ""
     _print(args, reply, f"staged {reply.adapter_id} digest={reply.digest} content_id={reply.content_id:#018x}{note}")
 
@@ -164,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("stage", cmd_stage, "upload a PEFT adapter directory to a node (resumes an interrupted upload)")
     p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
     p.add_argument("--id", required=True, help="adapter id, e.g. team-a/support-v3")
+    p.add_argument("--sign-key", help="sign the adapter's digest with this Ed25519 private key (fabric keygen); the signature travels with it")
 
     p = command("promote", cmd_promote, "load an adapter into a slot of a node, pulling it from a peer if given")
     p.add_argument("--from", dest="peer", help="host:port of a peer that has the adapter (omit: already staged on the node)")
@@ -171,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="name requests will use (default: the id)")
     p.add_argument("--pin", action="store_true", help="pin the slot so it is never evicted")
 
+    add_sign_commands(sub)
     command("ls", cmd_ls, "list staged adapters and resident slots")
 
     p = command("generate", cmd_generate, "run the model on token ids with an adapter (greedy)")

@@ -107,9 +107,13 @@ class NodeClient:
     # ------------------------------------------------------------ staging
 
     def stage(
-        self, adapter_dir: str | Path, adapter_id: str, progress: Callable[[int, int], None] | None = None, piece_size: int = UPLOAD_PIECE
+        self, adapter_dir: str | Path, adapter_id: str, progress: Callable[[int, int], None] | None = None, piece_size: int = UPLOAD_PIECE,
+        sign_key: bytes | None = None,
     ) -> fabric_pb2.StageResponse:
-        """Upload a PEFT directory; resumes where an interrupted upload of the same bytes stopped."""
+        """Upload a PEFT directory; resumes where an interrupted upload of the same bytes stopped.
+
+        ``sign_key``: an Ed25519 private key (PEM or 32 raw bytes); the adapter's digest is signed with it
+        and the signature travels with its manifest (``fabric.trust.signing``)."""
         adapter_dir = Path(adapter_dir)
         config_path, weights_path = adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
         for path in (config_path, weights_path):
@@ -118,9 +122,13 @@ class NodeClient:
         size = weights_path.stat().st_size
         digest = sha256_file(weights_path)
         offset = self._call(self.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_sha256=digest)).offset
-        begin = fabric_pb2.StageBegin(
-            adapter_id=adapter_id, config_json=config_path.read_bytes(), safetensors_size=size, safetensors_sha256=digest, offset=offset
-        )
+        config = config_path.read_bytes()
+        begin = fabric_pb2.StageBegin(adapter_id=adapter_id, config_json=config, safetensors_size=size, safetensors_sha256=digest, offset=offset)
+        if sign_key is not None:
+            from fabric.store.digests import adapter_digest, hash_bytes
+            from fabric.trust.signing import sign_digest
+
+            begin.signature = sign_digest(sign_key, adapter_digest(hash_bytes(CONFIG_FILE, config, UPLOAD_PIECE).sha256, digest))
 
         def requests() -> Iterator[fabric_pb2.StageRequest]:
             yield fabric_pb2.StageRequest(begin=begin)

@@ -25,6 +25,7 @@ ERROR_DETAIL_KEY = "fabric-error-bin"
 # Most specific first: the first isinstance match wins.
 _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.Untrusted, grpc.StatusCode.PERMISSION_DENIED),
     (errors.AdapterNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.PoolFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),

@@ -11,6 +11,7 @@ directory with committed data)::
     partial/<digest>/             a peer download: data (sparse), manifest.json, lock
     uploads/<key>/                a client upload: data, meta.json, lock; key = sha256(id, sha256)
     views/<digest>/               materialized PEFT directories: hard links into blobs
+    signatures/<digest>           the author's Ed25519 signature of a digest, when it was signed (fabric.trust)
     quarantine/<sha256>-<ns>      blobs that failed a re-verification (fabric.store.integrity), kept as evidence
     tmp/                          temp files, each flock'ed by its writer until renamed
 
@@ -47,10 +48,11 @@ from fabric.store.manifest import CONFIG_FILE, DEFAULT_CHUNK_SIZE, WEIGHTS_FILE,
 from fabric.store.partial import PartialDownload, StorePartials
 from fabric.store.quota import StoreQuota
 from fabric.store.recovery import StoreRecovery
+from fabric.store.signatures import StoreSignatures
 from fabric.store.upload import StoreUploads, Upload
 
 
-class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StorePartials, StoreUploads):
+class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, StorePartials, StoreUploads):
     """Adapters staged by id, stored by content, committed atomically, safe across restarts."""
 
     def __init__(
@@ -75,12 +77,13 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StorePartials, Sto
         self.uploads = self.root / "uploads"
         self.views = self.root / "views"
         self.tmp = self.root / "tmp"
+        self.signatures = self.root / "signatures"
         self._lock_path = self.root / "lock"
         self._cache: dict[str, Manifest] = {}
         self._open_lock = threading.Lock()
         self._open_partials: dict[str, PartialDownload] = {}
         self._open_uploads: dict[str, Upload] = {}
-        for directory in (self.blobs, self.manifests, self.refs, self.partials, self.uploads, self.views, self.tmp):
+        for directory in (self.blobs, self.manifests, self.refs, self.partials, self.uploads, self.views, self.tmp, self.signatures):
             directory.mkdir(parents=True, exist_ok=True)
         self._init_integrity()
         with self._locked():

@@ -68,6 +68,9 @@ class StoreRecovery:
                 os.unlink(entry.path)
                 self._cache.pop(digest, None)
         blobs_known &= all(self._manifest_path(d).is_file() for d in live) if sound_refs else False
+        for entry in os.scandir(self.signatures):
+            if entry.name not in live and sound_refs and not (self.partials / entry.name).is_dir():
+                os.unlink(entry.path)  # kept while a pull of its digest may still commit
         for entry in os.scandir(self.views):
             if entry.name not in live and sound_refs:
                 shutil.rmtree(entry.path, ignore_errors=True)
