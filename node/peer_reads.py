@@ -26,6 +26,7 @@ SENT_COUNTS_KEPT = 16
 class PeerReads:
     """Fetch and Availability, mixed into ``FabricServicer``."""
 
+    @rpc_errors
     async def Fetch(self, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
         partial = self.store.partial_for(request.digest) if request.digest and self.store.by_digest(request.digest) is None else None
         if partial is not None:
