@@ -49,12 +49,12 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="soak-"))
     base = build_tiny_model()
     dirs = {f"s{i}": make_peft_adapter(root / f"a{i}", base_model=base, r=8, lora_alpha=16, target_modules=ALL, seed=40 + i) for i in range(4)}
-    counts = {"promote": 0, "pull": 0, "generate": 0, "cancelled": 0, "errors": 0}
+    counts = {"promote": 0, "pull": 0, "generate": 0, "cancelled": 0}
     lock = threading.Lock()
 
     def count(key: str) -> None:
         with lock:
-            counts[key] += 1
+            counts[key] = counts.get(key, 0) + 1
 
     with LocalCluster(root / "cluster", 2, slots=2, extra_args=["--chunk-size", "4096"]) as cluster:
         seed, node = cluster.nodes
@@ -70,8 +70,8 @@ def main() -> None:
                     try:
                         client.promote(f"s{i % 4}", peer=seed.address)
                         count("promote")
-                    except FabricError:
-                        count("errors")
+                    except FabricError as exc:
+                        count(f"error:{type(exc).__name__}")
                     i += 1
 
         def pulls() -> None:
@@ -84,8 +84,8 @@ def main() -> None:
                     try:
                         client.promote("s3", peer=seed.address, stage_only=True)
                         count("pull")
-                    except FabricError:
-                        count("errors")
+                    except FabricError as exc:
+                        count(f"error:{type(exc).__name__}")
 
         def generations() -> None:
             with grpc.insecure_channel(node.address) as channel:
@@ -95,12 +95,12 @@ def main() -> None:
                         stub.Generate(fabric_pb2.GenerateRequest(use_base=True, input_ids=PROMPT, max_new_tokens=120), timeout=0.05)
                         count("generate")
                     except grpc.RpcError as exc:
-                        count("cancelled" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "errors")
+                        count("cancelled" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else f"error:{exc.code().name}")
                     try:
                         stub.Generate(fabric_pb2.GenerateRequest(use_base=True, input_ids=PROMPT, max_new_tokens=4), timeout=60)
                         count("generate")
-                    except grpc.RpcError:
-                        count("errors")
+                    except grpc.RpcError as exc:
+                        count(f"error:{exc.code().name}")
 
         threads = [threading.Thread(target=f) for f in (promotes, pulls, generations)]
         for t in threads:
