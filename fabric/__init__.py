@@ -2,7 +2,7 @@
 
 What a user needs is importable from here::
 
-    from fabric import NodeClient, TlsFiles          # talk to nodes
+    from fabric import NodeClient, TlsFiles          # talk to nodes (results: StageResult, PromoteResult, Listing, ...)
     from fabric import MultiLoraModel, ModelAdapters # serve adapters in-process
     from fabric import AdapterStore, Manifest        # the content-addressed store
     from fabric import PeftAdapterConfig             # the strict adapter_config.json
@@ -52,7 +52,10 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path without an i
 #: public name -> the module that defines it (imported on first access)
 _LAZY = {
     "NodeClient": "fabric.client.node_client",
-    "GenerateResult": "fabric.client.node_client",
+    "GenerateResult": "fabric.client.results",
+    "StageResult": "fabric.client.results",
+    "PromoteResult": "fabric.client.results",
+    "Listing": "fabric.client.results",
     "rollout": "fabric.client.rollout",
     "NodeRollout": "fabric.client.rollout",
     "TlsFiles": "fabric.rpc.security",
@@ -105,7 +108,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the lazy names, eagerly
-    from fabric.client.node_client import GenerateResult, NodeClient
+    from fabric.client.node_client import NodeClient
+    from fabric.client.results import GenerateResult, Listing, PromoteResult, StageResult
     from fabric.client.rollout import NodeRollout, rollout
     from fabric.format.config import PeftAdapterConfig
     from fabric.rpc.security import TlsFiles

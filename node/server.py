@@ -78,6 +78,7 @@ async def serve(settings: NodeSettings) -> None:
         max_bytes=settings.max_store_bytes or None,
         max_adapter_bytes=settings.max_adapter_bytes,
         max_header_bytes=settings.max_header_bytes,
+        export_dir=settings.export_dir,
     )
     model = build_model(settings)
     # Pulls present this node's own certificate and token to its peers.

@@ -243,14 +243,13 @@ class FabricServicer(PeerReads, SignedAdapters, fabric_pb2_grpc.FabricServicer):
         # Map the verified blob and stage it off the model worker (prepare_verified does not hash it again).
         prepared = await self._io(model.prepare_verified, manifest, blob, name)
         try:
-            slot, evicted = await self._on_model(model.commit, prepared)  # the memory copy, at the quiescent point
+            # The memory copy, at the quiescent point; a pin past the limit is refused before anything is evicted.
+            slot, evicted = await self._on_model(model.commit, prepared, pin=request.pin)
         finally:
             model.recycle(prepared)
         resident = {info["name"] for info in model.slots_info()}
         self._slot_digests = {k: v for k, v in self._slot_digests.items() if k[0] in resident and k[0] != name}
         self._slot_digests[(name, prepared.content_id)] = manifest.digest
-        if request.pin:
-            await self._on_model(model.pin, name, True)
         log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved)", adapter_id, name, slot, evicted, stats.bytes_transferred)
         return fabric_pb2.PromoteResponse(
             slot=slot,

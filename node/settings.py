@@ -44,6 +44,7 @@ class NodeSettings:
     max_new_tokens: int = 256  # tokens one Generate may ask for
     scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
     trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
+    export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (fabric.store.export)
 
     @property
     def store_only(self) -> bool:
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upload-rate", type=int, default=int(_env("upload_rate", "0")), help="bytes/s this node serves to peers in all; 0 = unlimited")
     parser.add_argument("--download-rate", type=int, default=int(_env("download_rate", "0")), help="bytes/s this node pulls from peers in all; 0 = unlimited")
     parser.add_argument("--peers-dns", default=_env("peers_dns", ""), help="NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull")
+    parser.add_argument("--export-dir", type=_path_or_none, default=_env("export_dir", ""), help="keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node")
     parser.add_argument("--stall-timeout", type=float, default=float(_env("stall_timeout", "10")), help="seconds without a byte before a peer's stream is dropped and the pull fails over")
     security = parser.add_argument_group("security (see README: Running a secure cluster)")
     security.add_argument("--tls-cert", type=_path_or_none, default=_env("tls_cert", ""), help="PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on")
@@ -115,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-new-tokens", type=_positive, default=int(_env("max_new_tokens", "256")), help="most tokens one Generate may ask for (each is a decode step on the model worker)")
     limits.add_argument("--scrub-rate", type=_non_negative, default=int(_env("scrub_rate", str(64 << 20))), help="bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    for action in parser._actions:  # name each flag's variable in --help
+        if action.option_strings and action.dest != "help":
+            action.help = f"{action.help or ''} [{'FABRIC_' + action.dest.upper()}]".strip()
     return parser
 
 
@@ -147,4 +152,5 @@ def parse_settings(argv: Sequence[str] | None = None) -> NodeSettings:
         max_new_tokens=args.max_new_tokens,
         scrub_rate=args.scrub_rate,
         trusted_signers=tuple(args.trusted_signers),
+        export_dir=args.export_dir,
     )

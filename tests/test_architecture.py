@@ -27,6 +27,7 @@ LAYERS = {
     "transport": 3,
     "client": 4,
     "harness": 5,
+    "integrations": 5,
     "cli": 6,
     "node": 7,
 }

@@ -418,7 +418,7 @@ def test_load_32_fetch_streams_while_generating(cluster, adapters) -> None:
     with NodeClient(victim.address) as client:
         client.stage(adapters["huge"], "load/huge")
         client.promote("small", name="small")
-        pb = client.manifest("load/huge")
+        pb = client.manifest_proto("load/huge")
         idle = _latencies(client, count=20)
         deadline = time.monotonic() + LOAD_SECONDS
         finished = threading.Event()

@@ -125,6 +125,19 @@ def test_pins_protect_from_eviction_and_are_limited() -> None:
         pool.pin("zz", True)
 
 
+def test_promote_with_pin_past_the_limit_evicts_nothing() -> None:
+    """commit(pin=True) checks the pin limit with its other checks: a refusal leaves every slot as it was."""
+    pool = make_pool(slots=2)
+    load(pool, "a", 2, 1, 1, pin=True)
+    load(pool, "b", 2, 2, 2)
+    before = snapshot(pool)
+    with pytest.raises(QuotaExceeded, match="unpin one first"):
+        load(pool, "c", 2, 3, 3, pin=True)
+    assert_unchanged(pool, before)
+    assert load(pool, "b", 2, 2, 2, pin=False) == (1, None)  # same bytes: no copy, still unpinned
+    assert [m["pinned"] for m in pool.info()] == [True, False]
+
+
 def test_acquire_release_active_and_ids() -> None:
     pool = make_pool(slots=2)
     assert pool.acquire(-1) == -1 and pool.adapter_id_for(-1) == 0

@@ -78,7 +78,7 @@ def test_a_trusting_node_stages_only_signed_adapters(tmp_path, keys, adapters) -
             reply = c.stage(adapters["x"], "x", sign_key=keys["author"].read_bytes())
             c.promote("x")
             assert len(c.generate(PROMPT, "x", max_new_tokens=2).output_ids) == 2
-            assert c.manifest("x").signature  # it travels with the manifest
+            assert c.manifest_proto("x").signature  # it travels with the manifest
             assert reply.digest
     finally:
         node.stop()
@@ -106,7 +106,7 @@ def test_a_trusting_node_pulls_only_signed_adapters(tmp_path, keys, adapters) ->
             refused("unsigned")
             refused("other")  # signed by a key this node does not trust
             # A tampered manifest: z's files carrying x's signature (signed for x's digest).
-            (seed.store / "signatures" / s.manifest("other").digest).write_bytes(s.manifest("signed").signature)
+            (seed.store / "signatures" / s.manifest_proto("other").digest).write_bytes(s.manifest_proto("signed").signature)
             refused("other")
             c.promote("signed", peer=seed.address)
             assert [a.adapter_id for a in c.list().staged] == ["signed"]
@@ -121,7 +121,7 @@ def test_tampered_bytes_of_a_signed_adapter_are_refused(tmp_path, keys, adapters
     try:
         with seed.client() as s, node.client() as c:
             s.stage(adapters["x"], "x", sign_key=keys["author"].read_bytes())
-            sha = json.loads((seed.store / "manifests" / f"{s.manifest('x').digest}.json").read_bytes())["files"][1]["sha256"]
+            sha = json.loads((seed.store / "manifests" / f"{s.manifest_proto('x').digest}.json").read_bytes())["files"][1]["sha256"]
             blob = seed.store / "blobs" / "sha256" / sha[:2] / sha
             os.chmod(blob, 0o644)
             with open(blob, "r+b") as f:

@@ -1,16 +1,16 @@
 """``fabric keygen`` and ``fabric sign``: an author's key pair and the signature of an adapter's manifest digest.
 
-Self-contained command functions (the CLI's parser adds them); what is signed
-is documented in ``fabric.trust.signing``. ``fabric stage --sign-key KEY``
-signs while staging.
+What is signed is documented in ``fabric.trust.signing``. ``fabric stage
+--sign-key KEY`` signs while staging.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
+
+from fabric.cli.output import emit
 
 
 def cmd_keygen(args: argparse.Namespace) -> None:
@@ -26,7 +26,7 @@ def cmd_keygen(args: argparse.Namespace) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(private)
     pub_path.write_bytes(public)
-    print(f"wrote {key_path} (keep it secret) and {pub_path} (for --trusted-signers)")
+    emit(args.json, {"private_key": str(key_path), "public_key": str(pub_path)}, f"wrote {key_path} (keep it secret) and {pub_path} (for --trusted-signers)")
 
 
 def cmd_sign(args: argparse.Namespace) -> None:
@@ -37,19 +37,13 @@ def cmd_sign(args: argparse.Namespace) -> None:
     directory = Path(args.dir)
     manifest = build_manifest("signing", (directory / CONFIG_FILE).read_bytes(), directory / WEIGHTS_FILE)
     signature = sign_digest(Path(args.key).read_bytes(), manifest.digest)
-    if args.json:
-        print(json.dumps({"digest": manifest.digest, "signature": signature.hex()}))
-    else:
-        print(f"digest={manifest.digest} signature={signature.hex()}")
+    emit(args.json, {"digest": manifest.digest, "signature": signature.hex()}, f"digest={manifest.digest} signature={signature.hex()}")
 
 
-def add_sign_commands(sub) -> None:
-    """Add ``keygen`` and ``sign`` to the CLI's subparsers."""
-    p = sub.add_parser("keygen", help="make an Ed25519 key pair for signing adapters", description=cmd_keygen.__doc__)
+def register(command) -> None:
+    """Add ``keygen`` and ``sign`` through ``command(name, handler, help, node=False)`` (see ``fabric.cli.main``)."""
+    p = command("keygen", cmd_keygen, "make an Ed25519 key pair for signing adapters (OUT.key, OUT.pub)", node=False)
     p.add_argument("out", help="path prefix: writes OUT.key and OUT.pub")
-    p.set_defaults(handler=cmd_keygen)
-    p = sub.add_parser("sign", help="print an adapter directory's digest and its signature", description=cmd_sign.__doc__)
+    p = command("sign", cmd_sign, "print an adapter directory's digest and its signature by --key", node=False)
     p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
     p.add_argument("--key", required=True, help="private key (PEM, as fabric keygen writes it)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(handler=cmd_sign)

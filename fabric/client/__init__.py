@@ -1,6 +1,34 @@
-"""Talking to nodes: the blocking ``NodeClient`` and multi-node ``rollout``."""
+"""Talking to nodes: the blocking ``NodeClient``, its result types, and multi-node ``rollout``."""
 
-from fabric.client.node_client import GenerateResult, NodeClient
+from fabric.client.node_client import NodeClient
+from fabric.client.results import (
+    ActiveSlot,
+    Availability,
+    GenerateResult,
+    Listing,
+    Location,
+    PeerHolding,
+    PeftSummary,
+    PromoteResult,
+    SlotInfo,
+    StagedAdapter,
+    StageResult,
+)
 from fabric.client.rollout import NodeRollout, rollout
 
-__all__ = ["GenerateResult", "NodeClient", "NodeRollout", "rollout"]
+__all__ = [
+    "ActiveSlot",
+    "Availability",
+    "GenerateResult",
+    "Listing",
+    "Location",
+    "NodeClient",
+    "NodeRollout",
+    "PeerHolding",
+    "PeftSummary",
+    "PromoteResult",
+    "SlotInfo",
+    "StageResult",
+    "StagedAdapter",
+    "rollout",
+]

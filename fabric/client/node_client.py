@@ -1,30 +1,37 @@
-"""A blocking client of one node, for the CLI, the demo, scripts and tests.
+"""A blocking client of one node, for the CLI, the demo, scripts, notebooks and services.
 
-Failed calls raise the library error they stand for (``fabric.rpc.status.error_from_rpc``),
-so callers handle ``PoolFull`` or ``AdapterNotFound`` the same way in-process or remote.
+Every method returns a documented dataclass (``fabric.client.results``) and
+raises the library's error types (``PoolFull``, ``AdapterNotFound``, ...,
+mapped from the gRPC status once, in ``fabric.rpc.status``), so callers handle
+errors the same way in-process or remote.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fabric.rpc import security
-
-from fabric.transport import wire
+from fabric.client.addresses import check_address, unreachable_hint
+from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult
+from fabric.errors import InvalidAdapter, PeerUnavailable
 from fabric.format.config import CONFIG_FILE
-from fabric.errors import InvalidAdapter
+from fabric.rpc import security
 from fabric.rpc.security import TlsFiles
-from fabric.rpc.status import error_from_rpc
+from fabric.rpc.status import ERROR_DETAIL_KEY, error_from_rpc
+from fabric.store.manifest import Manifest
+from fabric.transport import wire
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 UPLOAD_PIECE = 1 << 20
+#: default deadline of calls that move an adapter (stage, promote, pull): generous, pulls of GBs take minutes
+LONG_CALL_TIMEOUT_S = 3600.0
 
 # Unary calls retry on UNAVAILABLE by gRPC's own retry policy (a node restarting, a
 # connection reset); streams resume by offset instead, which only the caller can do.
@@ -47,6 +54,7 @@ _RETRY_SERVICE_CONFIG = json.dumps(
 
 
 def sha256_file(path: Path, piece: int = 4 << 20) -> str:
+    """The hex sha256 of a file, read in pieces."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(piece):
@@ -54,20 +62,12 @@ def sha256_file(path: Path, piece: int = 4 << 20) -> str:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class GenerateResult:
-    output_ids: list[int]
-    last_logits: list[float]
-    slot: int
-    content_id: int
-
-
 class NodeClient:
-    """A blocking client of one node: stage, promote, list, generate, and the peer reads.
+    """A blocking client of one node: stage, promote, pull, list, pin, generate, health, and the peer reads.
 
-    Errors come back as the library's own types (``PoolFull``, ``AdapterNotFound``, ...,
-    mapped from the gRPC status once, in ``fabric.rpc.status``). Use it as a context
-    manager, or call ``close`` to drop the channel.
+    Use it as a context manager, or call ``close`` to drop the channel.
+    ``timeout`` bounds quick calls; ``long_timeout`` (None: no deadline) bounds
+    the calls that move an adapter, and each of those also takes ``timeout=``.
     """
 
     def __init__(
@@ -78,15 +78,19 @@ class NodeClient:
         tls: TlsFiles | None = None,
         token: str | None = None,
         timeout: float = 120.0,
+        long_timeout: float | None = LONG_CALL_TIMEOUT_S,
     ) -> None:
-        """``tls``: CA (and, for mTLS, this client's cert and key) as files; ``token``: the cluster's bearer token."""
+        """``address``: host:port; ``tls``: CA (and, for mTLS, this client's cert and key) as files; ``token``: the cluster's bearer token."""
+        self.address = check_address(address)
         options = [*wire.CHANNEL_OPTIONS, ("grpc.service_config", _RETRY_SERVICE_CONFIG), ("grpc.enable_retries", 1)]
-        self.address = address
+        self._tls = credentials is not None or (tls is not None and tls.enabled)
+        self._client_cert = tls is not None and tls.cert is not None
         if credentials is None and tls is not None and tls.enabled:
             credentials = tls.channel_credentials()
         self.channel = security.channel(address, credentials=credentials, token=token, options=options)
         self.stub = fabric_pb2_grpc.FabricStub(self.channel)
         self.timeout = timeout
+        self.long_timeout = long_timeout
 
     def close(self) -> None:
         """Close the channel (in-flight calls are cancelled)."""
@@ -102,18 +106,70 @@ class NodeClient:
         try:
             return method(request, timeout=kwargs.pop("timeout", self.timeout), **kwargs)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, peer=self.address) from None
+            raise self._error(exc) from None
+
+    def _error(self, exc: grpc.RpcError):
+        has_detail = any(key == ERROR_DETAIL_KEY for key, _ in (exc.trailing_metadata() or ()))
+        if not has_detail and exc.code() == grpc.StatusCode.UNAVAILABLE:
+            # The transport to the node itself failed (nothing the node said): name it, and say what to change.
+            hint = unreachable_hint(exc.details() or "", tls=self._tls, client_cert=self._client_cert)
+            return PeerUnavailable(f"node {self.address} unreachable: UNAVAILABLE: {exc.details()}; {hint}")
+        if not has_detail and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return PeerUnavailable(f"node {self.address} did not answer in time (the node may go on with the work; run the same command again, or raise --timeout)")
+        return error_from_rpc(exc, peer=self.address)
+
+    def _long(self, timeout: float | None | bool) -> float | None:
+        return self.long_timeout if timeout is False else timeout
+
+    # ------------------------------------------------------------ health
+
+    def health(self, timeout: float = 5.0) -> str:
+        """The node's gRPC health status: ``SERVING``, ``NOT_SERVING`` (shutting down) or ``UNKNOWN``."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        reply = self._call(stub.Check, health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def wait_serving(self, timeout: float | None = 60.0, poll: float = 0.1) -> None:
+        """Poll health until ``SERVING``; ``PeerUnavailable`` naming the last problem after ``timeout`` seconds (None: forever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = "no answer"
+        while True:
+            try:
+                status = self.health(timeout=2.0)
+                if status == "SERVING":
+                    return
+                last = f"health {status}"
+            except PeerUnavailable as exc:
+                last = str(exc)
+            if deadline is not None and time.monotonic() > deadline:
+                raise PeerUnavailable(f"node {self.address} not SERVING after {timeout:g} s: {last}")
+            time.sleep(poll)
 
     # ------------------------------------------------------------ staging
 
+    def upload_offset(self, adapter_id: str, sha256: str) -> int:
+        """How many bytes of an interrupted upload of these weights the node holds (0: none)."""
+        return self._call(self.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_sha256=sha256)).offset
+
     def stage(
-        self, adapter_dir: str | Path, adapter_id: str, progress: Callable[[int, int], None] | None = None, piece_size: int = UPLOAD_PIECE,
+        self,
+        adapter_dir: str | Path,
+        adapter_id: str,
+        progress: Callable[[int, int], None] | None = None,
+        piece_size: int = UPLOAD_PIECE,
+        *,
+        timeout: float | None | bool = False,
+        on_resume: Callable[[int, int], None] | None = None,
         sign_key: bytes | None = None,
-    ) -> fabric_pb2.StageResponse:
+    ) -> StageResult:
         """Upload a PEFT directory; resumes where an interrupted upload of the same bytes stopped.
 
+        ``progress(done, total)`` is called as bytes go out; ``on_resume(offset, total)``
+        once, before any byte, when the node already held ``offset`` bytes.
+        ``timeout``: seconds for the whole upload (default ``long_timeout``; None: no deadline).
         ``sign_key``: an Ed25519 private key (PEM or 32 raw bytes); the adapter's digest is signed with it
-        and the signature travels with its manifest (``fabric.trust.signing``)."""
+        and the signature travels with its manifest (``fabric.trust.signing``).
+        """
         adapter_dir = Path(adapter_dir)
         config_path, weights_path = adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
         for path in (config_path, weights_path):
@@ -121,7 +177,9 @@ class NodeClient:
                 raise InvalidAdapter(f"{path} does not exist: a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")
         size = weights_path.stat().st_size
         digest = sha256_file(weights_path)
-        offset = self._call(self.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_sha256=digest)).offset
+        offset = self.upload_offset(adapter_id, digest)
+        if offset and on_resume:
+            on_resume(offset, size)
         config = config_path.read_bytes()
         begin = fabric_pb2.StageBegin(adapter_id=adapter_id, config_json=config, safetensors_size=size, safetensors_sha256=digest, offset=offset)
         if sign_key is not None:
@@ -143,14 +201,19 @@ class NodeClient:
                     if progress:
                         progress(position, size)
 
-        return self._call(self.stub.Stage, requests())
+        r = self._call(self.stub.Stage, requests(), timeout=self._long(timeout))
+        return StageResult(r.adapter_id, r.digest, r.content_id, r.bytes_received, r.already_staged, resumed_from=offset)
 
     def unstage(self, adapter_id: str) -> bool:
         """Remove an id from the node's store; True when its bytes went too (no other id shares them)."""
         return self._call(self.stub.Unstage, fabric_pb2.UnstageRequest(adapter_id=adapter_id)).bytes_removed
 
-    def manifest(self, adapter_id: str) -> fabric_pb2.Manifest:
-        """The manifest the node holds for an id: files, sizes, digests, chunking, config and tensor index."""
+    def manifest(self, adapter_id: str) -> Manifest:
+        """The manifest the node holds for an id (files, sizes, digests, chunking, config, tensor index), every claim checked."""
+        return Manifest.from_proto(self.manifest_proto(adapter_id))
+
+    def manifest_proto(self, adapter_id: str) -> fabric_pb2.Manifest:
+        """The manifest as the wire carries it (for tools that fetch chunks themselves)."""
         return self._call(self.stub.GetManifest, fabric_pb2.GetManifestRequest(adapter_id=adapter_id))
 
     # ------------------------------------------------------------ slots
@@ -165,32 +228,43 @@ class NodeClient:
         pin: bool = False,
         stage_only: bool = False,
         named_peer_only: bool = False,
-    ) -> fabric_pb2.PromoteResponse:
-        """Make the node pull ``adapter_id`` (from ``peer`` and the swarm) and load it as ``name``; the reply names slot and evicted adapter.
+        timeout: float | None | bool = False,
+    ) -> PromoteResult:
+        """Make the node pull ``adapter_id`` (from ``peer`` and the swarm) and load it as ``name``; the result names slot and evicted adapter.
 
-        ``stage_only``: pull into the store, load no slot; ``named_peer_only``: pull from ``peer`` alone, not the swarm."""
+        ``stage_only``: pull into the store, load no slot (see ``pull``); ``named_peer_only``: pull from
+        ``peer`` alone, not the swarm; ``pin``: pin it too (refused before anything is evicted when
+        the pin limit is reached). ``timeout``: seconds (default ``long_timeout``; None: no deadline).
+        """
         request = fabric_pb2.PromoteRequest(
             peer=peer, adapter_id=adapter_id, name=name, pin=pin, stage_only=stage_only, named_peer_only=named_peer_only
         )
         if peft is not None:
             request.peft.CopyFrom(peft)
-        return self._call(self.stub.Promote, request)
+        return PromoteResult.from_proto(self._call(self.stub.Promote, request, timeout=self._long(timeout)))
 
-    def locate(self, adapter_id: str = "", digest: str = "") -> fabric_pb2.LocateResponse:
+    def pull(self, adapter_id: str, *, peer: str = "", named_peer_only: bool = False, timeout: float | None | bool = False) -> PromoteResult:
+        """Pull ``adapter_id`` into the node's store from ``peer`` (and the swarm) without loading a slot (``slot`` is -1)."""
+        return self.promote(adapter_id, peer=peer, stage_only=True, named_peer_only=named_peer_only, timeout=timeout)
+
+    def locate(self, adapter_id: str = "", digest: str = "") -> Location:
         """Which of the node's known peers hold an adapter, fully or in part."""
-        return self._call(self.stub.Locate, fabric_pb2.LocateRequest(adapter_id=adapter_id, digest=digest))
+        r = self._call(self.stub.Locate, fabric_pb2.LocateRequest(adapter_id=adapter_id, digest=digest))
+        return Location(r.digest, [PeerHolding(p.address, p.complete, p.verified_chunks) for p in r.peers])
 
-    def availability(self, digest: str) -> fabric_pb2.AvailabilityResponse:
+    def availability(self, digest: str) -> Availability:
         """Which chunks of ``digest`` the node holds verified (also while it is still receiving them)."""
-        return self._call(self.stub.Availability, fabric_pb2.AvailabilityRequest(digest=digest))
+        r = self._call(self.stub.Availability, fabric_pb2.AvailabilityRequest(digest=digest))
+        return Availability(r.complete, r.chunk_count, bytes(r.verified_bitmap))
 
-    def list(self) -> fabric_pb2.ListAdaptersResponse:
+    def list(self) -> Listing:
         """The node's staged adapters and its slots (name, content id, refs, pin, active)."""
-        return self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest())
+        return Listing.from_proto(self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest()))
 
-    def set_active(self, name: str) -> fabric_pb2.SetActiveResponse:
+    def set_active(self, name: str) -> ActiveSlot:
         """Make a resident adapter the node's active one (what slot -1 means)."""
-        return self._call(self.stub.SetActive, fabric_pb2.SetActiveRequest(name=name))
+        r = self._call(self.stub.SetActive, fabric_pb2.SetActiveRequest(name=name))
+        return ActiveSlot(r.slot, r.content_id)
 
     def pin(self, name: str, pinned: bool = True) -> int:
         """Pin (or unpin) a resident adapter against eviction; returns its slot. At most slots - 1 may be pinned."""

@@ -25,6 +25,7 @@ class NodeRollout:
     ok: bool
     seconds: float
     error: str = ""
+    retryable: bool = False
     slot: int = -1
     digest: str = ""
     bytes_transferred: int = 0
@@ -45,6 +46,7 @@ def rollout(
     stage_only: bool = False,
     named_peer_only: bool = False,
     client_for: Callable[[str], object] | None = None,
+    on_done: Callable[[NodeRollout], None] | None = None,
 ) -> list[NodeRollout]:
     """Promote ``adapter_id`` from ``seed`` on every node in ``nodes`` in parallel; results in ``nodes`` order.
 
@@ -52,7 +54,8 @@ def rollout(
     nodes accept only that); ``named_peer_only`` makes every node pull from
     the seed alone (the star baseline). ``client_for(address)`` makes a
     NodeClient-like object (default: a plain NodeClient); a failure on one
-    node is reported in its result, not raised.
+    node is reported in its result, not raised. ``on_done(result)`` is called
+    as each node finishes (from that node's thread), for progress lines.
     """
     if client_for is None:
         from fabric.client.node_client import NodeClient
@@ -63,12 +66,18 @@ def rollout(
     t0 = 0.0
 
     def one(index: int) -> NodeRollout:
+        result = attempt(index)
+        if on_done is not None:
+            on_done(result)
+        return result
+
+    def attempt(index: int) -> NodeRollout:
         client, node = clients[index], nodes[index]
         start.wait()
         try:
             reply = client.promote(adapter_id, peer=seed, name=name, stage_only=stage_only, named_peer_only=named_peer_only)
         except FabricError as exc:
-            return NodeRollout(node=node, ok=False, seconds=time.monotonic() - t0, error=f"{type(exc).__name__}: {exc}")
+            return NodeRollout(node=node, ok=False, seconds=time.monotonic() - t0, error=f"{type(exc).__name__}: {exc}", retryable=exc.retryable)
         return NodeRollout(
             node=node,
             ok=True,
@@ -77,7 +86,7 @@ def rollout(
             digest=reply.digest,
             bytes_transferred=reply.bytes_transferred,
             pull_seconds=reply.pull_seconds,
-            source_peers=[p for p in reply.source_peer.split(",") if p],
+            source_peers=list(reply.source_peers),
         )
 
     try:

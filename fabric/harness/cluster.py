@@ -18,10 +18,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fabric.rpc import security
 from fabric.client.node_client import NodeClient
 from fabric.errors import PeerUnavailable
 from fabric.rpc.security import TlsFiles, read_token
@@ -118,21 +115,9 @@ class LocalNode:
         return NodeClient(self.address, **{"tls": self.tls, "token": token, **kwargs})
 
     def wait_serving(self, timeout: float = 30.0) -> None:
-        # Health is open to any caller, but over TLS the channel must speak TLS.
-        credentials = self.tls.channel_credentials() if self.tls is not None and self.tls.enabled else None
-        with security.channel(self.address, credentials=credentials) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise PeerUnavailable(f"node {self.address} never reported SERVING")
-                time.sleep(0.05)
+        """Wait for health SERVING (health is open to any caller, but over TLS the channel must speak TLS)."""
+        with NodeClient(self.address, tls=self.tls) as client:
+            client.wait_serving(timeout)
 
     @property
     def pid(self) -> int:

@@ -195,8 +195,11 @@ class SlotPool:
         *,
         slot: int | None = None,
         make_active: bool = True,
+        pin: bool = False,
     ) -> tuple[int, str | None]:
         """Land a staged adapter; return ``(slot, evicted_name or None)``.
+
+        ``pin`` pins it too; the pin limit is checked with the other checks, before any eviction.
 
         ``slot=None`` lets the policy choose the victim (promote); a given slot
         is refused if busy or pinned by another adapter (swap). Every check
@@ -211,9 +214,12 @@ class SlotPool:
             raise InvalidArgument(f"adapter {name!r}: its staged buffers were recycled; prepare it again")
         with self.lock:
             current = self._names.get(name)
+            if pin and (current is None or not self._meta[current].pinned):
+                check_pin_limit(sum(m.pinned for m in self._meta), self.slots)
             if slot is None and current is not None and self._meta[current].content_id == content_id:
                 # Same bytes already resident: no copy, just make it current.
                 self._touch(current)
+                self._meta[current].pinned |= pin
                 if make_active:
                     self._active = current
                 return current, None
@@ -234,7 +240,7 @@ class SlotPool:
                     raise SlotBusy(f"slot {slot} holds pinned adapter {meta.name!r}; unpin it first")
             meta = self._meta[slot]
             evicted = meta.name if meta.name is not None and meta.name != name else None
-            pinned = self._meta[current].pinned if current is not None else False
+            pinned = pin or (self._meta[current].pinned if current is not None else False)
             self._write(slot, staged)
             # The old tenant leaves; a same-name copy still busy elsewhere is retired (unnamed).
             if evicted is not None:

@@ -176,13 +176,13 @@ class PoolAdapters(ModelAdapters):
             raise InvalidTensors(message)
         return staged
 
-    def commit(self, prepared: PreparedAdapter, *, slot: int | None = None, make_active: bool = True) -> tuple[int, str | None]:
-        """Land a prepared adapter at the quiescent point; ``(slot, evicted_name or None)``.
+    def commit(self, prepared: PreparedAdapter, *, slot: int | None = None, make_active: bool = True, pin: bool = False) -> tuple[int, str | None]:
+        """Land a prepared adapter at the quiescent point; ``(slot, evicted_name or None)``; ``pin``: pinned too (limit checked first).
 
         ``prepared`` stays valid (it may be committed again); call ``recycle`` when done with it.
         """
         with self.lock:
-            return self.pool.commit(prepared.staged, prepared.name, prepared.content_id, slot=slot, make_active=make_active)
+            return self.pool.commit(prepared.staged, prepared.name, prepared.content_id, slot=slot, make_active=make_active, pin=pin)
 
     def recycle(self, prepared: PreparedAdapter) -> None:
         """Give a prepared adapter's host staging row back for reuse (saves a slot-sized allocation)."""

@@ -41,7 +41,8 @@ from typing import Iterator
 
 from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidAdapter, InvalidArgument
 from fabric.format.safetensors_index import MAX_HEADER_BYTES
-from fabric.store.files import COPY_BLOCK, decode_id, encode_id, fsync_dir, pwrite_all
+from fabric.store.export import ExportDir
+from fabric.store.files import COPY_BLOCK, check_header, decode_id, encode_id, fsync_dir, pwrite_all
 from fabric.store.ids import validate_adapter_id, validate_digest
 from fabric.store.integrity import StoreIntegrity, _is_digest
 from fabric.store.manifest import CONFIG_FILE, DEFAULT_CHUNK_SIZE, WEIGHTS_FILE, FileHasher, Manifest, build_manifest, iter_file
@@ -62,7 +63,9 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
         max_bytes: int | None = None,
         max_adapter_bytes: int | None = None,
         max_header_bytes: int = MAX_HEADER_BYTES,
+        export_dir: Path | str | None = None,
     ) -> None:
+        """``export_dir``: keep every staged adapter there as a PEFT directory of hard links (``fabric.store.export``)."""
         self.root = Path(root)
         self.chunk_size = chunk_size
         self.max_bytes = max_bytes
@@ -86,8 +89,12 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
         for directory in (self.blobs, self.manifests, self.refs, self.partials, self.uploads, self.views, self.tmp, self.signatures):
             directory.mkdir(parents=True, exist_ok=True)
         self._init_integrity()
+        self.exports: ExportDir | None = None
         with self._locked():
             self._recover()
+            if export_dir is not None:
+                self.exports = ExportDir(export_dir, self._blob, self._lock_path)
+                self.exports.sync(self.list())
 
     # ------------------------------------------------------------ locking and temp files
 
@@ -357,11 +364,14 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
     def _set_ref(self, adapter_id: str, digest: str) -> None:
         """Point an id at a digest (under the lock); the previous digest's bytes go if nothing refers to them."""
         previous = self._read_ref(adapter_id)
-        if previous == digest:
-            return
-        self._write_atomic(self._ref_path(adapter_id), digest.encode("ascii"))
-        if previous is not None:
-            self._collect()
+        if previous != digest:
+            self._write_atomic(self._ref_path(adapter_id), digest.encode("ascii"))
+            if previous is not None:
+                self._collect()
+        if self.exports is not None:  # every commit path (stage, upload, pull) ends here
+            manifest = self._load_manifest(digest)
+            if manifest is not None:
+                self.exports.export(adapter_id, manifest)
 
     def unstage(self, adapter_id: str) -> bool:
         """Remove an id; True when its bytes were removed too (no other id refers to its digest)."""
@@ -372,6 +382,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
                 raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
             self._ref_path(adapter_id).unlink()
             fsync_dir(self.refs)
+            if self.exports is not None:
+                self.exports.remove(adapter_id)
             self._collect()
             return not self._manifest_path(digest).exists()
 

@@ -1,0 +1,57 @@
+"""How ``fabric`` reports: results as text or JSON, errors as one line (or a JSON object), and its exit codes.
+
+Exit codes (documented in the README and ``fabric --help``):
+
+====  =====================================================================
+0     done
+1     refused for good: change something first (bad id, not found, ...)
+2     usage: a bad flag or argument
+3     retryable: the same command may succeed later (pool full, slot busy,
+      quota, a node unreachable or too slow)
+130   interrupted (Ctrl-C)
+====  =====================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from fabric.client.results import json_ready
+from fabric.errors import FabricError, SlotBusy
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_RETRYABLE = 3
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES_HELP = """exit status:
+  0    done
+  1    refused: change something first (bad id, not found, incompatible, ...)
+  2    usage error (a bad flag or argument)
+  3    retryable: pool full, slot busy, quota, node unreachable; the same command may succeed later
+  130  interrupted (Ctrl-C)"""
+
+
+def exit_code_for(exc: FabricError) -> int:
+    """3 for conditions that pass by themselves (``retryable`` errors and a busy slot), else 1."""
+    return EXIT_RETRYABLE if exc.retryable or isinstance(exc, SlotBusy) else EXIT_REFUSED
+
+
+def emit(as_json: bool, payload: Any, human: str) -> None:
+    """Print a result: ``payload`` as JSON (u64 ids as strings) or the human text."""
+    if as_json:
+        print(json.dumps(json_ready(payload), indent=2, sort_keys=True), flush=True)
+    else:
+        print(human, flush=True)
+
+
+def report_error(command: str, as_json: bool, kind: str, message: str, retryable: bool, code: int) -> int:
+    """One line on stderr, or with --json one object on stdout: {"error": {"type", "message", "retryable"}, "exit_code"}."""
+    if as_json:
+        print(json.dumps({"error": {"type": kind, "message": message, "retryable": retryable}, "exit_code": code}, indent=2), flush=True)
+    else:
+        print(f"fabric {command}: {kind}: {message}" if kind not in ("Interrupted", "UsageError") else f"fabric {command}: {message}", file=sys.stderr, flush=True)
+    return code

@@ -1,0 +1,102 @@
+"""Progress on a terminal (tqdm on stderr), nothing when piped or with --json.
+
+A pull runs on the node, so its bar is fed by polling the node: the chunks of
+the adapter's digest it holds verified (``Availability``), while the Promote
+call itself runs on a worker thread. The main thread only waits and polls, so
+Ctrl-C reaches it at once.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Callable, TypeVar
+
+from tqdm import tqdm
+
+from fabric.client.node_client import NodeClient
+from fabric.errors import FabricError
+
+T = TypeVar("T")
+POLL_S = 0.25
+
+
+def on_terminal(quiet: bool) -> bool:
+    """Whether bars are drawn: stderr is a terminal and the output is not JSON."""
+    return not quiet and sys.stderr.isatty()
+
+
+def byte_bar(desc: str, total: int, enabled: bool, position: int | None = None) -> tqdm:
+    """A bytes bar (size, rate, ETA) on stderr; a disabled no-op when ``enabled`` is False."""
+    return tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not enabled, file=sys.stderr, position=position, leave=True, dynamic_ncols=True
+    )
+
+
+def weights_size(client: NodeClient, adapter_id: str) -> tuple[str, int, int] | None:
+    """``(digest, weights size, chunk size)`` of an adapter as ``client``'s node holds it; None when it cannot say."""
+    try:
+        manifest = client.manifest(adapter_id)
+    except FabricError:
+        return None
+    return manifest.digest, manifest.weights.size, manifest.weights.chunk_size
+
+
+def held_bytes(client: NodeClient, digest: str, size: int, chunk_size: int) -> int:
+    """Bytes of ``digest``'s weights the node holds verified (0 while it has none)."""
+    try:
+        held = client.availability(digest)
+    except FabricError:
+        return 0
+    return size if held.complete else min(size, held.verified_chunks * chunk_size)
+
+
+def run_polled(call: Callable[[], T], poll: Callable[[], None] | None) -> T:
+    """Run ``call`` on a daemon thread; meanwhile run ``poll`` every POLL_S seconds (None: just wait).
+
+    A daemon thread, not an executor: on Ctrl-C the process must exit at once, not join a call still in flight.
+    """
+    outcome: list = []
+    done = threading.Event()
+
+    def worker() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the main thread as is
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=worker, name="fabric-call", daemon=True).start()
+    while not done.wait(POLL_S):
+        if poll is not None:
+            poll()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+class PullWatcher:
+    """Feeds a bytes bar for one node pulling one adapter, by polling that node's Availability."""
+
+    def __init__(self, node: NodeClient, source: NodeClient | None, adapter_id: str, desc: str, enabled: bool, position: int | None = None) -> None:
+        self.node = node
+        self.enabled = enabled
+        self.plan = weights_size(source, adapter_id) if enabled and source is not None else None
+        self.bar = byte_bar(desc, self.plan[1] if self.plan else 0, enabled and self.plan is not None, position)
+
+    def poll(self) -> None:
+        """Move the bar to the bytes the node holds now."""
+        if self.plan is None:
+            return
+        digest, size, chunk = self.plan
+        self.bar.n = held_bytes(self.node, digest, size, chunk)
+        self.bar.refresh()
+
+    def finish(self, note: str) -> None:
+        """Fill the bar and leave ``note`` (e.g. the sources) after it."""
+        if self.plan is not None:
+            self.bar.n = self.plan[1]
+            self.bar.set_postfix_str(note, refresh=True)
+        self.bar.close()

@@ -1,0 +1,118 @@
+"""Commands on a node's store: stage, pull, unstage, ls, inspect, locate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fabric.cli.connect import client_for, node_address
+from fabric.cli.output import emit
+from fabric.cli.progress import PullWatcher, byte_bar, on_terminal, run_polled
+
+
+def cmd_stage(args: argparse.Namespace) -> None:
+    show = on_terminal(args.json)
+    with client_for(args, timeout=args.timeout) as client, byte_bar(f"stage {args.id}", 0, show) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        def resumed(offset: int, total: int) -> None:
+            if show:
+                bar.write(f"resuming the upload of {args.id}: the node holds {offset} of {total} bytes")
+
+        sign_key = Path(args.sign_key).read_bytes() if args.sign_key else None
+        reply = run_polled(lambda: client.stage(args.dir, args.id, progress=progress, on_resume=resumed, sign_key=sign_key), None)
+    notes = [n for n, on in (("already staged", reply.already_staged), (f"resumed at byte {reply.resumed_from}", reply.resumed_from)) if on]
+    note = f" ({', '.join(notes)})" if notes else ""
+    emit(args.json, reply.to_dict(), f"staged {reply.adapter_id} digest={reply.digest} content_id={reply.content_id:#018x}{note}")
+
+
+def cmd_pull(args: argparse.Namespace) -> None:
+    show = on_terminal(args.json)
+    with client_for(args, timeout=args.timeout) as client, client_for(args, args.peer) as source:
+        watcher = PullWatcher(client, source, args.id, f"pull {args.id}", show)
+        reply = run_polled(lambda: client.pull(args.id, peer=args.peer, named_peer_only=args.no_swarm), watcher.poll)
+        watcher.finish(f"from {reply.source_peer or 'local store'}")
+    source_text = f" from {reply.source_peer} ({reply.bytes_transferred} bytes, {reply.pull_seconds:.2f} s)" if reply.source_peers else " (already here)"
+    emit(args.json, {"adapter_id": args.id, **reply.to_dict()}, f"pulled {args.id} digest={reply.digest}{source_text}")
+
+
+def cmd_unstage(args: argparse.Namespace) -> None:
+    with client_for(args) as client:
+        removed = client.unstage(args.id)
+    emit(args.json, {"adapter_id": args.id, "bytes_removed": removed}, f"unstaged {args.id}" + ("" if removed else " (bytes kept: another id refers to them)"))
+
+
+def cmd_ls(args: argparse.Namespace) -> None:
+    with client_for(args) as client:
+        listing = client.list()
+    lines = [f"staged ({len(listing.staged)}):"]
+    for a in listing.staged:
+        damage = f"  DAMAGED: {a.damaged}" if a.damaged else ""
+        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B  r={a.peft.r} alpha={a.peft.lora_alpha:g}{damage}")
+    if listing.slots:
+        lines.append(f"slots (device {listing.device}, max rank {listing.max_rank}; * active, P pinned):")
+        for s in listing.slots:
+            flags = "".join(f for f, on in (("*", s.active), ("P", s.pinned)) if on)
+            lines.append(f"  [{s.slot}] {s.name or '-':<24} id={s.content_id:#018x} refs={s.ref_count} rank={s.rank} last_use={s.last_used} {flags}")
+    else:
+        lines.append("no slots (a store-only node)")
+    emit(args.json, listing.to_dict(), "\n".join(lines))
+
+
+def cmd_inspect(args: argparse.Namespace) -> None:
+    with client_for(args) as client:
+        m = client.manifest(args.id)
+    files = [{"name": f.name, "size": f.size, "sha256": f.sha256, "chunk_size": f.chunk_size, "chunks": len(f.chunk_sha256)} for f in m.files]
+    tensors = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in m.tensors]
+    payload = {
+        "adapter_id": m.adapter_id,
+        "digest": m.digest,
+        "content_id": m.content_id,
+        "files": files,
+        "config": json.loads(m.config_json),
+        "modules": list(m.modules),
+        "tensors": tensors,
+    }
+    lines = [f"{m.adapter_id}  digest={m.digest}  content_id={m.content_id:#018x}"]
+    lines += [f"  {f['name']:<28} {f['size']:>11} B  sha256={f['sha256'][:16]}…  {f['chunks']} chunk(s) of {f['chunk_size']} B" for f in files]
+    c = m.config
+    lines.append(f"  r={c.r} lora_alpha={c.lora_alpha:g} use_rslora={c.use_rslora} base_model={payload['config'].get('base_model_name_or_path')}")
+    lines.append(f"  {len(tensors)} tensors over {len(m.modules)} modules: {', '.join(m.modules[:6])}{' …' if len(m.modules) > 6 else ''}")
+    emit(args.json, payload, "\n".join(lines))
+
+
+def cmd_locate(args: argparse.Namespace) -> None:
+    with client_for(args) as client:
+        found = client.locate(args.id)
+    lines = [f"{args.id} digest={found.digest}: held by {len(found.peers)} known peer(s)"]
+    lines += [f"  {p.address:<24} {'complete' if p.complete else f'{p.verified_chunks} chunks verified'}" for p in found.peers]
+    emit(args.json, {"adapter_id": args.id, **found.to_dict()}, "\n".join(lines))
+
+
+def register(command) -> None:
+    """Add this module's subcommands through ``command(name, handler, help)`` (see ``fabric.cli.main``)."""
+    p = command("stage", cmd_stage, "upload a PEFT adapter directory to a node (resumes an interrupted upload)", long=True)
+    p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
+    p.add_argument("--id", required=True, help="adapter id, e.g. team-a/support-v3")
+    p.add_argument("--sign-key", help="sign the adapter's digest with this Ed25519 private key (fabric keygen); the signature travels with it")
+
+    p = command("pull", cmd_pull, "make a node pull an adapter into its store from a peer (and the swarm), loading no slot", long=True)
+    p.add_argument("--from", dest="peer", required=True, type=node_address, help="host:port of a peer that has the adapter")
+    p.add_argument("--id", required=True, help="adapter id")
+    p.add_argument("--no-swarm", action="store_true", help="pull from --from alone, not from every peer that holds chunks")
+
+    p = command("unstage", cmd_unstage, "remove an adapter id from a node's store (its export directory entry goes too)")
+    p.add_argument("--id", required=True, help="adapter id")
+
+    command("ls", cmd_ls, "list a node's staged adapters and slots")
+
+    p = command("inspect", cmd_inspect, "show an adapter's manifest on a node: files, digests, config, tensors")
+    p.add_argument("--id", required=True, help="adapter id")
+
+    p = command("locate", cmd_locate, "which of a node's peers hold an adapter, fully or in part")
+    p.add_argument("--id", required=True, help="adapter id")

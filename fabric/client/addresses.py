@@ -1,0 +1,35 @@
+"""Node addresses as users type them, and what to say when one cannot be reached."""
+
+from __future__ import annotations
+
+import re
+
+from fabric.errors import InvalidArgument
+
+# host:port, [v6]:port, or a unix socket; gRPC would dial port 443 for a bare host, silently.
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})")
+
+
+def check_address(address: str) -> str:
+    """``address`` if it names a port (``host:port``, ``[v6]:port``, ``unix:PATH``), else ``InvalidArgument``."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return address
+    match = _HOST_PORT.fullmatch(address)
+    if match is None or not 0 < int(match.group(1)) < 65536:
+        raise InvalidArgument(f"node address {address!r} must be host:port (e.g. 127.0.0.1:50051); a bare host is not dialled on a default port")
+    return address
+
+
+def unreachable_hint(details: str, *, tls: bool, client_cert: bool) -> str:
+    """What a person can change when a node's transport fails (gRPC UNAVAILABLE with no fabric error inside)."""
+    text = details.lower()
+    if "connection refused" in text or "name resolution" in text or "dns" in text:
+        return "is fabric-node running and listening there? (`fabric wait NODE` waits for it)"
+    if not tls:
+        return (
+            "if the node serves TLS, pass --tls-ca FILE (or FABRIC_TLS_CA), and --tls-cert/--tls-key "
+            "(FABRIC_TLS_CERT/FABRIC_TLS_KEY) when it requires client certificates"
+        )
+    if not client_cert:
+        return "the node may require a client certificate (mutual TLS): pass --tls-cert and --tls-key (or FABRIC_TLS_CERT, FABRIC_TLS_KEY)"
+    return "check that --tls-ca (FABRIC_TLS_CA) signed the node's certificate, the node's CA signed --tls-cert, and the certificate names this address"

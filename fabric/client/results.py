@@ -1,0 +1,192 @@
+"""What ``NodeClient`` calls return: plain dataclasses, not protobuf messages.
+
+Each has ``to_dict()`` for JSON: 64-bit content ids become decimal strings
+(JavaScript and ``jq`` lose precision past 2**53), everything else stays as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fabric.v1 import fabric_pb2
+
+#: fields holding u64 values that JSON numbers cannot carry exactly
+_U64_FIELDS = frozenset({"content_id"})
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with every u64 id field rendered as a string (recursing through dicts and lists)."""
+    if isinstance(value, dict):
+        return {k: (str(v) if k in _U64_FIELDS and isinstance(v, int) else json_ready(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+class _Result:
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (u64 ids as strings)."""
+        return json_ready(asdict(self))  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class StageResult(_Result):
+    """A committed upload. ``resumed_from``: bytes the node already held from an interrupted upload (0: from the start)."""
+
+    adapter_id: str
+    digest: str
+    content_id: int
+    bytes_received: int
+    already_staged: bool
+    resumed_from: int = 0
+
+
+@dataclass(frozen=True)
+class PromoteResult(_Result):
+    """A promote (or a stage-only pull). ``slot`` is -1 for a pull; ``source_peers``: every peer that sent bytes."""
+
+    slot: int
+    evicted_name: str
+    content_id: int
+    digest: str
+    bytes_transferred: int
+    source_peers: list[str]
+    pull_seconds: float
+
+    @property
+    def source_peer(self) -> str:
+        """The sources comma-separated, preferred first (the wire's form)."""
+        return ",".join(self.source_peers)
+
+    @classmethod
+    def from_proto(cls, pb: fabric_pb2.PromoteResponse) -> "PromoteResult":
+        return cls(
+            slot=pb.slot,
+            evicted_name=pb.evicted_name,
+            content_id=pb.content_id,
+            digest=pb.digest,
+            bytes_transferred=pb.bytes_transferred,
+            source_peers=[p for p in pb.source_peer.split(",") if p],
+            pull_seconds=pb.pull_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class PeftSummary(_Result):
+    """The LoRA fields of an adapter's config that decide how it is applied."""
+
+    r: int
+    lora_alpha: float
+    use_rslora: bool
+    target_modules: list[str]
+    rank_pattern: dict[str, int] = field(default_factory=dict)
+    alpha_pattern: dict[str, float] = field(default_factory=dict)
+    target_modules_pattern: str = ""
+
+    @classmethod
+    def from_proto(cls, pb: fabric_pb2.PeftFields) -> "PeftSummary":
+        return cls(
+            r=pb.r,
+            lora_alpha=pb.lora_alpha,
+            use_rslora=pb.use_rslora,
+            target_modules=list(pb.target_modules),
+            rank_pattern=dict(pb.rank_pattern),
+            alpha_pattern=dict(pb.alpha_pattern),
+            target_modules_pattern=pb.target_modules_pattern,
+        )
+
+
+@dataclass(frozen=True)
+class StagedAdapter(_Result):
+    """An adapter in a node's store."""
+
+    adapter_id: str
+    digest: str
+    content_id: int
+    size: int
+    peft: PeftSummary
+    #: non-empty when the node cannot load or serve it as it is: why (fabric.store.integrity)
+    damaged: str = ""
+
+
+@dataclass(frozen=True)
+class SlotInfo(_Result):
+    """One slot of a node's pool; ``name`` is empty while it was never filled."""
+
+    slot: int
+    name: str
+    content_id: int
+    ref_count: int
+    pinned: bool
+    active: bool
+    last_used: int
+    rank: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class Listing(_Result):
+    """A node's staged adapters and slots (no slots on a store-only node)."""
+
+    staged: list[StagedAdapter]
+    slots: list[SlotInfo]
+    max_rank: int
+    device: str
+
+    @classmethod
+    def from_proto(cls, pb: fabric_pb2.ListAdaptersResponse) -> "Listing":
+        staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft), a.damaged) for a in pb.staged]
+        slots = [SlotInfo(s.slot, s.name, s.content_id, s.ref_count, s.pinned, s.active, s.last_used, s.rank, s.digest) for s in pb.slots]
+        return cls(staged=staged, slots=slots, max_rank=pb.max_rank, device=pb.device)
+
+
+@dataclass(frozen=True)
+class PeerHolding(_Result):
+    """A peer holding an adapter's bytes, fully or the first ``verified_chunks`` chunks' worth."""
+
+    address: str
+    complete: bool
+    verified_chunks: int
+
+
+@dataclass(frozen=True)
+class Location(_Result):
+    """Which of a node's known peers hold an adapter (the node itself is not listed)."""
+
+    digest: str
+    peers: list[PeerHolding]
+
+
+@dataclass(frozen=True)
+class Availability(_Result):
+    """Which chunks of a digest a node holds verified; bit i (LSB first in byte i/8) is chunk i."""
+
+    complete: bool
+    chunk_count: int
+    verified_bitmap: bytes
+
+    @property
+    def verified_chunks(self) -> int:
+        """How many chunks are verified."""
+        return sum(bin(b).count("1") for b in self.verified_bitmap)
+
+
+@dataclass(frozen=True)
+class ActiveSlot(_Result):
+    """The slot (and content id) a node's active adapter is in."""
+
+    slot: int
+    content_id: int
+
+
+@dataclass(frozen=True)
+class GenerateResult(_Result):
+    """Greedy output token ids (and, if asked, the last prompt position's logits) from the slot that ran."""
+
+    output_ids: list[int]
+    last_logits: list[float]
+    slot: int
+    content_id: int

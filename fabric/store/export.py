@@ -1,0 +1,120 @@
+"""The export directory: every staged adapter as a PEFT directory an inference engine can load.
+
+``<export>/<name>/`` holds ``adapter_config.json`` and
+``adapter_model.safetensors`` as hard links to the store's read-only blobs (no
+copy; the export directory must be on the store's filesystem). ``<name>`` is
+the adapter id with each ``/`` written ``%2F`` (``team-a/support-v3`` ->
+``team-a%2Fsupport-v3``): ``%`` is outside the id alphabet, so the mapping is
+reversible and never nests directories. This is the store's own ref naming.
+
+An entry appears atomically: it is built under a ``%tmp-`` name (never a valid
+name) and renamed into place, so a reader such as vLLM's filesystem resolver
+sees a whole directory or none. Unstaging removes the name the same way: the
+entry is renamed aside (``%old-``) and deleted only after ``GRACE_S``, so an
+engine that resolved the path just before still reads whole files. Restaging
+an id with other bytes swaps the entry: the old one is renamed aside first, so
+for that instant the name is absent, never half written. On start the node
+re-exports every staged adapter and drops entries of ids no longer staged.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from fabric.errors import InvalidArgument
+from fabric.store.files import decode_id, encode_id, fsync_dir
+from fabric.store.manifest import Manifest
+
+_TEMP_PREFIX = "%tmp-"
+_TRASH_PREFIX = "%old-"
+#: seconds a removed entry stays readable (under its %old- name) for readers that opened it before
+GRACE_S = 60.0
+
+
+def export_name(adapter_id: str) -> str:
+    """The directory name of an adapter id in an export directory (``/`` -> ``%2F``)."""
+    return encode_id(adapter_id)
+
+
+def adapter_id_of(name: str) -> str:
+    """The adapter id an export directory entry stands for (the inverse of ``export_name``)."""
+    return decode_id(name)
+
+
+class ExportDir:
+    """Keeps ``root`` in step with a store: one PEFT directory per staged id, hard links into ``blob_path(sha256)``."""
+
+    def __init__(self, root: Path | str, blob_path: Callable[[str], Path], probe: Path) -> None:
+        """``probe``: any file in the store, linked once to prove ``root`` is on the same filesystem."""
+        self.root = Path(root)
+        self._blob_path = blob_path
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob("%*"):  # temp and trash entries of a node that died mid-swap
+            shutil.rmtree(stale, ignore_errors=True)
+        test = self.root / f"{_TEMP_PREFIX}probe-{secrets.token_hex(4)}"
+        try:
+            os.link(probe, test)
+        except OSError as exc:
+            hint = "it must be on the same filesystem as --store (entries are hard links)" if exc.errno == errno.EXDEV else exc.strerror
+            raise InvalidArgument(f"cannot export adapters into {self.root}: {hint}") from None
+        test.unlink()
+
+    def path_of(self, adapter_id: str) -> Path:
+        """Where an adapter id's PEFT directory is (whether or not it is there)."""
+        return self.root / export_name(adapter_id)
+
+    def export(self, adapter_id: str, manifest: Manifest) -> Path:
+        """Make ``<root>/<name>/`` hold ``manifest``'s files; a no-op when it already does."""
+        dest = self.path_of(adapter_id)
+        if self._holds(dest, manifest):
+            return dest
+        building = self.root / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
+        building.mkdir()
+        try:
+            for entry in manifest.files:
+                os.link(self._blob_path(entry.sha256), building / entry.name)
+            fsync_dir(building)
+            self._set_aside(dest)
+            os.rename(building, dest)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        fsync_dir(self.root)
+        return dest
+
+    def remove(self, adapter_id: str) -> None:
+        """Take an id's directory away in one step (renamed aside, then deleted)."""
+        self._set_aside(self.path_of(adapter_id))
+        fsync_dir(self.root)
+
+    def sync(self, staged: Iterable[Manifest]) -> None:
+        """Export every staged manifest and remove entries of ids that are not staged (at node start)."""
+        keep = set()
+        for manifest in staged:
+            keep.add(self.export(manifest.adapter_id, manifest).name)
+        for entry in self.root.iterdir():
+            if entry.name not in keep and not entry.name.startswith("%") and entry.is_dir():
+                self._set_aside(entry)
+
+    def _holds(self, dest: Path, manifest: Manifest) -> bool:
+        try:
+            return all(os.path.samefile(dest / e.name, self._blob_path(e.sha256)) for e in manifest.files)
+        except OSError:
+            return False
+
+    def _set_aside(self, dest: Path) -> None:
+        """Take ``dest``'s name away at once; its files go after GRACE_S (a reader may hold the directory)."""
+        try:
+            os.rename(dest, self.root / f"{_TRASH_PREFIX}{time.time_ns()}-{secrets.token_hex(4)}")
+        except FileNotFoundError:
+            pass
+        for old in self.root.glob(f"{_TRASH_PREFIX}*"):
+            born = int(old.name[len(_TRASH_PREFIX) :].split("-")[0])
+            if time.time_ns() - born > GRACE_S * 1e9:
+                shutil.rmtree(old, ignore_errors=True)
