@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric.cli.main import main as cli
+from fabric.cli.main import run as cli
 from fabric.errors import FabricError, Untrusted
 from fabric.harness.cluster import LocalNode, free_port
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
@@ -157,9 +157,9 @@ def test_a_trusting_node_serves_only_signed_adapters_it_holds(tmp_path, keys, ad
 
 
 def test_keygen_and_sign_commands(tmp_path, keys, adapters, capsys) -> None:
-    cli(["keygen", str(tmp_path / "me")])
+    assert cli(["keygen", str(tmp_path / "me")]) == 0
     assert (tmp_path / "me.key").stat().st_mode & 0o777 == 0o600
     capsys.readouterr()
-    cli(["sign", str(adapters["x"]), "--key", str(tmp_path / "me.key"), "--json"])
+    assert cli(["sign", str(adapters["x"]), "--key", str(tmp_path / "me.key"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     TrustedSigners.from_files([tmp_path / "me.pub"]).check(out["digest"], bytes.fromhex(out["signature"]), "x")
