@@ -23,6 +23,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from fabric import __version__
+from fabric.errors import FabricError
 from fabric.observability import metrics
 from fabric.observability.endpoint import ProbeEndpoint
 from fabric.observability.logs import event
@@ -32,6 +33,7 @@ from fabric.store.hygiene import expire_abandoned
 from fabric.transport import wire
 from fabric.transport.discovery import PeerSource
 from fabric.transport.pull import PeerChannels
+from fabric.trust.signing import TrustedSigners
 from fabric.v1 import fabric_pb2
 from node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from node.servicer import FabricServicer
@@ -116,6 +118,14 @@ def _expire(store, max_age: float) -> None:
               bytes=item.bytes, age_s=round(item.age_seconds, 1))
 
 
+def load_trusted(settings: NodeSettings) -> TrustedSigners:
+    """The --trusted-signers keys, read now so a bad file stops the node at start."""
+    try:
+        return TrustedSigners.from_files(settings.trusted_signers)
+    except FabricError as exc:
+        fail(str(exc))
+
+
 async def serve(settings: NodeSettings) -> None:
     metrics.BUILD.info({"version": __version__})
     readiness = Readiness()
@@ -123,6 +133,7 @@ async def serve(settings: NodeSettings) -> None:
     tls, token = load_security(settings)
     store = open_store(settings)
     _expire(store, settings.expire_abandoned_after)
+    trusted = load_trusted(settings)
     model = build_model(settings)
 
     # Observe first: it sees refusals by the auth interceptor too. Auth next: an unauthenticated
@@ -142,7 +153,10 @@ async def serve(settings: NodeSettings) -> None:
     puller = ObservedPuller(
         store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers
     )
-    servicer = FabricServicer(store=store, model=model, puller=puller, peers=settings.peers, upload_rate=settings.upload_rate, peer_source=peer_source)
+    servicer = FabricServicer(
+        store=store, model=model, puller=puller, peers=settings.peers, upload_rate=settings.upload_rate, peer_source=peer_source,
+        max_new_tokens=settings.max_new_tokens, scrub_rate=settings.scrub_rate, trusted=trusted,
+    )
     servicer.expire_after = settings.expire_abandoned_after
     wire.add_fabric_servicer_to_server(servicer, server)
     health = HealthServicer()

@@ -53,6 +53,9 @@ class NodeSettings:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
     max_store_bytes: int = 0  # 0 = no limit but the disk
+    max_new_tokens: int = 256  # tokens one Generate may ask for
+    scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
+    trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
     export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (fabric.store.export)
     # operations
     metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
@@ -152,6 +155,10 @@ def optional_path(text: str) -> Path | None:
     return path(text) if text else None
 
 
+def path_list(text: str) -> tuple[Path, ...]:
+    return tuple(path(item) for item in csv(text))
+
+
 def optional_host_port(text: str) -> str:
     return host_port(text) if text else ""
 
@@ -181,10 +188,14 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--peer-tls-name", str, "", "with TLS: the name every peer's certificate must carry, checked instead of the address dialled "
      "(peers found through --peers-dns are dialled by pod IP; give the nodes one certificate naming e.g. the headless Service)", "security"),
     ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),
+    ("--trusted-signers", path_list, (), "Ed25519 public keys (PEM or 32 raw bytes; space-separated, or comma-separated in the variable); "
+     "when given, the node stages, pulls, loads and serves only adapters whose manifest one of them signed", "security"),
     ("--max-adapter-bytes", positive_int, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
     ("--max-header-bytes", positive_int, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
     ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
     ("--max-store-bytes", non_negative_int, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
+    ("--max-new-tokens", positive_int, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
+    ("--scrub-rate", non_negative_int, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
     ("--expire-abandoned-after", duration, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),
     ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
     ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
@@ -192,6 +203,7 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--drain-timeout", positive_float, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
 ]
 _BOOLEAN_FLAGS = {"--auth-peer-reads"}
+_MANY_FLAGS = {"--trusted-signers"}  # one or more values after the flag
 
 
 def env_name(flag: str) -> str:
@@ -244,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = f"{text} (default: {_shown(default)}; env {env_name(flag)})"
         if flag in _BOOLEAN_FLAGS:
             where.add_argument(flag, action="store_const", const=True, default=None, help=help_text)
+        elif flag in _MANY_FLAGS:
+            where.add_argument(flag, nargs="+", type=_argparse_type(flag, path), default=None, metavar="FILE", help=help_text)
         else:
             where.add_argument(flag, type=_argparse_type(flag, parse), default=None, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_text)
     return parser
@@ -257,6 +271,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
     for flag, parse, default, _, _ in _FLAGS:
         dest = flag.lstrip("-").replace("-", "_")
         value = getattr(args, dest)
+        if isinstance(value, list):
+            value = tuple(value)
         if value is None:
             raw = environ.get(env_name(flag), "")
             if raw:

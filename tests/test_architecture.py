@@ -21,6 +21,7 @@ LAYERS = {
     "v1": 0,
     "format": 1,
     "rpc": 1,
+    "trust": 1,
     "observability": 1,  # metrics, log format, probe endpoint: used by the node, importable by any layer above
     "store": 2,
     "serving": 3,
