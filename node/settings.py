@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups: dict[str, argparse._ArgumentGroup] = {}
     for flag, parse, default, text, group in _FLAGS:
         where = groups.setdefault(group, parser.add_argument_group(group)) if group else parser
-        help_text = f"{text} (default: {_shown(default)}; env {env_name(flag)})"
+        help_text = f"{text} (default: {_shown(default)}) [{env_name(flag)}]"
         if flag in _BOOLEAN_FLAGS:
             where.add_argument(flag, action="store_const", const=True, default=None, help=help_text)
         elif flag in _MANY_FLAGS:
