@@ -81,6 +81,12 @@ class PoolFull(FabricError):
     retryable = True
 
 
+class Busy(FabricError):
+    """Someone else is doing this very thing right now (another stream sends the same upload); retry once it ends."""
+
+    retryable = True
+
+
 class QuotaExceeded(FabricError):
     """Accepting this would pass a configured limit (store bytes, adapter size, streams)."""
 
@@ -101,6 +107,10 @@ class PeerUnavailable(FabricError):
 
 
 # --- who is calling ---------------------------------------------------------
+
+
+class Untrusted(FabricError):
+    """An adapter not signed by a signer this node trusts (unsigned, another key, or changed since it was signed)."""
 
 
 class Unauthenticated(FabricError):

@@ -34,6 +34,7 @@ class PeerReads:
                 yield message
             return
         manifest = self._manifest_for(request.adapter_id, request.digest)
+        self._check_stored(manifest)  # a node that trusts signers serves only signed adapters
         entry = manifest.file(request.file) if request.file else manifest.weights
         if request.offset % entry.chunk_size:
             raise InvalidArgument(f"Fetch offset {request.offset} is not a multiple of the chunk size {entry.chunk_size}")
@@ -45,7 +46,7 @@ class PeerReads:
             async for message in self._seed(manifest, chunks, request, context):
                 yield message
             return
-        path = self.store.blob_path(entry.sha256)
+        path = await self._io(self.store.verified_blob, manifest, entry)  # bytes at rest are re-verified before they leave
         with open(path, "rb") as f:
             for index in chunks:
                 offset, length = entry.chunk_span(index)
@@ -79,7 +80,7 @@ class PeerReads:
         served: set[int] = set()
         try:
             await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
-            with open(self.store.blob_path(weights.sha256), "rb") as f:
+            with open(await self._io(self.store.verified_weights, manifest), "rb") as f:
                 for index in chunks:
                     offset, length = weights.chunk_span(index)
                     if self._upload_limit is not None:
@@ -110,6 +111,7 @@ class PeerReads:
 
     async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
         """Chunks of an adapter still arriving here: only verified ones, and the whole range must be verified up front."""
+        self._check_stored(partial.manifest)
         weights = partial.manifest.weights
         if request.file and request.file != weights.name:
             raise AdapterNotFound(f"{request.file} of {request.digest} is not here yet (only {weights.name} is served while it arrives)")

@@ -21,6 +21,7 @@ from fabric.errors import FabricError
 from fabric.rpc.limits import PeerStreamLimit
 from fabric.rpc.security import BearerAuth, TlsFiles, read_token
 from fabric.store import AdapterStore
+from fabric.trust.signing import TrustedSigners
 from fabric.transport.pull import PeerChannels, PeerPuller
 from fabric.v1 import fabric_pb2
 from node.servicer import FabricServicer
@@ -61,6 +62,14 @@ def load_security(settings: NodeSettings) -> tuple[TlsFiles, str | None]:
     return tls, token
 
 
+def load_trusted(settings: NodeSettings) -> TrustedSigners:
+    """The --trusted-signers keys, read now so a bad file stops the node at start."""
+    try:
+        return TrustedSigners.from_files(settings.trusted_signers)
+    except FabricError as exc:
+        raise SystemExit(f"fabric-node: {exc}") from None
+
+
 async def serve(settings: NodeSettings) -> None:
     tls, token = load_security(settings)
     store = AdapterStore(
@@ -76,7 +85,9 @@ async def serve(settings: NodeSettings) -> None:
     channels = PeerChannels(credentials=tls.channel_credentials() if tls.enabled else None, token=token)
     puller = PeerPuller(store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate)
     peer_source = PeerSource(static=settings.peers, dns=settings.peers_dns, me=settings.listen)
-    servicer = FabricServicer(store=store, model=model, puller=puller, peers=settings.peers, upload_rate=settings.upload_rate, peer_source=peer_source)
+    servicer = FabricServicer(store=store, model=model, puller=puller, peers=settings.peers, upload_rate=settings.upload_rate, peer_source=peer_source,
+                               max_new_tokens=settings.max_new_tokens, scrub_rate=settings.scrub_rate,
+                               trusted=load_trusted(settings))
 
     # Auth first: an unauthenticated Fetch is refused before it counts against the peer's streams.
     interceptors: list[grpc.aio.ServerInterceptor] = [BearerAuth(token, peer_reads=settings.auth_peer_reads)] if token else []

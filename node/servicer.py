@@ -14,38 +14,51 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import AsyncIterator, Callable, Sequence, TypeVar
 
-import torch
 from aiolimiter import AsyncLimiter
 
 from fabric.format.adapter_tensors import lora_pairs
 from fabric.transport.discovery import PeerSource
-from fabric.errors import AdapterNotFound, AdaptersUnsupported, InvalidArgument
-from fabric.store.ids import validate_adapter_id
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, FabricError, IntegrityError, InvalidArgument
+from fabric.store.ids import validate_adapter_id, validate_name
 from fabric.store.manifest import Manifest
+from fabric.serving.generation import Generation
 from fabric.serving.pool import ACTIVE
 from fabric.format.peft_fields import check_agrees, peft_fields_of
 from fabric.rpc.status import rpc_errors
 from fabric.store import AdapterStore
 from fabric.transport.pull import PeerPuller, PullStats
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from fabric.trust.signing import TrustedSigners
 from node.peer_reads import PeerReads
+from node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 T = TypeVar("T")
 
 #: the name a GenerateRequest uses for the base model
 BASE_NAME = "base"
+#: --max-new-tokens' default: one request's decode steps, each a forward on the model worker
+DEFAULT_MAX_NEW_TOKENS = 256
+#: seconds between two scrubs of the whole store (the first runs at start)
+SCRUB_INTERVAL_S = 6 * 3600.0
 
 
-class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
+class FabricServicer(PeerReads, SignedAdapters, fabric_pb2_grpc.FabricServicer):
     def __init__(
-        self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None
+        self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, scrub_rate: int = 0, trusted: TrustedSigners | None = None,
     ) -> None:
         self.store = store
+        #: the signers whose adapters alone this node stages, pulls, loads and serves (none = any adapter)
+        self.trusted = trusted or TrustedSigners()
+        self._pulling_signatures: dict[str, bytes] = {}  # digest -> signature, while its pull runs (node.signed)
+        #: the most tokens one Generate may ask for (--max-new-tokens)
+        self.max_new_tokens = max_new_tokens
         # One bucket for all streams: the flag bounds what the node serves in total.
         self._upload_limit = AsyncLimiter(upload_rate, 1.0) if upload_rate > 0 else None
         self.model = model
@@ -58,8 +71,13 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
         self._sent: dict[str, list[int]] = {}
         self._rng = random.Random()
         self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
+        self._scrub_stop = threading.Event()
+        self._slot_digests: dict[tuple[str, int], str] = {}  # (name, content id) of a promote -> the digest it loaded
+        if scrub_rate > 0:
+            threading.Thread(target=self._scrub_loop, args=(scrub_rate,), name="scrub", daemon=True).start()
 
     def close(self) -> None:
+        self._scrub_stop.set()
         self._model_worker.shutdown(wait=True)
         self.puller.channels.close()
 
@@ -93,6 +111,7 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
     async def Stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest], context) -> fabric_pb2.StageResponse:
         upload = None
         received = 0
+        signed_digest = ""
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
@@ -100,6 +119,7 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
                     if upload is not None:
                         raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
                     begin = message.begin
+                    signed_digest = self._check_stage_begin(begin)  # before any byte moves
                     upload = await self._io(
                         self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
                     )
@@ -119,6 +139,8 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
                 raise InvalidArgument("Stage stream ended without a StageBegin")
             # A stream that ends early leaves its verified prefix in the upload area for a resume.
             manifest = await self._io(upload.commit)
+            if manifest.digest == signed_digest:  # the signature travels with the manifest from here
+                await self._io(self.store.set_signature, manifest.digest, begin.signature)
         except BaseException:
             if upload is not None:
                 # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume.
@@ -147,7 +169,11 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def GetManifest(self, request, context) -> fabric_pb2.Manifest:
-        return self.store.get(validate_adapter_id(request.adapter_id)).to_proto()
+        manifest = await self._io(self.store.get, validate_adapter_id(request.adapter_id))
+        self._check_stored(manifest)  # a node that trusts signers serves only signed adapters
+        reply = manifest.to_proto()
+        reply.signature = await self._io(self.store.signature, manifest.digest)
+        return reply
 
     @rpc_errors
     async def Locate(self, request, context) -> fabric_pb2.LocateResponse:
@@ -167,12 +193,17 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def ListAdapters(self, request, context) -> fabric_pb2.ListAdaptersResponse:
+        # A damaged entry is listed with its problem (fabric.store.integrity), never failing the whole list.
+        damaged = {d.adapter_id: d for d in await self._io(self.store.damaged)}
         staged = [
             fabric_pb2.StagedAdapter(
-                adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config)
+                adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config),
+                damaged=damaged.pop(m.adapter_id).problem if m.adapter_id in damaged else "",
             )
             for m in await self._io(self.store.list)
         ]
+        staged += [fabric_pb2.StagedAdapter(adapter_id=d.adapter_id, digest=d.digest, damaged=d.problem) for d in damaged.values()]
+        staged.sort(key=lambda a: a.adapter_id)
         reply = fabric_pb2.ListAdaptersResponse(staged=staged)
         if self.model is not None:
             reply.max_rank = self.model.pool.max_rank
@@ -188,7 +219,8 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
                         active=info["active"],
                         last_used=info["last_used"],
                         rank=info["rank"],
-                        digest=info.get("digest") or "",
+                        # The bytes it holds, also once they are unstaged from the store.
+                        digest=self._slot_digests.get((info["name"], info["content_id"]), ""),
                     )
                 )
         return reply
@@ -199,7 +231,7 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
             return await self._pull_only(request)
         model = self._require_model("promote adapters")
         adapter_id = validate_adapter_id(request.adapter_id)
-        name = request.name or adapter_id
+        name = validate_name(request.name or adapter_id)  # before any byte moves
         requested = request.peft if request.HasField("peft") else None
 
         def check(manifest: Manifest) -> None:
@@ -207,21 +239,17 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
             check_agrees(requested, manifest.config, adapter_id)
             model.check_compatible(lora_pairs(manifest.index, manifest.config))
 
-        stats = PullStats()
-        if request.peer:
-            manifest, stats = await self._io(self.puller.pull, await self._pull_peers(request), adapter_id, check)
-        else:
-            manifest = self.store.get(adapter_id)
-            check(manifest)
-        # Map the committed blob and stage it off the model worker; its sha256 and content id were
-        # verified at commit, so prepare_verified does not hash 84 MB again.
-        blob = self.store.blob_path(manifest.weights.sha256)
+        manifest, stats, blob = await self._verified(request, adapter_id, check)
+        # Map the verified blob and stage it off the model worker (prepare_verified does not hash it again).
         prepared = await self._io(model.prepare_verified, manifest, blob, name)
         try:
             # The memory copy, at the quiescent point; a pin past the limit is refused before anything is evicted.
             slot, evicted = await self._on_model(model.commit, prepared, pin=request.pin)
         finally:
             model.recycle(prepared)
+        resident = {info["name"] for info in model.slots_info()}
+        self._slot_digests = {k: v for k, v in self._slot_digests.items() if k[0] in resident and k[0] != name}
+        self._slot_digests[(name, prepared.content_id)] = manifest.digest
         log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved)", adapter_id, name, slot, evicted, stats.bytes_transferred)
         return fabric_pb2.PromoteResponse(
             slot=slot,
@@ -233,8 +261,61 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
             pull_seconds=stats.pull_seconds,
         )
 
+    async def _verified(self, request: fabric_pb2.PromoteRequest, adapter_id: str, check: Callable[[Manifest], None]):
+        """``(manifest, stats, weights path)``: the adapter pulled (or found here), its bytes verified since last written.
+
+        Bytes that fail (or a damaged manifest) are quarantined by the store and pulled again from the
+        named peer or the known ones, when there are any (fabric.store.integrity).
+        """
+        stats = PullStats()
+        try:
+            if request.peer:
+                manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check)
+            else:
+                manifest = await self._io(self.store.get, adapter_id)
+                self._check_stored(manifest)
+                check(manifest)
+            return manifest, stats, await self._io(self.store.verified_weights, manifest)
+        except IntegrityError as exc:
+            peers = await self._pull_peers(request) if request.peer else await self._known_peers()
+            if not peers:
+                raise
+            log.warning("%s; pulling it again from %s", exc, ",".join(peers))
+            manifest, stats = await self._signed_pull(peers, adapter_id, check)
+            return manifest, stats, await self._io(self.store.verified_weights, manifest)
+
+    async def _signed_pull(self, peers: list[str], adapter_id: str, check) -> tuple[Manifest, PullStats]:
+        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
+        signed_check, digest = await self._io(self._signed_pull_check, peers, adapter_id, check)
+        committed = False
+        try:
+            manifest, stats = await self._io(self.puller.pull, peers, adapter_id, signed_check)
+            committed = manifest.digest == digest
+            return manifest, stats
+        finally:
+            await self._io(self._keep_pulled_signature, digest, committed)
+
+    def _scrub_loop(self, rate: int) -> None:
+        """Re-read every committed blob now and then every SCRUB_INTERVAL_S, at ``rate`` bytes/s; re-pull what fails."""
+        while not self._scrub_stop.is_set():
+            try:
+                self.store.scrub(rate, self._scrub_stop, self._repair)
+            except Exception:  # noqa: BLE001 - a scrub must never take the node down; it runs again later
+                log.exception("store scrub failed")
+            self._scrub_stop.wait(SCRUB_INTERVAL_S)
+
+    def _repair(self, adapter_id: str, error: IntegrityError) -> None:
+        peers = self.peer_source.peers()
+        log.warning("scrub: %s; %s", error, f"pulling it again from {','.join(peers)}" if peers else "no peer to pull it from")
+        if peers:
+            try:
+                self.puller.pull(peers, adapter_id)
+            except FabricError as exc:
+                log.warning("scrub: could not pull %s again: %s", adapter_id, exc)
+
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone)."""
+        _check_peer_address(request.peer)
         if request.named_peer_only:
             return [request.peer]
         return [request.peer, *await self._known_peers()]
@@ -245,10 +326,12 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
         requested = request.peft if request.HasField("peft") else None
         stats = PullStats()
         if request.peer:
-            manifest, stats = await self._io(self.puller.pull, await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
+            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
         else:
             manifest = await self._io(self.store.get, adapter_id)
+            self._check_stored(manifest)
             check_agrees(requested, manifest.config, adapter_id)
+        await self._io(self.store.verified_weights, manifest)
         log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
         return fabric_pb2.PromoteResponse(
             slot=-1,
@@ -275,24 +358,26 @@ class FabricServicer(PeerReads, fabric_pb2_grpc.FabricServicer):
     @rpc_errors
     async def Generate(self, request: fabric_pb2.GenerateRequest, context) -> fabric_pb2.GenerateResponse:
         model = self._require_model("generate")
-        if not request.input_ids:
-            raise InvalidArgument("Generate needs at least one input token id")
         # None = base model, -1 = the active adapter (base when none is active), else a resident name.
         target = None if request.use_base or request.adapter == BASE_NAME else (request.adapter or ACTIVE)
-        return await self._on_model(_generate, model, list(request.input_ids), target, request.max_new_tokens, request.return_logits)
+        run = Generation(model, request.input_ids, target, request.max_new_tokens, request.return_logits, self.max_new_tokens)
+        try:
+            # One job per step (fabric.serving.generation): promotes land between steps, and a caller
+            # that cancels or passes its deadline (this coroutine is cancelled) stops the steps.
+            await self._on_model(run.start)
+            while not run.done:
+                remaining = context.time_remaining()
+                if remaining is not None and remaining <= 0:
+                    break  # the caller already has DEADLINE_EXCEEDED
+                await self._on_model(run.step)
+            return fabric_pb2.GenerateResponse(slot=run.resolved, content_id=run.content_id, last_logits=run.last_logits, output_ids=run.output_ids)
+        finally:
+            # After any job still queued or running: the ref is dropped, never before it was taken.
+            self._model_worker.submit(run.finish)
 
 
-def _generate(model, input_ids: list[int], target, max_new_tokens: int, return_logits: bool) -> fabric_pb2.GenerateResponse:
-    """One sequence on the model worker: a ref from prefill to the last token."""
-    ids = torch.tensor([input_ids])
-    resolved = model.acquire(target)
-    try:
-        row = None if resolved == ACTIVE else resolved
-        reply = fabric_pb2.GenerateResponse(slot=resolved, content_id=model.adapter_id_for(row) if row is not None else 0)
-        if return_logits:
-            reply.last_logits.extend(model.forward(ids, [row])[0, -1].float().tolist())
-        out = model.generate(ids, row, max_new_tokens) if max_new_tokens else ids
-        reply.output_ids.extend(out[0, len(input_ids):].tolist())
-        return reply
-    finally:
-        model.release(resolved)
+def _check_peer_address(address: str) -> None:
+    """A peer is ``host:port`` over TCP: a ``unix:`` path or any other scheme would reach into this machine."""
+    host, _, port = address.rpartition(":")
+    if not host or "/" in address or not port.isdigit() or not 0 < int(port) < 65536 or host.lower().startswith(("unix", "vsock")):
+        raise InvalidArgument(f"peer address {address[:100]!r} is not host:port (a TCP peer; unix sockets and other schemes are refused)")

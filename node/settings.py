@@ -41,6 +41,9 @@ class NodeSettings:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
     max_store_bytes: int = 0  # 0 = no limit but the disk
+    max_new_tokens: int = 256  # tokens one Generate may ask for
+    scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
+    trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
     export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (fabric.store.export)
 
     @property
@@ -105,11 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     security.add_argument("--tls-ca", type=_path_or_none, default=_env("tls_ca", ""), help="PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)")
     security.add_argument("--auth-token-file", type=_path_or_none, default=_env("auth_token_file", ""), help="file holding the cluster's bearer token: calls must carry it, and this node sends it to peers")
     security.add_argument("--auth-peer-reads", action="store_true", default=_truthy(_env("auth_peer_reads", "")), help="also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)")
+    security.add_argument("--trusted-signers", nargs="+", type=Path, default=[Path(p) for p in _csv(_env("trusted_signers", ""))], metavar="FILE", help="Ed25519 public keys (PEM or 32 raw bytes); when given, the node stages, pulls, loads and serves only adapters whose manifest one of them signed")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-adapter-bytes", type=_positive, default=int(_env("max_adapter_bytes", str(DEFAULT_MAX_ADAPTER_BYTES))), help="largest adapter (config + weights) accepted by Stage or pulled from a peer")
     limits.add_argument("--max-header-bytes", type=_positive, default=int(_env("max_header_bytes", str(DEFAULT_MAX_HEADER_BYTES))), help="largest safetensors header accepted")
     limits.add_argument("--max-streams-per-peer", type=_positive, default=int(_env("max_streams_per_peer", str(DEFAULT_MAX_STREAMS_PER_PEER))), help="concurrent Fetch streams one peer host may hold open")
     limits.add_argument("--max-store-bytes", type=_non_negative, default=int(_env("max_store_bytes", "0")), help="total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk")
+    limits.add_argument("--max-new-tokens", type=_positive, default=int(_env("max_new_tokens", "256")), help="most tokens one Generate may ask for (each is a decode step on the model worker)")
+    limits.add_argument("--scrub-rate", type=_non_negative, default=int(_env("scrub_rate", str(64 << 20))), help="bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     for action in parser._actions:  # name each flag's variable in --help
         if action.option_strings and action.dest != "help":
@@ -143,5 +149,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> NodeSettings:
         max_header_bytes=args.max_header_bytes,
         max_streams_per_peer=args.max_streams_per_peer,
         max_store_bytes=args.max_store_bytes,
+        max_new_tokens=args.max_new_tokens,
+        scrub_rate=args.scrub_rate,
+        trusted_signers=tuple(args.trusted_signers),
         export_dir=args.export_dir,
     )

@@ -21,6 +21,7 @@ LAYERS = {
     "v1": 0,
     "format": 1,
     "rpc": 1,
+    "trust": 1,
     "store": 2,
     "serving": 3,
     "transport": 3,

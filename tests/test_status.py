@@ -25,6 +25,8 @@ EXPECTED = {
     errors.InvalidTensors: grpc.StatusCode.INVALID_ARGUMENT,
     errors.ConfigMismatch: grpc.StatusCode.INVALID_ARGUMENT,
     errors.IntegrityError: grpc.StatusCode.DATA_LOSS,
+    errors.Busy: grpc.StatusCode.ABORTED,
+    errors.Untrusted: grpc.StatusCode.PERMISSION_DENIED,
     errors.PeerUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
@@ -49,9 +51,9 @@ def test_no_error_type_falls_through_to_internal() -> None:
         assert status_code_for(kind("x")) != grpc.StatusCode.INTERNAL, kind.__name__
 
 
-def test_only_pool_full_quota_and_peers_are_retryable() -> None:
+def test_only_pool_full_quota_busy_and_peers_are_retryable() -> None:
     retryable = {kind for kind in _every_error_type() if kind.retryable}
-    assert retryable == {errors.PoolFull, errors.QuotaExceeded, errors.PeerUnavailable}
+    assert retryable == {errors.PoolFull, errors.QuotaExceeded, errors.Busy, errors.PeerUnavailable}
 
 
 class _FakeRpcError(grpc.RpcError):

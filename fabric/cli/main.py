@@ -14,7 +14,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 import fabric
-from fabric.cli import cluster_cmds, local_cmds, slot_cmds, store_cmds
+from fabric.cli import cluster_cmds, local_cmds, sign, slot_cmds, store_cmds
 from fabric.cli.connect import add_security_flags, node_address
 from fabric.cli.output import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for, report_error
 from fabric.errors import FabricError
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    for module in (store_cmds, slot_cmds, cluster_cmds, local_cmds):
+    for module in (store_cmds, slot_cmds, cluster_cmds, local_cmds, sign):
         module.register(command)
     return parser
 

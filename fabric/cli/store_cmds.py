@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from fabric.cli.connect import client_for, node_address
 from fabric.cli.output import emit
@@ -23,7 +24,8 @@ def cmd_stage(args: argparse.Namespace) -> None:
             if show:
                 bar.write(f"resuming the upload of {args.id}: the node holds {offset} of {total} bytes")
 
-        reply = run_polled(lambda: client.stage(args.dir, args.id, progress=progress, on_resume=resumed), None)
+        sign_key = Path(args.sign_key).read_bytes() if args.sign_key else None
+        reply = run_polled(lambda: client.stage(args.dir, args.id, progress=progress, on_resume=resumed, sign_key=sign_key), None)
     notes = [n for n, on in (("already staged", reply.already_staged), (f"resumed at byte {reply.resumed_from}", reply.resumed_from)) if on]
     note = f" ({', '.join(notes)})" if notes else ""
     emit(args.json, reply.to_dict(), f"staged {reply.adapter_id} digest={reply.digest} content_id={reply.content_id:#018x}{note}")
@@ -50,7 +52,8 @@ def cmd_ls(args: argparse.Namespace) -> None:
         listing = client.list()
     lines = [f"staged ({len(listing.staged)}):"]
     for a in listing.staged:
-        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B  r={a.peft.r} alpha={a.peft.lora_alpha:g}")
+        damage = f"  DAMAGED: {a.damaged}" if a.damaged else ""
+        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B  r={a.peft.r} alpha={a.peft.lora_alpha:g}{damage}")
     if listing.slots:
         lines.append(f"slots (device {listing.device}, max rank {listing.max_rank}; * active, P pinned):")
         for s in listing.slots:
@@ -96,6 +99,7 @@ def register(command) -> None:
     p = command("stage", cmd_stage, "upload a PEFT adapter directory to a node (resumes an interrupted upload)", long=True)
     p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
     p.add_argument("--id", required=True, help="adapter id, e.g. team-a/support-v3")
+    p.add_argument("--sign-key", help="sign the adapter's digest with this Ed25519 private key (fabric keygen); the signature travels with it")
 
     p = command("pull", cmd_pull, "make a node pull an adapter into its store from a peer (and the swarm), loading no slot", long=True)
     p.add_argument("--from", dest="peer", required=True, type=node_address, help="host:port of a peer that has the adapter")

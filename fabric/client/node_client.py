@@ -160,12 +160,15 @@ class NodeClient:
         *,
         timeout: float | None | bool = False,
         on_resume: Callable[[int, int], None] | None = None,
+        sign_key: bytes | None = None,
     ) -> StageResult:
         """Upload a PEFT directory; resumes where an interrupted upload of the same bytes stopped.
 
         ``progress(done, total)`` is called as bytes go out; ``on_resume(offset, total)``
         once, before any byte, when the node already held ``offset`` bytes.
         ``timeout``: seconds for the whole upload (default ``long_timeout``; None: no deadline).
+        ``sign_key``: an Ed25519 private key (PEM or 32 raw bytes); the adapter's digest is signed with it
+        and the signature travels with its manifest (``fabric.trust.signing``).
         """
         adapter_dir = Path(adapter_dir)
         config_path, weights_path = adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
@@ -177,9 +180,13 @@ class NodeClient:
         offset = self.upload_offset(adapter_id, digest)
         if offset and on_resume:
             on_resume(offset, size)
-        begin = fabric_pb2.StageBegin(
-            adapter_id=adapter_id, config_json=config_path.read_bytes(), safetensors_size=size, safetensors_sha256=digest, offset=offset
-        )
+        config = config_path.read_bytes()
+        begin = fabric_pb2.StageBegin(adapter_id=adapter_id, config_json=config, safetensors_size=size, safetensors_sha256=digest, offset=offset)
+        if sign_key is not None:
+            from fabric.store.digests import adapter_digest, hash_bytes
+            from fabric.trust.signing import sign_digest
+
+            begin.signature = sign_digest(sign_key, adapter_digest(hash_bytes(CONFIG_FILE, config, UPLOAD_PIECE).sha256, digest))
 
         def requests() -> Iterator[fabric_pb2.StageRequest]:
             yield fabric_pb2.StageRequest(begin=begin)

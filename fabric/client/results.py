@@ -108,6 +108,8 @@ class StagedAdapter(_Result):
     content_id: int
     size: int
     peft: PeftSummary
+    #: non-empty when the node cannot load or serve it as it is: why (fabric.store.integrity)
+    damaged: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class Listing(_Result):
 
     @classmethod
     def from_proto(cls, pb: fabric_pb2.ListAdaptersResponse) -> "Listing":
-        staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft)) for a in pb.staged]
+        staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft), a.damaged) for a in pb.staged]
         slots = [SlotInfo(s.slot, s.name, s.content_id, s.ref_count, s.pinned, s.active, s.last_used, s.rank, s.digest) for s in pb.slots]
         return cls(staged=staged, slots=slots, max_rank=pb.max_rank, device=pb.device)
 

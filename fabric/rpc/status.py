@@ -25,9 +25,11 @@ ERROR_DETAIL_KEY = "fabric-error-bin"
 # Most specific first: the first isinstance match wins.
 _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.Untrusted, grpc.StatusCode.PERMISSION_DENIED),
     (errors.AdapterNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.PoolFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Busy, grpc.StatusCode.ABORTED),
     (errors.SlotBusy, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.IncompatibleAdapter, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.AdaptersUnsupported, grpc.StatusCode.FAILED_PRECONDITION),
@@ -44,6 +46,17 @@ _ADVICE: dict[grpc.StatusCode, str] = {
 }
 
 
+#: longest error message sent (and logged): gRPC's metadata limit is 16 KiB, and an echoed name may be far longer
+MAX_MESSAGE_CHARS = 1024
+
+
+def bounded(message: str) -> str:
+    """``message`` cut to ``MAX_MESSAGE_CHARS``, saying how much was cut."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters cut)"
+
+
 def status_code_for(exc: errors.FabricError) -> grpc.StatusCode:
     for kind, code in _CODES:
         if isinstance(exc, kind):
@@ -57,7 +70,7 @@ def _detail(exc: errors.FabricError, message: str) -> bytes:
 
 async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError) -> None:
     code = status_code_for(exc)
-    message = str(exc)
+    message = bounded(str(exc))
     if code in _ADVICE:
         message = f"{message} ({_ADVICE[code]})"
     # The detail carries the advice too: Python clients rebuild the error from it.
@@ -75,7 +88,7 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
                 async for item in method(self, request, context):
                     yield item
             except errors.FabricError as exc:
-                log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, exc)
+                log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, bounded(str(exc)))
                 await abort_with(context, exc)
 
         return stream_wrapper
@@ -85,7 +98,7 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return await method(self, request, context)
         except errors.FabricError as exc:
-            log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, exc)
+            log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, bounded(str(exc)))
             await abort_with(context, exc)
 
     return unary_wrapper

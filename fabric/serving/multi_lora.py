@@ -9,7 +9,7 @@ Loading (``prepare`` off every lock, ``commit`` at the quiescent point) is
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -21,7 +21,7 @@ from fabric.serving.pool import ACTIVE, SlotPool
 from fabric.serving.slot_adapters import SAFETENSORS_FILE, Fetcher, PoolAdapters, PreparedAdapter, RowSlot
 from fabric.serving.tiny import DEFAULT_TARGET_MODULES, load_base_model
 
-__all__ = ["SAFETENSORS_FILE", "Fetcher", "MultiLoraModel", "PreparedAdapter", "RowSlot"]
+__all__ = ["SAFETENSORS_FILE", "Decoding", "Fetcher", "MultiLoraModel", "PreparedAdapter", "RowSlot"]
 
 
 class MultiLoraModel(PoolAdapters):
@@ -61,6 +61,41 @@ class MultiLoraModel(PoolAdapters):
         for name in targets:
             self.model.set_submodule(name, LoraLinear(self.model.get_submodule(name), self.pool, name))
 
+    # ------------------------------------------------------------ bounds
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to ``vocab_size - 1`` (the input embedding's rows)."""
+        return int(self.model.get_input_embeddings().num_embeddings)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence (input plus generated tokens) the model has positions for; None if it names none."""
+        value = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    def check_tokens(self, input_ids: Sequence[int] | torch.Tensor, max_new_tokens: int = 0) -> None:
+        """Refuse, naming the bound, ids outside the vocabulary or a sequence longer than the model's positions.
+
+        Checked before any model work: an id past the embedding is an ``IndexError`` deep in torch,
+        and a sequence past the positions costs time and memory for output the model cannot make.
+        """
+        ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor(list(input_ids), dtype=torch.int64)
+        if ids.numel():
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.vocab_size:
+                bad = low if low < 0 else high
+                raise InvalidArgument(f"token id {bad} is outside the vocabulary: ids run from 0 to {self.vocab_size - 1}")
+        if max_new_tokens < 0:
+            raise InvalidArgument(f"max_new_tokens={max_new_tokens} must be >= 0")
+        length = ids.shape[-1] if ids.dim() else 1
+        limit = self.max_positions
+        if limit is not None and length + max_new_tokens > limit:
+            raise InvalidArgument(
+                f"{length} input tokens + max_new_tokens {max_new_tokens} = {length + max_new_tokens} positions: "
+                f"the model has {limit} (max_position_embeddings)"
+            )
+
     # ------------------------------------------------------------ compute
 
     def routing_for(self, slots: Sequence[RowSlot]) -> Routing:
@@ -92,6 +127,7 @@ class MultiLoraModel(PoolAdapters):
         """Logits ``[batch, seq, vocab]``; row ``i`` uses ``slots[i]``."""
         if input_ids.dim() != 2 or len(slots) != input_ids.shape[0]:
             raise InvalidArgument(f"forward got {len(slots)} slots for input_ids of shape {tuple(input_ids.shape)}: one per row")
+        self.check_tokens(input_ids)
         input_ids = input_ids.to(self.device)
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
@@ -101,28 +137,49 @@ class MultiLoraModel(PoolAdapters):
 
     __call__ = forward
 
-    def generate(self, input_ids: torch.Tensor, slot_or_name: RowSlot, max_new_tokens: int) -> torch.Tensor:
-        """Greedy decoding with one adapter for every row; holds a ref for the whole sequence."""
-        if max_new_tokens < 0:
-            raise InvalidArgument(f"max_new_tokens={max_new_tokens} must be >= 0")
-        ids = input_ids.to(self.device)
+    def generate(
+        self, input_ids: torch.Tensor, slot_or_name: RowSlot, max_new_tokens: int, should_stop: Callable[[], bool] | None = None
+    ) -> torch.Tensor:
+        """Greedy decoding with one adapter for every row; holds a ref for the whole sequence.
+
+        ``should_stop`` is asked between decode steps (a cancelled caller, a passed deadline):
+        when it answers True the tokens made so far are returned.
+        """
+        self.check_tokens(input_ids, max_new_tokens)
         resolved = self.acquire(slot_or_name)
         try:
-            if max_new_tokens == 0:
-                return ids
-            routing = self.routing_for([None if resolved == ACTIVE else resolved] * ids.shape[0])
-            # transformers 5.x renamed past_key_values to cache; older releases use the old name.
-            cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-            past = None
-            step = ids
+            decoding = Decoding(self, input_ids, resolved)
             for _ in range(max_new_tokens):
-                # One lock hold per step: commits to other slots land between steps.
-                with self.lock, torch.inference_mode(), routed(routing):
-                    out = self.model(input_ids=step, use_cache=True, **{cache_arg: past})
-                past = out["cache"] if "cache" in out else out["past_key_values"]
-                step = out.logits[:, -1].argmax(-1, keepdim=True)
-                ids = torch.cat([ids, step], dim=1)
-            return ids
+                if should_stop is not None and should_stop():
+                    break
+                decoding.step()
+            return decoding.ids
         finally:
             self.release(resolved)
 
+
+class Decoding:
+    """One greedy sequence decoded step by step, on a slot the caller holds a ref on.
+
+    Each ``step`` is one forward under the model lock, so a caller that runs
+    steps as separate jobs lets commits to other slots land between them.
+    """
+
+    def __init__(self, model: MultiLoraModel, input_ids: torch.Tensor, resolved: int) -> None:
+        self.model = model
+        self.ids = input_ids.to(model.device)
+        self.routing = model.routing_for([None if resolved == ACTIVE else resolved] * self.ids.shape[0])
+        # transformers 5.x renamed past_key_values to cache; older releases use the old name.
+        self._cache_arg = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+        self._past = None
+        self._next = self.ids
+
+    def step(self) -> torch.Tensor:
+        """Decode one token per row (one lock hold); the tokens made."""
+        model = self.model
+        with model.lock, torch.inference_mode(), routed(self.routing):
+            out = model.model(input_ids=self._next, use_cache=True, **{self._cache_arg: self._past})
+        self._past = out["cache"] if "cache" in out else out["past_key_values"]
+        self._next = out.logits[:, -1].argmax(-1, keepdim=True)
+        self.ids = torch.cat([self.ids, self._next], dim=1)
+        return self._next

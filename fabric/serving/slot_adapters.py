@@ -36,8 +36,9 @@ from fabric.format.adapter_tensors import LoraPair, lora_pairs
 from fabric.serving.adapters import ModelAdapters
 from fabric.format.config import PeftAdapterConfig
 from fabric.format.content_id import content_id
-from fabric.errors import AdaptersUnsupported, IncompatibleAdapter, InvalidAdapter, InvalidArgument, InvalidTensors
+from fabric.errors import AdaptersUnsupported, IncompatibleAdapter, InvalidAdapter, InvalidTensors
 from fabric.store.manifest import Manifest
+from fabric.store.ids import validate_name
 from fabric.serving.pool import ACTIVE, SlotPool, StagedAdapter
 from fabric.format.safetensors_index import parse_header
 from fabric.format.tensor_file import has_non_finite, lora_views, map_immutable, read_private
@@ -243,8 +244,7 @@ class PoolAdapters(ModelAdapters):
 
 
 def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument(f"adapter name {name!r} must be a non-empty string")
+    validate_name(name)  # the grammar of names, "base" reserved (fabric.store.ids)
 
 
 def _non_finite_message(weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]], pairs: Mapping[str, Any], dtype: torch.dtype) -> str:

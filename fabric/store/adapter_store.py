@@ -11,6 +11,8 @@ directory with committed data)::
     partial/<digest>/             a peer download: data (sparse), manifest.json, lock
     uploads/<key>/                a client upload: data, meta.json, lock; key = sha256(id, sha256)
     views/<digest>/               materialized PEFT directories: hard links into blobs
+    signatures/<digest>           the author's Ed25519 signature of a digest, when it was signed (fabric.trust)
+    quarantine/<sha256>-<ns>      blobs that failed a re-verification (fabric.store.integrity), kept as evidence
     tmp/                          temp files, each flock'ed by its writer until renamed
 
 Commit order is blobs, then manifest, then ref, each written to a temp file,
@@ -37,19 +39,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from fabric.errors import AdapterNotFound, IntegrityError, InvalidAdapter, InvalidArgument
+from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidAdapter, InvalidArgument
 from fabric.format.safetensors_index import MAX_HEADER_BYTES
 from fabric.store.export import ExportDir
 from fabric.store.files import COPY_BLOCK, check_header, decode_id, encode_id, fsync_dir, pwrite_all
 from fabric.store.ids import validate_adapter_id, validate_digest
+from fabric.store.integrity import StoreIntegrity, _is_digest
 from fabric.store.manifest import CONFIG_FILE, DEFAULT_CHUNK_SIZE, WEIGHTS_FILE, FileHasher, Manifest, build_manifest, iter_file
 from fabric.store.partial import PartialDownload, StorePartials
 from fabric.store.quota import StoreQuota
 from fabric.store.recovery import StoreRecovery
+from fabric.store.signatures import StoreSignatures
 from fabric.store.upload import StoreUploads, Upload
 
 
-class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
+class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, StorePartials, StoreUploads):
     """Adapters staged by id, stored by content, committed atomically, safe across restarts."""
 
     def __init__(
@@ -76,13 +80,15 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
         self.uploads = self.root / "uploads"
         self.views = self.root / "views"
         self.tmp = self.root / "tmp"
+        self.signatures = self.root / "signatures"
         self._lock_path = self.root / "lock"
         self._cache: dict[str, Manifest] = {}
         self._open_lock = threading.Lock()
         self._open_partials: dict[str, PartialDownload] = {}
         self._open_uploads: dict[str, Upload] = {}
-        for directory in (self.blobs, self.manifests, self.refs, self.partials, self.uploads, self.views, self.tmp):
+        for directory in (self.blobs, self.manifests, self.refs, self.partials, self.uploads, self.views, self.tmp, self.signatures):
             directory.mkdir(parents=True, exist_ok=True)
+        self._init_integrity()
         self.exports: ExportDir | None = None
         with self._locked():
             self._recover()
@@ -151,7 +157,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
 
     def _read_ref(self, adapter_id: str) -> str | None:
         try:
-            return self._ref_path(adapter_id).read_text("ascii").strip()
+            # Damaged text is returned as it is (never raised here): ``damaged()`` reports it.
+            return self._ref_path(adapter_id).read_bytes().decode("ascii", "replace").strip()
         except FileNotFoundError:
             return None
 
@@ -169,6 +176,9 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
         return found
 
     def _load_manifest(self, digest: str) -> Manifest | None:
+        """The manifest of ``digest``; None if absent; ``IntegrityError``/``InvalidAdapter`` if its file is damaged."""
+        if not _is_digest(digest):
+            raise IntegrityError(f"{digest[:80]!r} is not a digest")
         path = self._manifest_path(digest)
         cached = self._cache.get(digest)
         if cached is not None and path.is_file():  # another process may have collected it
@@ -188,15 +198,30 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
         """The committed manifest of an id (``AdapterNotFound`` naming the id)."""
         validate_adapter_id(adapter_id)
         digest = self._read_ref(adapter_id)
-        manifest = self._load_manifest(digest) if digest is not None else None
+        if digest is None:
+            raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
+        try:
+            manifest = self._load_manifest(digest)
+        except FabricError:
+            raise IntegrityError(f"adapter {adapter_id!r} is damaged in this store: {self._problem(digest)}; unstage it, or promote it from a peer") from None
         if manifest is None:
             raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
         return manifest.with_id(adapter_id)
 
+    def _complete(self, digest: str) -> Manifest | None:
+        """The manifest of ``digest`` when it and every blob it names are here; None when any is absent or damaged."""
+        try:
+            manifest = self._load_manifest(digest)
+        except FabricError:
+            return None
+        if manifest is None or any(not self._blob(f.sha256).is_file() for f in manifest.files):
+            return None
+        return manifest
+
     def by_digest(self, digest: str) -> Manifest | None:
         """The committed manifest of a digest, under one of the ids referring to it; None if absent."""
         validate_digest(digest)
-        manifest = self._load_manifest(digest)
+        manifest = self._complete(digest)
         if manifest is None:
             return None
         if self._read_ref(manifest.adapter_id) == digest:
@@ -205,10 +230,16 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
         return manifest.with_id(ids[0]) if ids else None
 
     def list(self) -> list[Manifest]:
-        """Every committed adapter, sorted by id (partials and uploads are never listed)."""
+        """Every committed adapter whose manifest reads, sorted by id (partials and uploads are never listed).
+
+        A damaged entry is left out here, never failing the whole list: ``damaged()`` names it.
+        """
         found = []
         for adapter_id, digest in sorted(self._refs().items()):
-            manifest = self._load_manifest(digest)
+            try:
+                manifest = self._load_manifest(digest)
+            except FabricError:
+                continue
             if manifest is not None:  # else unstaged while we listed
                 found.append(manifest.with_id(adapter_id))
         return found
@@ -222,16 +253,10 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
         return path
 
     def verify(self, adapter_id: str) -> Manifest:
-        """Re-hash an adapter's committed files against its manifest; ``IntegrityError`` on any difference."""
+        """Re-read an adapter's committed files, every chunk against its manifest; ``IntegrityError`` (and quarantine) on any difference."""
         manifest = self.get(adapter_id)
         for entry in manifest.files:
-            hasher = FileHasher(entry.chunk_size)
-            with open(self.blob_path(entry.sha256), "rb") as handle:
-                for block in iter_file(handle):
-                    hasher.update(block)
-            if hasher.entry(entry.name) != entry:
-                raise IntegrityError(f"adapter {adapter_id!r}: committed {entry.name} (sha256 {entry.sha256}) no longer matches its manifest")
-        check_header(manifest, self.blob_path(manifest.weights.sha256))
+            self.verified_blob(manifest, entry, force=True)
         return manifest
 
     def materialize(self, adapter_id: str) -> Path:
@@ -247,7 +272,7 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
             building = self.tmp / f"view-{secrets.token_hex(8)}"
             building.mkdir()
             for entry in manifest.files:
-                os.link(self.blob_path(entry.sha256), building / entry.name)
+                os.link(self.verified_blob(manifest, entry), building / entry.name)
             os.rename(building, view)
             fsync_dir(self.views)
         return view
@@ -264,9 +289,9 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
                 raise InvalidAdapter(f"{path} does not exist: a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")
         self._check_adapter_size(config_path.stat().st_size + weights_path.stat().st_size, f"staging {adapter_id!r}")
         manifest = build_manifest(adapter_id, config_path.read_bytes(), weights_path, self.chunk_size, max_header_bytes=self.max_header_bytes)
-        if self._load_manifest(manifest.digest) is not None:
+        if self._complete(manifest.digest) is not None:
             with self._locked():
-                if self._load_manifest(manifest.digest) is not None:
+                if self._complete(manifest.digest) is not None:
                     self._set_ref(adapter_id, manifest.digest)
                     return manifest
         self._check_quota(self._missing_bytes(manifest), f"staging {adapter_id!r}")
@@ -311,7 +336,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
         re-checks the quota here (another writer may have taken the room).
         """
         with self._locked():
-            existed = self._manifest_path(manifest.digest).is_file()
+            # A manifest whose blobs were quarantined (or whose file is damaged) is not "existed": this commit repairs it.
+            existed = self._complete(manifest.digest) is not None
             if not existed:
                 if check_quota:
                     self._check_quota(self._missing_bytes(manifest), f"staging {adapter_id!r}")
@@ -332,6 +358,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StorePartials, StoreUploads):
         os.chmod(source, 0o444)  # a hard link in a view must not let a loader change the blob
         os.rename(source, dest)
         fsync_dir(dest.parent)
+        self._remember_verified(sha256)  # verified as it was received or copied
+        self._release_quarantine(sha256)
 
     def _set_ref(self, adapter_id: str, digest: str) -> None:
         """Point an id at a digest (under the lock); the previous digest's bytes go if nothing refers to them."""

@@ -13,6 +13,10 @@ from fabric.errors import InvalidAdapterId, InvalidArgument
 
 MAX_ID_LENGTH = 128
 _ID_CHARS = re.compile(r"[A-Za-z0-9._\-/]+")
+MAX_NAME_LENGTH = 128
+_NAME_CHARS = re.compile(r"[A-Za-z0-9._\-/:@+]+")
+#: names a slot may not take: "base" is how a Generate asks for the base model
+RESERVED_NAMES = frozenset({"base"})
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -47,6 +51,25 @@ def validate_adapter_id(value: object) -> str:
     for segment in value.split("/"):
         if segment in ("", ".", ".."):
             raise InvalidAdapterId(f"adapter id {_show(value)} has an empty, '.' or '..' segment between '/'")
+    return value
+
+
+def validate_name(value: object) -> str:
+    """Return ``value`` if it may name a resident adapter (a slot), else raise ``InvalidArgument``.
+
+    Rules: a ``str`` of 1 to 128 characters from ``[A-Za-z0-9._-/:@+]`` (every
+    adapter id is a valid name; no NUL, whitespace, control or other
+    characters), and not a reserved name (``base`` means the base model).
+    """
+    if not isinstance(value, str):
+        raise InvalidArgument(f"adapter name {_show(value)} must be a string, not {type(value).__name__}")
+    if not value or len(value) > MAX_NAME_LENGTH:
+        raise InvalidArgument(f"adapter name {_show(value)} has {len(value)} characters: a name has 1 to {MAX_NAME_LENGTH}")
+    if _NAME_CHARS.fullmatch(value) is None:
+        bad = next(c for c in value if _NAME_CHARS.fullmatch(c) is None)
+        raise InvalidArgument(f"adapter name {_show(value)} holds {bad!r}: only [A-Za-z0-9._-/:@+] are allowed")
+    if value in RESERVED_NAMES:
+        raise InvalidArgument(f"adapter name {value!r} is reserved (a Generate with adapter={value!r} runs the base model); choose another")
     return value
 
 

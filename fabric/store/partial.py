@@ -34,7 +34,7 @@ class StorePartials:
                         f"asked for {manifest.weights.chunk_size}"
                     )
                 return current
-            if self._load_manifest(manifest.digest) is not None:
+            if self._complete(manifest.digest) is not None:
                 return PartialDownload(self, manifest, None)
             self._check_manifest_limits(manifest)
             directory = self.partials / manifest.digest
@@ -42,7 +42,7 @@ class StorePartials:
                 self._check_quota(self._missing_bytes(manifest), f"downloading {manifest.adapter_id!r}")
             lock_fd = lock_held_dir(directory, f"partial download of {manifest.digest}")
             try:
-                if self._load_manifest(manifest.digest) is not None:  # another process committed it meanwhile
+                if self._complete(manifest.digest) is not None:  # another process committed it meanwhile
                     os.close(lock_fd)
                     return PartialDownload(self, manifest, None)
                 partial = PartialDownload(self, manifest, directory, lock_fd)
@@ -266,7 +266,7 @@ class PartialDownload:
     def _commit_ref(self, manifest: Manifest) -> Manifest:
         store = self.store
         with store._locked():
-            if store._load_manifest(manifest.digest) is None or not all(store._blob(f.sha256).is_file() for f in manifest.files):
+            if store._complete(manifest.digest) is None:
                 raise AdapterNotFound(f"the bytes of {manifest.digest} were removed from this store before {manifest.adapter_id!r} referred to them; pull again")
             store._set_ref(manifest.adapter_id, manifest.digest)
         return manifest

@@ -12,7 +12,7 @@ class StoreQuota:
     """Mixed into ``AdapterStore``: what it holds and what it may still take (needs ``blobs``, ``partials``, ``uploads``)."""
 
     def usage(self) -> int:
-        """Bytes held: committed blobs plus the declared size of every partial and upload."""
+        """Bytes held: committed blobs, every partial at its full size, uploads written plus what open ones reserved."""
         total = 0
         for top in (self.blobs, self.partials, self.uploads):
             for dirpath, _, names in os.walk(top):
@@ -21,6 +21,9 @@ class StoreQuota:
                         total += os.stat(os.path.join(dirpath, name)).st_size
                     except FileNotFoundError:
                         pass
+        # An open upload's reservation counts in full: what it has not written yet is on its way.
+        for upload in list(self._open_uploads.values()):
+            total += max(0, upload.reserved - upload.offset)
         return total
 
     def _missing_bytes(self, manifest: Manifest) -> int:

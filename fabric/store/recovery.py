@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 from fabric.store.files import fsync_dir, remove_if_unheld, try_lock, writer_alive
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class StoreRecovery:
@@ -43,29 +47,46 @@ class StoreRecovery:
         self._collect()
 
     def _collect(self) -> None:
-        """Remove manifests, views and blobs no ref reaches (under the lock)."""
-        live = set(self._refs().values())
+        """Remove manifests, views and blobs no ref reaches (under the lock).
+
+        Damage makes it keep more, never less: while an id entry does not hold
+        a digest, nothing is collected (it may point at any manifest); while a
+        referenced manifest is missing or unreadable, no blob is (it may name any).
+        """
+        refs = self._refs()
+        live = set(refs.values())
+        sound_refs = all(_DIGEST.fullmatch(d) for d in live)
         keep: set[str] = set()
+        blobs_known = sound_refs
         for entry in os.scandir(self.manifests):
             digest = entry.name.removesuffix(".json")
             if digest in live:
-                keep.update(self._blob_shas(digest))
-            else:
+                shas = self._blob_shas(digest)
+                blobs_known &= shas is not None
+                keep.update(shas or ())
+            elif sound_refs:
                 os.unlink(entry.path)
                 self._cache.pop(digest, None)
+        blobs_known &= all(self._manifest_path(d).is_file() for d in live) if sound_refs else False
+        for entry in os.scandir(self.signatures):
+            if entry.name not in live and sound_refs and not (self.partials / entry.name).is_dir():
+                os.unlink(entry.path)  # kept while a pull of its digest may still commit
         for entry in os.scandir(self.views):
-            if entry.name not in live:
+            if entry.name not in live and sound_refs:
                 shutil.rmtree(entry.path, ignore_errors=True)
-        for bucket in os.scandir(self.blobs):
-            for blob in os.scandir(bucket.path):
-                if blob.name not in keep:
-                    os.unlink(blob.path)
+        if blobs_known:
+            for bucket in os.scandir(self.blobs):
+                for blob in os.scandir(bucket.path):
+                    if blob.name not in keep:
+                        os.unlink(blob.path)
         fsync_dir(self.manifests)
 
-    def _blob_shas(self, digest: str) -> list[str]:
+    def _blob_shas(self, digest: str) -> list[str] | None:
+        """The blob names a manifest lists; None when its file cannot be read as one."""
         # Raw JSON, not Manifest.from_json: collection must not depend on a manifest still validating.
         try:
             raw = json.loads(self._manifest_path(digest).read_bytes())
-            return [f["sha256"] for f in raw["files"]]
+            shas = [f["sha256"] for f in raw["files"]]
         except (OSError, ValueError, KeyError, TypeError):
-            return []
+            return None
+        return shas if all(isinstance(s, str) for s in shas) else None

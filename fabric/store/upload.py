@@ -10,12 +10,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fabric.errors import IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
+from fabric.errors import Busy, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
 from fabric.format.config import PeftAdapterConfig
 from fabric.store.files import lock_held_dir, pwrite_all
 from fabric.store.ids import validate_adapter_id, validate_digest
 from fabric.format.safetensors_index import header_length
-from fabric.store.manifest import WEIGHTS_FILE, Manifest, build_manifest
+from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest, hash_bytes
 
 if TYPE_CHECKING:
     from fabric.store.adapter_store import AdapterStore
@@ -36,9 +36,16 @@ class StoreUploads:
             current = self._open_uploads.get(self._upload_dir(adapter_id, sha256).name)
             if current is not None:
                 return current.offset
+        return self._kept_offset(self._upload_dir(adapter_id, sha256), adapter_id, sha256)
+
+    def _kept_offset(self, directory: Path, adapter_id: str, sha256: str) -> int:
+        """Bytes an interrupted upload left in ``directory`` that a resume keeps; 0 when none, or when it is damaged."""
         try:
-            return os.stat(self._upload_dir(adapter_id, sha256) / "data").st_size
-        except FileNotFoundError:
+            meta = json.loads((directory / "meta.json").read_bytes())
+            if meta.get("adapter_id") != adapter_id or meta.get("sha256") != sha256 or os.stat(directory / "data").st_size > meta.get("size", -1):
+                return 0  # damaged or not this upload's: it restarts from 0 (Upload truncates it)
+            return os.stat(directory / "data").st_size
+        except (OSError, ValueError, AttributeError, TypeError):
             return 0
 
     def open_upload(self, adapter_id: str, config_json: bytes, size: int, sha256: str) -> "Upload":
@@ -51,20 +58,24 @@ class StoreUploads:
         PeftAdapterConfig.from_json_bytes(config_json)  # refuse a bad config before any byte moves
         directory = self._upload_dir(adapter_id, sha256)
         with self._open_lock:
-            current = self._open_uploads.get(directory.name)
-            if current is not None:
-                if current.size != size:
-                    raise InvalidArgument(f"upload of {adapter_id!r} is open with size {current.size}, asked for {size}")
-                current.config_json = bytes(config_json)
-                return current
-            if not (directory / "meta.json").is_file():
-                self._check_quota(size + len(config_json), f"uploading {adapter_id!r}")
+            if directory.name in self._open_uploads:
+                # Each stream owns its upload: a second writer never shares (and never closes) the first's.
+                raise Busy(
+                    f"an upload of {adapter_id!r} with these bytes (sha256 {sha256}) is being sent by another Stage stream; "
+                    f"retry when it ends"
+                )
+            # Space is reserved now, for what is not committed already: two uploads opened together cannot pass the limit.
+            config_sha256 = hash_bytes(CONFIG_FILE, config_json, self.chunk_size).sha256
+            reserved = (0 if self._blob(sha256).is_file() else size) + (0 if self._blob(config_sha256).is_file() else len(config_json))
+            # What a resumed upload holds on disk is counted already.
+            self._check_quota(max(0, reserved - self._kept_offset(directory, adapter_id, sha256)), f"uploading {adapter_id!r}")
             lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (sha256 {sha256})")
             try:
                 upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, sha256)
             except BaseException:
                 os.close(lock_fd)
                 raise
+            upload.reserved = reserved
             self._open_uploads[directory.name] = upload
             return upload
 
@@ -86,6 +97,8 @@ class Upload:
         self.sha256 = sha256
         #: after commit: True when the same content was already committed
         self.already_staged = False
+        #: bytes of store quota this upload holds until it ends (its unwritten part counts as used)
+        self.reserved = 0
         self._directory = directory
         self._lock_fd: int | None = lock_fd
         self._lock = threading.Lock()

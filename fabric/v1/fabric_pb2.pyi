@@ -67,7 +67,7 @@ class TensorEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Manifest(_message.Message):
-    __slots__ = ("adapter_id", "digest", "content_id", "files", "config_json", "peft", "tensors", "header_size")
+    __slots__ = ("adapter_id", "digest", "content_id", "files", "config_json", "peft", "tensors", "header_size", "signature")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class Manifest(_message.Message):
     PEFT_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     HEADER_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     digest: str
     content_id: int
@@ -84,21 +85,24 @@ class Manifest(_message.Message):
     peft: PeftFields
     tensors: _containers.RepeatedCompositeFieldContainer[TensorEntry]
     header_size: int
-    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., config_json: _Optional[bytes] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., header_size: _Optional[int] = ...) -> None: ...
+    signature: bytes
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., config_json: _Optional[bytes] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., header_size: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class StageBegin(_message.Message):
-    __slots__ = ("adapter_id", "config_json", "safetensors_size", "safetensors_sha256", "offset")
+    __slots__ = ("adapter_id", "config_json", "safetensors_size", "safetensors_sha256", "offset", "signature")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     SAFETENSORS_SIZE_FIELD_NUMBER: _ClassVar[int]
     SAFETENSORS_SHA256_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     config_json: bytes
     safetensors_size: int
     safetensors_sha256: str
     offset: int
-    def __init__(self, adapter_id: _Optional[str] = ..., config_json: _Optional[bytes] = ..., safetensors_size: _Optional[int] = ..., safetensors_sha256: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+    signature: bytes
+    def __init__(self, adapter_id: _Optional[str] = ..., config_json: _Optional[bytes] = ..., safetensors_size: _Optional[int] = ..., safetensors_sha256: _Optional[str] = ..., offset: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class StageData(_message.Message):
     __slots__ = ("offset", "data")
@@ -223,18 +227,20 @@ class ListAdaptersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StagedAdapter(_message.Message):
-    __slots__ = ("adapter_id", "digest", "content_id", "size", "peft")
+    __slots__ = ("adapter_id", "digest", "content_id", "size", "peft", "damaged")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     PEFT_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     digest: str
     content_id: int
     size: int
     peft: PeftFields
-    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., size: _Optional[int] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ...) -> None: ...
+    damaged: str
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., size: _Optional[int] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., damaged: _Optional[str] = ...) -> None: ...
 
 class SlotInfo(_message.Message):
     __slots__ = ("slot", "name", "content_id", "ref_count", "pinned", "active", "last_used", "rank", "digest")

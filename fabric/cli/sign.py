@@ -1,0 +1,49 @@
+"""``fabric keygen`` and ``fabric sign``: an author's key pair and the signature of an adapter's manifest digest.
+
+What is signed is documented in ``fabric.trust.signing``. ``fabric stage
+--sign-key KEY`` signs while staging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from fabric.cli.output import emit
+
+
+def cmd_keygen(args: argparse.Namespace) -> None:
+    """Write ``OUT.key`` (private, PEM, mode 0600) and ``OUT.pub`` (public, PEM: give it to nodes' --trusted-signers)."""
+    from fabric.trust.signing import keygen
+
+    private, public = keygen()
+    key_path, pub_path = Path(f"{args.out}.key"), Path(f"{args.out}.pub")
+    for path in (key_path, pub_path):
+        if path.exists():
+            raise SystemExit(f"fabric keygen: {path} exists; not overwriting a key")
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    pub_path.write_bytes(public)
+    emit(args.json, {"private_key": str(key_path), "public_key": str(pub_path)}, f"wrote {key_path} (keep it secret) and {pub_path} (for --trusted-signers)")
+
+
+def cmd_sign(args: argparse.Namespace) -> None:
+    """Print the digest of a PEFT directory and its signature (hex) by ``--key``."""
+    from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, build_manifest
+    from fabric.trust.signing import sign_digest
+
+    directory = Path(args.dir)
+    manifest = build_manifest("signing", (directory / CONFIG_FILE).read_bytes(), directory / WEIGHTS_FILE)
+    signature = sign_digest(Path(args.key).read_bytes(), manifest.digest)
+    emit(args.json, {"digest": manifest.digest, "signature": signature.hex()}, f"digest={manifest.digest} signature={signature.hex()}")
+
+
+def register(command) -> None:
+    """Add ``keygen`` and ``sign`` through ``command(name, handler, help, node=False)`` (see ``fabric.cli.main``)."""
+    p = command("keygen", cmd_keygen, "make an Ed25519 key pair for signing adapters (OUT.key, OUT.pub)", node=False)
+    p.add_argument("out", help="path prefix: writes OUT.key and OUT.pub")
+    p = command("sign", cmd_sign, "print an adapter directory's digest and its signature by --key", node=False)
+    p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
+    p.add_argument("--key", required=True, help="private key (PEM, as fabric keygen writes it)")

@@ -1,0 +1,200 @@
+"""Bytes at rest: re-verified before they are loaded or served, quarantined when corrupt, damage reported per adapter.
+
+A committed blob is trusted only while it is known unchanged since it was
+last verified. That knowledge is a per-blob stamp (inode, size, mtime, ctime)
+taken when the bytes were verified (at commit, or by a full re-read here): a
+write, truncation, chmod, link or replacement of the file changes the stamp,
+and the next load or serve re-verifies every chunk (``FileEntry.verify_chunk``,
+whatever the digest scheme) before a byte is used. ctime cannot be set back
+from user space. Not caught by the stamp: the device corrupting bytes below
+the page cache; the scrub (``scrub``) re-reads every blob regardless of
+stamps, at a bounded rate.
+
+A blob that fails is moved out of ``blobs/`` into ``quarantine/`` (never
+deleted: it is evidence), so no later read can serve it; its adapters are
+then reported by ``damaged()`` until the bytes are committed again (a pull
+from a peer repairs them: ``_install_blob`` takes the blob back).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from fabric.errors import FabricError, IntegrityError
+from fabric.store.files import check_header, fsync_dir, pread_exact
+from fabric.store.ids import validate_digest
+from fabric.store.manifest import FileEntry, Manifest
+
+Stamp = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class DamagedEntry:
+    """An adapter id this store cannot load or serve as it is, and why."""
+
+    adapter_id: str
+    digest: str  # what its id entry holds ("" when that is unreadable)
+    problem: str
+
+
+def _stamp(path: Path) -> Stamp:
+    st = os.stat(path)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class StoreIntegrity:
+    """Mixed into ``AdapterStore``: verified reads of committed blobs, quarantine, damage reports, the scrub."""
+
+    def _init_integrity(self) -> None:
+        self.quarantine = self.root / "quarantine"
+        self.quarantine.mkdir(parents=True, exist_ok=True)
+        self._verified_at: dict[str, Stamp] = {}  # blob sha256 -> stamp when its bytes last verified
+        self._verify_lock = threading.Lock()
+
+    # ------------------------------------------------------------ verified reads
+
+    def _remember_verified(self, sha256: str) -> None:
+        """The blob's bytes were verified just now (at commit): remember its stamp."""
+        try:
+            self._verified_at[sha256] = _stamp(self._blob(sha256))
+        except FileNotFoundError:
+            self._verified_at.pop(sha256, None)
+
+    def verified_blob(self, manifest: Manifest, entry: FileEntry, *, force: bool = False) -> Path:
+        """The path of ``entry``'s committed blob, its bytes verified since they were last written.
+
+        Cheap when the blob's stamp is the one it had when last verified; else
+        (or with ``force``) every chunk is read and checked. A blob that fails
+        is quarantined and ``IntegrityError`` names the adapter.
+        """
+        path = self._blob(entry.sha256)
+        what = f"adapter {manifest.adapter_id!r} ({manifest.digest[:12]})"
+        try:
+            before = _stamp(path)
+        except FileNotFoundError:
+            raise IntegrityError(f"{what}: its {entry.name} (blob {entry.sha256}) is missing or quarantined; promote it from a peer or re-stage it") from None
+        if not force and self._verified_at.get(entry.sha256) == before:
+            return path
+        try:
+            self._verify_file(path, entry, manifest)
+        except IntegrityError as exc:
+            self._quarantine(entry.sha256, before)
+            raise IntegrityError(f"{what}: {exc}; the blob was quarantined (promote the adapter from a peer or re-stage it)") from None
+        if _stamp(path) == before:  # nobody wrote it while we read it
+            self._verified_at[entry.sha256] = before
+        return path
+
+    def verified_weights(self, manifest: Manifest) -> Path:
+        """``verified_blob`` of the weights file (what a promote maps and a Fetch serves)."""
+        return self.verified_blob(manifest, manifest.weights)
+
+    def _verify_file(self, path: Path, entry: FileEntry, manifest: Manifest, pace: Callable[[int], None] | None = None) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size != entry.size:
+                raise IntegrityError(f"{entry.name} is {os.fstat(fd).st_size} bytes on disk, its manifest says {entry.size}")
+            for index in range(entry.chunk_count):
+                offset, length = entry.chunk_span(index)
+                entry.verify_chunk(index, pread_exact(fd, length, offset, str(path)))
+                if pace is not None:
+                    pace(length)
+        finally:
+            os.close(fd)
+        if entry.name == manifest.weights.name:
+            check_header(manifest, path)
+
+    def _quarantine(self, sha256: str, seen: Stamp) -> None:
+        """Move a corrupt blob out of ``blobs/`` (unless it was replaced since ``seen``); it stays as evidence."""
+        self._verified_at.pop(sha256, None)
+        with self._locked():
+            path = self._blob(sha256)
+            try:
+                if _stamp(path) != seen:
+                    return  # rewritten since we read it: the next read verifies it again
+            except FileNotFoundError:
+                return
+            os.replace(path, self.quarantine / f"{sha256}-{time.time_ns()}")
+            fsync_dir(path.parent)
+            fsync_dir(self.quarantine)
+
+    def _release_quarantine(self, sha256: str) -> None:
+        """The bytes of ``sha256`` are committed again: drop the quarantined copies."""
+        for entry in os.scandir(self.quarantine):
+            if entry.name.startswith(sha256 + "-"):
+                os.unlink(entry.path)
+
+    # ------------------------------------------------------------ damage
+
+    def damaged(self) -> list[DamagedEntry]:
+        """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
+        found = []
+        for adapter_id, digest in sorted(self._refs().items()):
+            problem = self._problem(digest)
+            if problem:
+                found.append(DamagedEntry(adapter_id, digest if _is_digest(digest) else "", problem))
+        return found
+
+    def _problem(self, digest: str) -> str:
+        """Why the adapter behind ``digest`` is damaged; "" when it is not (as far as files' presence shows)."""
+        if not _is_digest(digest):
+            return f"its id entry is damaged (holds {digest[:80]!r}, not a digest)"
+        try:
+            manifest = self._load_manifest(digest)
+        except FabricError as exc:
+            return f"its manifest is damaged: {str(exc)[:200]}"
+        if manifest is None:
+            return f"its manifest {digest}.json is missing"
+        for entry in manifest.files:
+            if not self._blob(entry.sha256).is_file():
+                return f"its {entry.name} (blob {entry.sha256}) is missing or quarantined"
+        return ""
+
+    # ------------------------------------------------------------ scrub
+
+    def scrub(self, rate: int = 0, stop: threading.Event | None = None, on_damage: Callable[[str, IntegrityError], None] | None = None) -> int:
+        """Re-read and verify every committed blob (stamps ignored), at most ``rate`` bytes/s (0 = unbounded); the count of damaged adapters.
+
+        A corrupt blob is quarantined; ``on_damage(adapter_id, error)`` is told (e.g. to re-pull it from a peer).
+        """
+        started, done = time.monotonic(), 0
+
+        def pace(length: int) -> None:
+            nonlocal done
+            done += length
+            if rate > 0:
+                ahead = done / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    (stop.wait if stop is not None else time.sleep)(ahead)
+
+        bad = 0
+        for manifest in self.list():
+            for entry in manifest.files:
+                if stop is not None and stop.is_set():
+                    return bad
+                try:
+                    before = _stamp(self._blob(entry.sha256))
+                    self._verify_file(self._blob(entry.sha256), entry, manifest, pace)
+                    if _stamp(self._blob(entry.sha256)) == before:
+                        self._verified_at[entry.sha256] = before
+                except FileNotFoundError:
+                    continue  # unstaged while we scrubbed
+                except IntegrityError as exc:
+                    self._quarantine(entry.sha256, before)
+                    bad += 1
+                    if on_damage is not None:
+                        on_damage(manifest.adapter_id, exc)
+                    break
+        return bad
+
+
+def _is_digest(value: str) -> bool:
+    try:
+        validate_digest(value)
+    except FabricError:
+        return False
+    return True
