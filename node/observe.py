@@ -1,7 +1,7 @@
 """What the node records about its own work: one log line and the metrics of every RPC, pull and promote.
 
 ``RpcObserver`` is the outermost server interceptor, so it sees every Fabric
-call as the caller does, refusals by the auth interceptor included; the
+call but the Fetch stream as the caller does, refusals by the auth interceptor included; the
 servicer stays free of bookkeeping. ``ObservedPuller`` does the same for
 pulls (a Promote from a peer, or a stage-only pull). ``refresh_gauges`` sets
 the state gauges from the pool and the store right before a scrape.
@@ -126,7 +126,10 @@ class RpcObserver(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or not details.method.startswith(FABRIC_PREFIX):
+        if handler is None or not details.method.startswith(FABRIC_PREFIX) or handler.response_streaming:
+            # Fetch (the one response stream) passes untouched: another async-generator layer changes when a
+            # cancelled stream's own cleanup runs, which super-seeding's hand-out counts depend on. Its bytes are
+            # counted where they are sent (node.peer_reads).
             return handler
         return _wrap(handler, details.method[len(FABRIC_PREFIX):])
 

@@ -12,6 +12,7 @@ import os
 from typing import AsyncIterator, Callable, Sequence
 
 from fabric.errors import AdapterNotFound, InvalidArgument, QuotaExceeded
+from fabric.observability.metrics import SERVED_BYTES
 from fabric.rpc.status import rpc_errors
 from fabric.store.manifest import Manifest
 from fabric.transport import swarm, wire
@@ -53,6 +54,7 @@ class PeerReads:
                 if self._upload_limit is not None:
                     await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
                 data = await self._io(os.pread, f.fileno(), length, offset)
+                SERVED_BYTES.inc(len(data))
                 yield wire.encode_chunk(offset, data)
 
     async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
@@ -86,8 +88,9 @@ class PeerReads:
                     if self._upload_limit is not None:
                         await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
                     data = await self._io(os.pread, f.fileno(), length, offset)
+                    SERVED_BYTES.inc(len(data))
+                    served.add(index)  # handed to gRPC: a caller that cuts the stream after it may hold it already
                     yield wire.encode_chunk(offset, data)
-                    served.add(index)
         finally:
             first_inflight.difference_update(firsts)
             for index in chunks:
@@ -138,6 +141,7 @@ class PeerReads:
                 data = await self._io(partial.read_chunk, index)  # re-verified on read
             except InvalidArgument as exc:  # the partial was closed under us (its pull failed)
                 raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
+            SERVED_BYTES.inc(len(data))
             yield wire.encode_chunk(index * weights.chunk_size, data)
 
     @rpc_errors

@@ -98,7 +98,7 @@ def test_metrics_move_after_a_stage_a_promote_from_a_peer_and_a_generate(tmp_pat
             weights = (adapters["alpha"] / "adapter_model.safetensors").stat().st_size
             assert value(seeder, "fabric_stage_uploads_total", outcome="ok") == 1
             assert value(seeder, "fabric_stage_received_bytes_total") == weights
-            assert value(seeder, "fabric_served_bytes_total") >= weights  # chunks plus their small headers
+            assert value(seeder, "fabric_served_bytes_total") >= weights  # every chunk at least once
             assert value(seeder, "fabric_store_used_bytes") >= weights
             assert value(seeder, "fabric_rpc_duration_seconds_count", method="Stage") == 1
 

@@ -45,7 +45,7 @@ PULL_SECONDS = Histogram("fabric_pull_duration_seconds", "Pull latency (outcome 
 PULL_BYTES = Counter("fabric_pull_received_bytes_total", "Verified bytes received from peers, by source peer (unknown peers: other).", ["peer"], registry=REGISTRY)
 PULL_RESUMES = Counter("fabric_pull_resumes_total", "Pulls that resumed from chunks verified by an earlier, interrupted pull.", registry=REGISTRY)
 PULL_FAILOVERS = Counter("fabric_pull_failovers_total", "Peers dropped during a pull while chunks were still missing.", registry=REGISTRY)
-SERVED_BYTES = Counter("fabric_served_bytes_total", "Bytes of Fetch responses served to peers.", registry=REGISTRY)
+SERVED_BYTES = Counter("fabric_served_bytes_total", "Adapter bytes sent to peers in Fetch responses.", registry=REGISTRY)
 STAGES = Counter("fabric_stage_uploads_total", "Stage uploads from clients, by outcome.", ["outcome"], registry=REGISTRY)
 STAGE_BYTES = Counter("fabric_stage_received_bytes_total", "Adapter bytes received by Stage.", registry=REGISTRY)
 
@@ -54,8 +54,8 @@ STORE_QUOTA = Gauge("fabric_store_quota_bytes", "The store's limit, --max-store-
 EXPIRED = Counter("fabric_store_expired_total", "Abandoned uploads and partial downloads removed for age, by kind.", ["kind"], registry=REGISTRY)
 EXPIRED_BYTES = Counter("fabric_store_expired_bytes_total", "Bytes freed by expiring abandoned uploads and partial downloads.", registry=REGISTRY)
 
-RPC_SECONDS = Histogram("fabric_rpc_duration_seconds", "Latency of every Fabric RPC, by method.", ["method"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
-RPC_ERRORS = Counter("fabric_rpc_errors_total", "RPCs that ended with a status other than OK, by method and gRPC code.", ["method", "code"], registry=REGISTRY)
+RPC_SECONDS = Histogram("fabric_rpc_duration_seconds", "Latency of every Fabric RPC but Fetch, by method.", ["method"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
+RPC_ERRORS = Counter("fabric_rpc_errors_total", "RPCs (all but Fetch) that ended with a status other than OK, by method and gRPC code.", ["method", "code"], registry=REGISTRY)
 GENERATE_SECONDS = Histogram("fabric_generate_duration_seconds", "Generate latency.", buckets=LATENCY_BUCKETS, registry=REGISTRY)
 
 _refresh: list[Callable[[], None]] = []
