@@ -15,6 +15,7 @@ import asyncio
 import logging
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import AsyncIterator, Callable, Sequence, TypeVar
@@ -23,7 +24,7 @@ from aiolimiter import AsyncLimiter
 
 from fabric.format.adapter_tensors import lora_pairs
 from fabric.transport.discovery import PeerSource
-from fabric.errors import AdapterNotFound, AdaptersUnsupported, FabricError, IntegrityError, InvalidArgument
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, Busy, FabricError, IntegrityError, InvalidArgument
 from fabric.store.ids import validate_adapter_id, validate_name
 from fabric.store.manifest import Manifest
 from fabric.serving.generation import Generation
@@ -31,6 +32,7 @@ from fabric.serving.pool import ACTIVE
 from fabric.format.peft_fields import check_agrees, peft_fields_of
 from fabric.rpc.status import rpc_errors
 from fabric.store import AdapterStore
+from fabric.store.upload import Upload
 from fabric.transport.pull import PeerPuller, PullStats
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from fabric.trust.signing import TrustedSigners
@@ -47,6 +49,8 @@ BASE_NAME = "base"
 DEFAULT_MAX_NEW_TOKENS = 256
 #: seconds between two scrubs of the whole store (the first runs at start)
 SCRUB_INTERVAL_S = 6 * 3600.0
+#: How long a Stage waits for an earlier stream of the same upload to let go before refusing it as Busy.
+UPLOAD_RELEASE_WAIT_S = 3.0
 
 
 class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.FabricServicer):
@@ -121,14 +125,9 @@ class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.
                         raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
                     begin = message.begin
                     signed_digest = self._check_stage_begin(begin)  # before any byte moves
-                    upload = await self._io(
-                        self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
-                    )
+                    upload = await self._open_upload(begin)
                     if begin.offset != upload.offset:
-                        raise InvalidArgument(
-                            f"Stage of {begin.adapter_id!r} resumes at offset {begin.offset} but this node holds {upload.offset} bytes; "
-                            f"ask UploadOffset and resume from there"
-                        )
+                        await self._io(upload.rewind, begin.offset)  # refuses an offset beyond what is held
                 elif kind == "data":
                     if upload is None:
                         raise InvalidArgument("Stage stream sent data before its StageBegin")
@@ -155,6 +154,20 @@ class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.
             bytes_received=received,
             already_staged=upload.already_staged,
         )
+
+    async def _open_upload(self, begin: fabric_pb2.StageBegin) -> Upload:
+        """Open ``begin``'s upload, waiting a little for an earlier stream of it to let go: a client that crashed
+        mid-upload and resumes at once meets its own dead stream still winding down here. Waits off the I/O threads."""
+        deadline = time.monotonic() + UPLOAD_RELEASE_WAIT_S
+        while True:
+            try:
+                return await self._io(
+                    self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
+                )
+            except Busy:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
 
     @rpc_errors
     async def UploadOffset(self, request, context) -> fabric_pb2.UploadOffsetResponse:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import queue
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -37,6 +38,8 @@ class Stream:
 
     def _messages(self):
         while (message := self._queue.get()) is not None:
+            if isinstance(message, Exception):
+                raise message  # the client dies mid-stream: gRPC cancels the call
             yield message
 
     def _run(self, stub) -> None:
@@ -45,13 +48,18 @@ class Stream:
         except grpc.RpcError as exc:
             self.error = exc
 
-    def begin(self, adapter_id: str, config: bytes, weights: bytes) -> None:
+    def begin(self, adapter_id: str, config: bytes, weights: bytes, offset: int = 0) -> None:
         sha = hashlib.sha256(weights).hexdigest()
         self._queue.put(fabric_pb2.StageRequest(begin=fabric_pb2.StageBegin(
-            adapter_id=adapter_id, config_json=config, safetensors_size=len(weights), safetensors_sha256=sha)))
+            adapter_id=adapter_id, config_json=config, safetensors_size=len(weights), safetensors_sha256=sha, offset=offset)))
 
     def data(self, offset: int, data: bytes) -> None:
         self._queue.put(fabric_pb2.StageRequest(data=fabric_pb2.StageData(offset=offset, data=data)))
+
+    def crash(self, timeout: float = 60) -> "Stream":
+        self._queue.put(ConnectionAbortedError("simulated client crash"))
+        self._thread.join(timeout)
+        return self
 
     def end(self, timeout: float = 120) -> "Stream":
         self._queue.put(None)
@@ -103,6 +111,64 @@ def test_a_second_stream_of_the_same_upload_is_refused_and_leaves_the_first_inta
             assert listed["same"].peft.lora_alpha == 16  # ... and its config is what was committed
             again = client.stage(adapter, "other-id")  # the node is sound after it
             assert again.digest
+    finally:
+        node.stop()
+
+
+def test_a_resume_waits_for_its_crashed_stream_to_let_go(tmp_path, adapter) -> None:
+    """A client that crashed mid-upload and resumes at once meets its dead stream still open on the node: the new
+    stream waits for it to let go (bounded) instead of being refused as Busy."""
+    node = LocalNode(tmp_path / "n", slots=2).start()
+    try:
+        config, weights = _files(adapter, 16)
+        half = len(weights) // 2
+        with grpc.insecure_channel(node.address) as channel:
+            stub = fabric_pb2_grpc.FabricStub(channel)
+            a = Stream(stub)
+            a.begin("resumed", config, weights)
+            a.data(0, weights[:half])
+            wait_offset(stub, "resumed", weights, half)
+            b = Stream(stub)
+            b.begin("resumed", config, weights, offset=half)  # the node still holds A's upload open
+            time.sleep(0.3)
+            a.crash()
+            b.data(half, weights[half:])
+            b.end()
+            assert b.error is None, b.error
+            assert b.reply.bytes_received == len(weights) - half
+    finally:
+        node.stop()
+
+
+def test_a_resume_below_the_held_offset_rewinds_and_one_beyond_it_is_refused(tmp_path, adapter) -> None:
+    """A client that read UploadOffset while its previous stream was still landing bytes resumes below what the node
+    holds: the node drops the rest and takes the bytes again. An offset beyond what it holds is refused, state kept."""
+    node = LocalNode(tmp_path / "n", slots=2).start()
+    try:
+        config, weights = _files(adapter, 16)
+        half = len(weights) // 2
+        with grpc.insecure_channel(node.address) as channel:
+            stub = fabric_pb2_grpc.FabricStub(channel)
+            a = Stream(stub)
+            a.begin("rewound", config, weights)
+            a.data(0, weights[:half])
+            wait_offset(stub, "rewound", weights, half)
+            a.crash()
+            beyond = Stream(stub)
+            beyond.begin("rewound", config, weights, offset=half + 1)
+            beyond.end()
+            assert beyond.error is not None and beyond.error.code() == grpc.StatusCode.INVALID_ARGUMENT, beyond.error
+            assert f"resumes at offset {half + 1} but this node holds {half} bytes" in beyond.error.details()
+            request = fabric_pb2.UploadOffsetRequest(adapter_id="rewound", safetensors_sha256=hashlib.sha256(weights).hexdigest())
+            assert stub.UploadOffset(request, timeout=30).offset == half  # the refusal kept the upload as it was
+            quarter = half // 2
+            b = Stream(stub)
+            b.begin("rewound", config, weights, offset=quarter)
+            b.data(quarter, weights[quarter:])
+            b.end()
+            assert b.error is None, b.error
+        with node.client() as client:
+            assert {s.adapter_id: s.digest for s in client.list().staged}["rewound"] == b.reply.digest
     finally:
         node.stop()
 

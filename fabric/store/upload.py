@@ -137,6 +137,20 @@ class Upload:
             os.fdatasync(self._fd)
             self._offset += len(data)
 
+    def rewind(self, offset: int) -> None:
+        """Resume from ``offset`` below what is held: a client that read the offset while its previous stream was
+        still landing bytes sends them again (the same bytes, by the upload's sha256), so the rest is dropped."""
+        with self._lock:
+            self._require_open()
+            if not 0 <= offset <= self._offset:
+                raise InvalidArgument(
+                    f"Stage of {self.adapter_id!r} resumes at offset {offset} but this node holds {self._offset} bytes; "
+                    f"ask UploadOffset and resume from there"
+                )
+            os.ftruncate(self._fd, offset)
+            os.fsync(self._fd)
+            self._offset = offset
+
     def commit(self) -> Manifest:
         """Check size, sha256, config, header and tensors, then commit; any failure commits nothing and drops the upload."""
         with self._lock:
