@@ -56,6 +56,7 @@ class PeerReads:
                 data = await self._io(os.pread, f.fileno(), length, offset)
                 SERVED_BYTES.inc(len(data))
                 yield wire.encode_chunk(offset, data)
+        context.set_trailing_metadata(((wire.COMPLETE_KEY, "1"),))
 
     async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
         """A swarm request to a node holding the whole adapter: super-seeding.
@@ -91,6 +92,7 @@ class PeerReads:
                     SERVED_BYTES.inc(len(data))
                     served.add(index)  # handed to gRPC: a caller that cuts the stream after it may hold it already
                     yield wire.encode_chunk(offset, data)
+            context.set_trailing_metadata(((wire.COMPLETE_KEY, "1"),))
         finally:
             first_inflight.difference_update(firsts)
             for index in chunks:
@@ -143,6 +145,9 @@ class PeerReads:
                 raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
             SERVED_BYTES.inc(len(data))
             yield wire.encode_chunk(index * weights.chunk_size, data)
+        # What it holds by now, so a swarm puller need not poll Availability (fabric.transport.swarm_pull).
+        held = ((wire.COMPLETE_KEY, "1"),) if partial.committed else ((wire.VERIFIED_KEY, partial.verified_bitmap),)
+        context.set_trailing_metadata(held)
 
     @rpc_errors
     async def Availability(self, request, context) -> fabric_pb2.AvailabilityResponse:

@@ -77,7 +77,7 @@ def test_runs_are_consecutive_chunks_the_peer_holds() -> None:
 
 def test_run_length_spreads_small_adapters_and_caps_large_ones() -> None:
     assert swarm.run_length(4096, 33, peers=3, window=2) == 2  # 33 chunks over 6 slots: short runs
-    assert swarm.run_length(1 << 20, 64, peers=16) == 1
+    assert swarm.run_length(1 << 20, 64, peers=16) == 2  # 64 chunks over 16 peers: every window gets work twice over
     assert swarm.run_length(4096, 100_000, peers=1) == swarm.RUN_BYTES // 4096  # one peer: capped by bytes
 
 
@@ -291,6 +291,15 @@ def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> No
                 assert [offset for offset, _ in chunks] == [index * weights.chunk_size]
                 assert chunk_digest(chunks[0][1]) == weights.chunk_digests[index]
                 served.append(index)
+            # The stream's trailer says what the node holds by now: a puller need not poll Availability for it.
+            call = fetch(fabric_pb2.FetchRequest(digest=staged.digest, offset=served[0] * weights.chunk_size, length=weights.chunk_size), timeout=30)
+            assert len(list(call)) == 1
+            bitmap, complete = wire.holding_trailer(call.trailing_metadata())
+            assert not complete and bitmap is not None and set(served) <= swarm.bitmap_to_chunks(bitmap, count)
+            with grpc.insecure_channel(seed.address) as seed_channel:
+                from_seed = wire.fetch_stub(seed_channel)(fabric_pb2.FetchRequest(digest=staged.digest, length=weights.chunk_size), timeout=30)
+                assert len(list(from_seed)) == 1
+                assert wire.holding_trailer(from_seed.trailing_metadata()) == (None, True)
             # A range reaching past the verified chunks is refused whole, before a byte is sent.
             with pytest.raises(grpc.RpcError) as whole:
                 list(fetch(fabric_pb2.FetchRequest(digest=staged.digest), timeout=30))

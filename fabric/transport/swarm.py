@@ -35,8 +35,9 @@ from typing import Callable, Iterable, Sequence
 
 #: requests outstanding per peer
 WINDOW = 1
-#: bytes per request: enough to amortize a round trip, small enough to spread a rollout
-RUN_BYTES = 1 << 20
+#: bytes per request at most: long runs amortize a call's set-up and round trip (measured: 32 MiB runs
+#: saved ~25% of an 84 MB one-peer pull against 1 MiB ones); ``run_length`` shortens them to spread a rollout
+RUN_BYTES = 32 << 20
 #: an outstanding request younger than this is never duplicated by the endgame
 ENDGAME_MIN_S = 1.0
 #: ... nor one younger than this many times the median request time

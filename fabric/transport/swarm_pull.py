@@ -228,6 +228,12 @@ class SwarmPull:
                 have, complete = detail
                 swarm.set_holding(plan, subject, have, complete)
             return False
+        if kind == "held":  # a Fetch's trailer said what its peer holds: as good as a poll, and it cost nothing
+            self.last_poll[subject] = now
+            if not plan.peers[subject].dead and not plan.peers[subject].complete:
+                have, complete = detail
+                swarm.set_holding(plan, subject, have, complete)
+            return False
         if kind == "poll-failed":
             self.polling.discard(subject)
             self.last_poll[subject] = now
@@ -349,12 +355,25 @@ class SwarmPull:
             raise _Refused(kind, error) from None
         finally:
             call.cancel()  # no-op when the stream ended; stops the peer's sending when we left early
+        self._report_holding(peer, call)
         if request.accept and position and not handle.cancelled:
             return  # it may send other chunks than those asked for, and fewer: what is still needed is asked again
         if not all(c in self.done for c in expected):
             if handle.cancelled:
                 raise _Refused("cancelled", None)
             raise _Refused("broken", PeerUnavailable(f"{peer} ended the stream at chunk {expected[position] if position < len(expected) else end}"))
+
+
+    def _report_holding(self, peer: str, call) -> None:
+        """Pass on what a finished stream's trailer says its peer holds (``wire.holding_trailer``)."""
+        try:
+            bitmap, complete = wire.holding_trailer(call.trailing_metadata())
+        except grpc.RpcError:
+            return
+        if complete:
+            self.events.put(("held", peer, ((), True)))
+        elif bitmap is not None:
+            self.events.put(("held", peer, (swarm.bitmap_to_chunks(bitmap, self.weights.chunk_count), False)))
 
 
 def _picked(metadata) -> list[int] | None:
