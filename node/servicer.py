@@ -51,7 +51,7 @@ DEFAULT_MAX_NEW_TOKENS = 256
 #: seconds between two scrubs of the whole store (the first runs at start)
 SCRUB_INTERVAL_S = 6 * 3600.0
 #: How long a Stage waits for an earlier stream of the same upload to let go before refusing it as Busy.
-UPLOAD_RELEASE_WAIT_S = 3.0
+UPLOAD_RELEASE_WAIT_S = 10.0
 
 
 class FabricServicer(Promotes, PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.FabricServicer):
