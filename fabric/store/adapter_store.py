@@ -94,7 +94,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
             self._recover()
             if export_dir is not None:
                 self.exports = ExportDir(export_dir, self._blob, self._lock_path)
-                self.exports.sync(self.list())
+                # Only whole adapters: a blob quarantined before the restart has nothing to link to.
+                self.exports.sync(m for m in self.list() if self._complete(m.digest) is not None)
 
     # ------------------------------------------------------------ locking and temp files
 
@@ -372,6 +373,7 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
             manifest = self._load_manifest(digest)
             if manifest is not None:
                 self.exports.export(adapter_id, manifest)
+            self._restore_exports()  # a commit may have brought a quarantined blob back
 
     def unstage(self, adapter_id: str) -> bool:
         """Remove an id; True when its bytes were removed too (no other id refers to its digest)."""

@@ -13,7 +13,9 @@ stamps, at a bounded rate.
 A blob that fails is moved out of ``blobs/`` into ``quarantine/`` (never
 deleted: it is evidence), so no later read can serve it; its adapters are
 then reported by ``damaged()`` until the bytes are committed again (a pull
-from a peer repairs them: ``_install_blob`` takes the blob back).
+from a peer repairs them: ``_install_blob`` takes the blob back). Export
+directory entries linking to it are withdrawn with it (they share its inode)
+and exported again with the repair.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class StoreIntegrity:
         self.quarantine.mkdir(parents=True, exist_ok=True)
         self._verified_at: dict[str, Stamp] = {}  # blob sha256 -> stamp when its bytes last verified
         self._verify_lock = threading.Lock()
+        self._withdrawn: set[str] = set()  # ids whose export entries went with a quarantined blob, until it is committed again
 
     # ------------------------------------------------------------ verified reads
 
@@ -118,9 +121,22 @@ class StoreIntegrity:
                     return  # rewritten since we read it: the next read verifies it again
             except FileNotFoundError:
                 return
-            os.replace(path, self.quarantine / f"{sha256}-{time.time_ns()}")
+            moved = self.quarantine / f"{sha256}-{time.time_ns()}"
+            os.replace(path, moved)
             fsync_dir(path.parent)
             fsync_dir(self.quarantine)
+            if self.exports is not None:  # its hard links there share the corrupt inode
+                self._withdrawn.update(self.exports.withdraw(os.stat(moved)))
+
+    def _restore_exports(self) -> None:
+        """Export again the ids withdrawn with a quarantined blob once all their bytes are committed again (under the lock)."""
+        for adapter_id in sorted(self._withdrawn):
+            digest = self._read_ref(adapter_id)
+            manifest = self._complete(digest) if digest is not None and _is_digest(digest) else None
+            if manifest is not None:
+                self.exports.export(adapter_id, manifest)
+            if digest is None or manifest is not None:  # unstaged, or back: nothing more to restore
+                self._withdrawn.discard(adapter_id)
 
     def _release_quarantine(self, sha256: str) -> None:
         """The bytes of ``sha256`` are committed again: drop the quarantined copies."""
