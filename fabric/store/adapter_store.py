@@ -165,7 +165,11 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
 
     def _refs(self) -> dict[str, str]:
         found: dict[str, str] = {}
-        for entry in os.scandir(self.refs):
+        try:
+            entries = list(os.scandir(self.refs))
+        except FileNotFoundError:
+            raise self._missing_store() from None
+        for entry in entries:
             adapter_id = decode_id(entry.name)
             try:
                 validate_adapter_id(adapter_id)

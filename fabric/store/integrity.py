@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fabric.errors import FabricError, IntegrityError
+from fabric.errors import FabricError, IntegrityError, StoreMissing
 from fabric.store.files import check_header, fsync_dir, pread_exact
 from fabric.store.ids import validate_digest
 from fabric.store.manifest import FileEntry, Manifest
@@ -169,6 +169,15 @@ class StoreIntegrity:
             if not self._blob(entry.sha256).is_file():
                 return f"its {entry.name} (blob {entry.sha256}) is missing or quarantined"
         return ""
+
+    def _missing_store(self) -> StoreMissing:
+        """The error for a store whose directory (or a part of it) was removed while this process uses it."""
+        gone = next((d for d in (self.root, self.refs, self.manifests, self.blobs) if not d.is_dir()), self.refs)
+        what = "is missing" if gone == self.root else f"is missing its {gone.relative_to(self.root)}/ directory"
+        return StoreMissing(
+            f"the adapter store {self.root} {what} (removed while the node runs): "
+            "restore it, or restart the node to start an empty store there and pull adapters from peers again"
+        )
 
     # ------------------------------------------------------------ scrub
 
