@@ -60,6 +60,10 @@ class IncompatibleAdapter(FabricError):
     """A valid adapter that this node's model or pool cannot hold (module, shape, rank)."""
 
 
+class IncompatibleFormat(FabricError):
+    """A peer, client or store speaks another version of the wire or store format (another digest scheme)."""
+
+
 class AdaptersUnsupported(FabricError):
     """The model behind this node has no adapter support."""
 
@@ -108,6 +112,10 @@ class PeerUnavailable(FabricError):
     """No reachable peer could serve the request."""
 
     retryable = True
+
+
+class DeadlineExceeded(FabricError):
+    """The caller's deadline passed before the work was done (the partial result is not returned as if it were whole)."""
 
 
 # --- who is calling ---------------------------------------------------------

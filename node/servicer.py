@@ -22,21 +22,22 @@ from typing import AsyncIterator, Callable, Sequence, TypeVar
 
 from aiolimiter import AsyncLimiter
 
-from fabric.format.adapter_tensors import lora_pairs
 from fabric.transport.discovery import PeerSource
-from fabric.errors import AdapterNotFound, AdaptersUnsupported, Busy, FabricError, IntegrityError, InvalidArgument
-from fabric.store.ids import validate_adapter_id, validate_name
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, Busy, DeadlineExceeded, FabricError, IncompatibleFormat, IntegrityError, InvalidArgument
+from fabric.store.digests import DIGEST_SCHEME, check_scheme
+from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest
 from fabric.serving.generation import Generation
 from fabric.serving.pool import ACTIVE
-from fabric.format.peft_fields import check_agrees, peft_fields_of
+from fabric.format.peft_fields import peft_fields_of
 from fabric.rpc.status import rpc_errors
 from fabric.store import AdapterStore
 from fabric.store.upload import Upload
-from fabric.transport.pull import PeerPuller, PullStats
+from fabric.transport.pull import PeerPuller
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from fabric.trust.signing import TrustedSigners
 from node.peer_reads import PeerReads
+from node.promotes import Promotes
 from node.signed import SignedAdapters
 from node.store_status import StoreStatusRpc
 
@@ -53,7 +54,7 @@ SCRUB_INTERVAL_S = 6 * 3600.0
 UPLOAD_RELEASE_WAIT_S = 3.0
 
 
-class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.FabricServicer):
+class FabricServicer(Promotes, PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.FabricServicer):
     def __init__(
         self, store: AdapterStore, model, puller: PeerPuller, peers: Sequence[str] = (), upload_rate: int = 0, peer_source: PeerSource | None = None,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, scrub_rate: int = 0, trusted: TrustedSigners | None = None,
@@ -162,7 +163,7 @@ class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.
         while True:
             try:
                 return await self._io(
-                    self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_sha256
+                    self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_blake3, begin.weights_root
                 )
             except Busy:
                 if time.monotonic() >= deadline:
@@ -171,8 +172,13 @@ class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.
 
     @rpc_errors
     async def UploadOffset(self, request, context) -> fabric_pb2.UploadOffsetResponse:
-        offset = await self._io(self.store.upload_offset, request.adapter_id, request.safetensors_sha256)
-        return fabric_pb2.UploadOffsetResponse(offset=offset)
+        if not request.safetensors_blake3:
+            raise IncompatibleFormat(
+                f"UploadOffset of {request.adapter_id[:200]!r} names no safetensors_blake3: a client of digest scheme 1 (sha256); "
+                f"this node speaks scheme {DIGEST_SCHEME}: upgrade the client"
+            )
+        offset = await self._io(self.store.upload_offset, request.adapter_id, request.safetensors_blake3)
+        return fabric_pb2.UploadOffsetResponse(offset=offset, chunk_size=self.store.chunk_size, digest_scheme=DIGEST_SCHEME)
 
     @rpc_errors
     async def Unstage(self, request, context) -> fabric_pb2.UnstageResponse:
@@ -183,10 +189,15 @@ class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.
 
     @rpc_errors
     async def GetManifest(self, request, context) -> fabric_pb2.Manifest:
+        # A caller of another digest scheme would misread every digest of the answer: refused by name instead.
+        check_scheme(request.digest_scheme, f"GetManifest of {request.adapter_id[:200]!r} from a caller that")
         manifest = await self._io(self.store.get, validate_adapter_id(request.adapter_id))
         self._check_stored(manifest)  # a node that trusts signers serves only signed adapters
         reply = manifest.to_proto()
         reply.signature = await self._io(self.store.signature, manifest.digest)
+        if request.with_sha256:
+            for name, sha256 in (await self._io(self.store.file_sha256, manifest)).items():
+                reply.file_sha256[name] = sha256
         return reply
 
     @rpc_errors
@@ -198,7 +209,7 @@ class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.
             try:
                 digest = self.store.get(validate_adapter_id(request.adapter_id)).digest
             except AdapterNotFound:
-                manifest, _ = await self._io(self.puller.manifest, peers, request.adapter_id)
+                manifest, _, _ = await self._io(self.puller.manifest, peers, request.adapter_id)
                 digest = manifest.digest
         holdings = await asyncio.gather(*(self._io(self.puller.availability, peer, digest) for peer in peers))
         return fabric_pb2.LocateResponse(digest=digest, peers=[h for h in holdings if h is not None])
@@ -239,76 +250,6 @@ class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.
                 )
         return reply
 
-    @rpc_errors
-    async def Promote(self, request: fabric_pb2.PromoteRequest, context) -> fabric_pb2.PromoteResponse:
-        if request.stage_only:
-            return await self._pull_only(request)
-        model = self._require_model("promote adapters")
-        adapter_id = validate_adapter_id(request.adapter_id)
-        name = validate_name(request.name or adapter_id)  # before any byte moves
-        requested = request.peft if request.HasField("peft") else None
-
-        def check(manifest: Manifest) -> None:
-            # Before any byte moves: the caller's PEFT fields, then this model and pool.
-            check_agrees(requested, manifest.config, adapter_id)
-            model.check_compatible(lora_pairs(manifest.index, manifest.config))
-
-        manifest, stats, blob = await self._verified(request, adapter_id, check)
-        # Map the verified blob and stage it off the model worker (prepare_verified does not hash it again).
-        prepared = await self._io(model.prepare_verified, manifest, blob, name)
-        try:
-            # The memory copy, at the quiescent point; a pin past the limit is refused before anything is evicted.
-            slot, evicted = await self._on_model(model.commit, prepared, pin=request.pin)
-        finally:
-            model.recycle(prepared)
-        resident = {info["name"] for info in model.slots_info()}
-        self._slot_digests = {k: v for k, v in self._slot_digests.items() if k[0] in resident and k[0] != name}
-        self._slot_digests[(name, prepared.content_id)] = manifest.digest
-        log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved)", adapter_id, name, slot, evicted, stats.bytes_transferred)
-        return fabric_pb2.PromoteResponse(
-            slot=slot,
-            evicted_name=evicted or "",
-            content_id=model.adapter_id_for(slot),
-            digest=manifest.digest,
-            bytes_transferred=stats.bytes_transferred,
-            source_peer=",".join(stats.source_peers),
-            pull_seconds=stats.pull_seconds,
-        )
-
-    async def _verified(self, request: fabric_pb2.PromoteRequest, adapter_id: str, check: Callable[[Manifest], None]):
-        """``(manifest, stats, weights path)``: the adapter pulled (or found here), its bytes verified since last written.
-
-        Bytes that fail (or a damaged manifest) are quarantined by the store and pulled again from the
-        named peer or the known ones, when there are any (fabric.store.integrity).
-        """
-        stats = PullStats()
-        try:
-            if request.peer:
-                manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check)
-            else:
-                manifest = await self._io(self.store.get, adapter_id)
-                self._check_stored(manifest)
-                check(manifest)
-            return manifest, stats, await self._io(self.store.verified_weights, manifest)
-        except IntegrityError as exc:
-            peers = await self._pull_peers(request) if request.peer else await self._known_peers()
-            if not peers:
-                raise
-            log.warning("%s; pulling it again from %s", exc, ",".join(peers))
-            manifest, stats = await self._signed_pull(peers, adapter_id, check)
-            return manifest, stats, await self._io(self.store.verified_weights, manifest)
-
-    async def _signed_pull(self, peers: list[str], adapter_id: str, check) -> tuple[Manifest, PullStats]:
-        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
-        signed_check, digest = await self._io(self._signed_pull_check, peers, adapter_id, check)
-        committed = False
-        try:
-            manifest, stats = await self._io(self.puller.pull, peers, adapter_id, signed_check)
-            committed = manifest.digest == digest
-            return manifest, stats
-        finally:
-            await self._io(self._keep_pulled_signature, digest, committed)
-
     def _scrub_loop(self, rate: int) -> None:
         """Re-read every committed blob now and then every SCRUB_INTERVAL_S, at ``rate`` bytes/s; re-pull what fails."""
         while not self._scrub_stop.is_set():
@@ -322,39 +263,17 @@ class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.
         peers = self.peer_source.peers()
         log.warning("scrub: %s; %s", error, f"pulling it again from {','.join(peers)}" if peers else "no peer to pull it from")
         if peers:
+            seen: list[str] = []
+            committed = False
             try:
-                self.puller.pull(peers, adapter_id)
+                # The same trust check as any pull: a peer may hold other bytes under this id by now.
+                self.puller.pull(peers, adapter_id, self._signed_pull_check(adapter_id, None, seen))
+                committed = True
             except FabricError as exc:
                 log.warning("scrub: could not pull %s again: %s", adapter_id, exc)
-
-    async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
-        """The named peer first, then every known one (unless the caller asked for the named one alone)."""
-        _check_peer_address(request.peer)
-        if request.named_peer_only:
-            return [request.peer]
-        return [request.peer, *await self._known_peers()]
-
-    async def _pull_only(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
-        """Promote with stage_only: bring the bytes into the store (and serve them on), load no slot."""
-        adapter_id = validate_adapter_id(request.adapter_id)
-        requested = request.peft if request.HasField("peft") else None
-        stats = PullStats()
-        if request.peer:
-            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
-        else:
-            manifest = await self._io(self.store.get, adapter_id)
-            self._check_stored(manifest)
-            check_agrees(requested, manifest.config, adapter_id)
-        await self._io(self.store.verified_weights, manifest)
-        log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
-        return fabric_pb2.PromoteResponse(
-            slot=-1,
-            content_id=manifest.content_id,
-            digest=manifest.digest,
-            bytes_transferred=stats.bytes_transferred,
-            source_peer=",".join(stats.source_peers),
-            pull_seconds=stats.pull_seconds,
-        )
+            finally:
+                if seen:
+                    self._keep_pulled_signature(seen[0], committed)
 
     @rpc_errors
     async def SetActive(self, request, context) -> fabric_pb2.SetActiveResponse:
@@ -382,16 +301,13 @@ class FabricServicer(PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.
             while not run.done:
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0:
-                    break  # the caller already has DEADLINE_EXCEEDED
+                    # Never an OK with fewer tokens than asked: the server's clock may pass the deadline
+                    # a moment before the caller's, which would then take a cut generation for a whole one.
+                    raise DeadlineExceeded(
+                        f"the deadline passed after {len(run.output_ids)} of {request.max_new_tokens} new tokens; ask for fewer, or allow more time"
+                    )
                 await self._on_model(run.step)
             return fabric_pb2.GenerateResponse(slot=run.resolved, content_id=run.content_id, last_logits=run.last_logits, output_ids=run.output_ids)
         finally:
             # After any job still queued or running: the ref is dropped, never before it was taken.
             self._model_worker.submit(run.finish)
-
-
-def _check_peer_address(address: str) -> None:
-    """A peer is ``host:port`` over TCP: a ``unix:`` path or any other scheme would reach into this machine."""
-    host, _, port = address.rpartition(":")
-    if not host or "/" in address or not port.isdigit() or not 0 < int(port) < 65536 or host.lower().startswith(("unix", "vsock")):
-        raise InvalidArgument(f"peer address {address[:100]!r} is not host:port (a TCP peer; unix sockets and other schemes are refused)")

@@ -82,6 +82,13 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def chunk_size(text: str) -> int:
+    value = positive_int(text)
+    if not 4096 <= value <= 4 << 20:
+        raise ValueError(f"expected 4096 to {4 << 20} bytes")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     if not _DIGITS.fullmatch(text):
         raise ValueError("expected a whole number, 0 or more")
@@ -175,7 +182,8 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--max-rank", positive_int, 16, "largest LoRA rank a slot holds", ""),
     ("--target-modules", csv, tuple(DEFAULT_TARGET_MODULES), "comma-separated linear module names the pool adapts", ""),
     ("--peers", peer_list, (), "comma-separated HOST:PORT of known peers (failover and lookup)", ""),
-    ("--chunk-size", positive_int, 1 << 20, "bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB)", ""),
+    ("--chunk-size", chunk_size, 1 << 20, "bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB); part of their digest, so "
+     "keep one value across a cluster (pulled adapters keep their stager's)", ""),
     ("--upload-rate", non_negative_int, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
     ("--download-rate", non_negative_int, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),

@@ -7,8 +7,10 @@ Side by side, for one payload of random bytes (default 256 MiB):
   grpc default     generated stubs, fabric_pb2.Chunk messages, default gRPC options
   tuned            fabric.transport.wire: hand-encoded chunks, raw-bytes handler and stub, tuned
                    options, wire.tune_malloc() in both processes
-  tuned + sha256   the same, hashing every chunk on the receiving side (as a pulling node does),
-                   in the event loop, or in a worker thread overlapping the next receive
+  tuned + BLAKE3   the same, hashing every chunk on the receiving side as a pulling node does
+                   (digest scheme 2: the one verification pass)
+  tuned + sha256   the same with sha256, as digest scheme 1 did (in the event loop, or in a
+                   worker thread overlapping the next receive); kept as the reference
 
 plus what each piece buys (tuned without tune_malloc; with default gRPC options)
 and sweeps: Fetch chunk size, a sync client instead of grpc.aio, the generated
@@ -46,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from blake3 import blake3
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -58,7 +62,7 @@ class Path_:
 
     label: str
     server: str  # "raw-socket" | "grpc-default" | "wire"
-    client: str  # "raw-socket" | "generated" | "wire" | "wire-sha256" | "wire-sha256-thread" | "wire-sync"
+    client: str  # "raw-socket" | "generated" | "wire" | "wire-blake3" | "wire-sha256" | "wire-sha256-thread" | "wire-sync"
     chunk: int = MIB
     options: Optional[list] = None  # both sides; None = fabric.transport.wire's tuned options
     malloc: bool = True  # wire.tune_malloc() in server and client
@@ -220,12 +224,12 @@ async def _client_aio(path: Path_, port: int, size: int, out: bytearray) -> floa
                 for future in pending:
                     await future
         else:
-            sha = path.client == "wire-sha256"
+            check = {"wire-sha256": lambda d: hashlib.sha256(d).digest(), "wire-blake3": lambda d: blake3(d).digest()}.get(path.client)
             async for offset, data in wire.fetch_stub(channel)(request):
                 n = len(data)
                 view[offset : offset + n] = data
-                if sha:
-                    hashlib.sha256(data).digest()  # a pulling node checks every chunk
+                if check is not None:
+                    check(data)  # a pulling node checks every chunk
                 got += n
         seconds = time.perf_counter() - start
     if got != size:
@@ -301,6 +305,7 @@ def paths(quick: bool) -> list[Path_]:
         Path_("raw socket (sendall / recv_into)", "raw-socket", "raw-socket"),
         Path_(f"grpc default (pb2.Chunk, default opts) {k}", "grpc-default", "generated", cs, options=[], malloc=False),
         Path_(f"tuned (fabric.transport.wire, aio client) {k}", "wire", "wire", cs),
+        Path_(f"tuned + BLAKE3 per chunk {k}", "wire", "wire-blake3", cs),
         Path_(f"tuned + sha256 per chunk {k}", "wire", "wire-sha256", cs),
         Path_(f"tuned + sha256 per chunk in a thread {k}", "wire", "wire-sha256-thread", cs),
     ]

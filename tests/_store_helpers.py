@@ -54,3 +54,36 @@ def snapshot(root: Path) -> dict[str, str]:
         rel = path.relative_to(root).as_posix()
         found[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
     return found
+
+
+def stage_begin(adapter_dir: Path, adapter_id: str, chunk_size: int = 1 << 20, **overrides: object):
+    """A StageBegin for a PEFT directory, as NodeClient.stage sends it to a node staging at ``chunk_size``."""
+    weights = (Path(adapter_dir) / "adapter_model.safetensors").read_bytes()
+    config = overrides.pop("config_json", None) or (Path(adapter_dir) / "adapter_config.json").read_bytes()
+    return stage_begin_of(adapter_id, config, weights, chunk_size, **overrides)
+
+
+def stage_begin_of(adapter_id: str, config_json: bytes, weights: bytes, chunk_size: int = 1 << 20, **overrides: object):
+    """A StageBegin for a config and weights file given as bytes (see ``stage_begin``)."""
+    from blake3 import blake3
+
+    from fabric.store.digests import DIGEST_SCHEME, WEIGHTS_FILE, hash_bytes
+    from fabric.v1 import fabric_pb2
+
+    fields = {
+        "adapter_id": adapter_id,
+        "config_json": config_json,
+        "safetensors_size": len(weights),
+        "safetensors_blake3": blake3(weights).hexdigest(),
+        "weights_root": hash_bytes(WEIGHTS_FILE, weights, chunk_size).root,
+        "digest_scheme": DIGEST_SCHEME,
+    }
+    fields.update(overrides)
+    return fabric_pb2.StageBegin(**fields)
+
+
+def blake3_of(path: Path) -> str:
+    """The whole-file BLAKE3 of a file (what NodeClient.stage keys an upload by)."""
+    from fabric.store.digests import whole_file_blake3
+
+    return whole_file_blake3(path)

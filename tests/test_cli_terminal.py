@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from fabric.client.node_client import NodeClient, sha256_file
+from fabric.client.node_client import NodeClient
 from fabric.errors import FabricError
 from fabric.harness.cluster import LocalCluster
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from _store_helpers import blake3_of
 
 ROOT = Path(__file__).resolve().parent.parent
 FABRIC = [sys.executable, "-m", "fabric.cli"]
@@ -89,7 +90,7 @@ def test_progress_on_a_terminal_and_none_in_a_pipe(nodes, adapters) -> None:
 def test_ctrl_c_during_stage_prints_one_line_and_the_same_command_resumes(cluster, adapters) -> None:
     node, big = cluster.nodes[0], adapters["big"]
     weights = big / "adapter_model.safetensors"
-    size, sha = weights.stat().st_size, sha256_file(weights)
+    size, sha = weights.stat().st_size, blake3_of(weights)
     command = [*FABRIC, "stage", node.address, str(big), "--id", "term/big"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     with NodeClient(node.address) as observer:
@@ -121,7 +122,7 @@ def test_interrupted_library_stage_resumes(nodes, adapters) -> None:
     """NodeClient.stage: a stream cut mid-upload keeps its verified prefix; the next stage sends only the rest."""
     adapter = adapters["small"]
     weights = adapter / "adapter_model.safetensors"
-    size, sha = weights.stat().st_size, sha256_file(weights)
+    size, sha = weights.stat().st_size, blake3_of(weights)
     piece = 8 << 10
 
     with NodeClient(nodes[1]) as client, NodeClient(nodes[1]) as observer:

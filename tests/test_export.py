@@ -54,7 +54,7 @@ def test_staged_adapters_appear_as_peft_dirs_of_hard_links_with_parity(tmp_path:
     exported = tmp_path / "export" / "team-a%2Fa"
     assert sorted(p.name for p in exported.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
     for entry in manifest.files:  # no copy: the same inodes as the store's blobs
-        assert os.path.samefile(exported / entry.name, store.blob_path(entry.sha256))
+        assert os.path.samefile(exported / entry.name, store.blob_path(entry.root))
     assert torch.allclose(peft_logits(exported), peft_logits(adapters["a"]), atol=0, rtol=0)
 
 

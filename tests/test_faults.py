@@ -10,7 +10,6 @@ partial may be listed; the next promote must work.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import statistics
 import subprocess
@@ -28,11 +27,12 @@ from fabric.transport import wire
 from fabric.client.node_client import NodeClient
 from fabric.harness.cluster import LocalNode, free_port
 from fabric.errors import FabricError, PeerUnavailable, QuotaExceeded
-from fabric.store.manifest import Manifest
+from fabric.store.manifest import FileHasher, Manifest, manifest_request
 from fabric.store import AdapterStore
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.transport.pull import PeerPuller
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from _store_helpers import stage_begin
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -40,6 +40,7 @@ PEERS = Path(__file__).parent / "peers"
 PROMPT = [3, 14, 15, 92, 65, 35]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SEED_CHUNK = ["--chunk-size", "4096"]
+VICTIM_CHUNK = 65536
 STALL_TIMEOUT_S = 2
 SLOW_RATE = 32 << 10  # bytes/s: "big" (~128 KiB) takes about 4 s from the slow seeder
 LOAD_STREAMS = 32
@@ -74,7 +75,7 @@ class Victim:
 
     def launch(self) -> None:
         self.node = LocalNode(
-            self.store, port=self.port, slots=2, peers=self.peers, extra_args=["--chunk-size", "65536", "--stall-timeout", str(STALL_TIMEOUT_S)]
+            self.store, port=self.port, slots=2, peers=self.peers, extra_args=["--chunk-size", str(VICTIM_CHUNK), "--stall-timeout", str(STALL_TIMEOUT_S)]
         )
         self.node.launch()
 
@@ -121,14 +122,14 @@ def fetch_verified(stub_channel: grpc.Channel, pb: fabric_pb2.Manifest) -> int:
     """Fetch an adapter's weights and check every chunk, and the whole file, against its manifest."""
     manifest = Manifest.from_proto(pb)
     weights = manifest.weights
-    whole = hashlib.sha256()
+    whole = FileHasher(weights.chunk_size)
     expected = 0
     for offset, data in wire.fetch_stub(stub_channel)(fabric_pb2.FetchRequest(digest=manifest.digest, file=weights.name), timeout=60):
         assert offset == expected
         weights.verify_chunk(offset // weights.chunk_size, data)
         whole.update(data)
         expected += len(data)
-    assert expected == weights.size and whole.hexdigest() == weights.sha256
+    assert expected == weights.size and whole.entry(weights.name) == weights
     return expected
 
 
@@ -143,7 +144,7 @@ def assert_intact(address: str, expected: dict[str, str]) -> None:
     with grpc.insecure_channel(address, options=wire.CHANNEL_OPTIONS) as channel:
         stub = fabric_pb2_grpc.FabricStub(channel)
         for adapter_id, digest in expected.items():
-            pb = stub.GetManifest(fabric_pb2.GetManifestRequest(adapter_id=adapter_id), timeout=30)
+            pb = stub.GetManifest(manifest_request(adapter_id), timeout=30)
             assert pb.digest == digest
             fetch_verified(channel, pb)
 
@@ -175,10 +176,8 @@ def test_sigkill_during_stage(cluster, adapters) -> None:
     victim, _, _ = cluster
     before = committed(victim.address)
     data = (adapters["big"] / "adapter_model.safetensors").read_bytes()
-    sha = hashlib.sha256(data).hexdigest()
-    begin = fabric_pb2.StageBegin(
-        adapter_id="killed/big", config_json=(adapters["big"] / "adapter_config.json").read_bytes(), safetensors_size=len(data), safetensors_sha256=sha
-    )
+    begin = stage_begin(adapters["big"], "killed/big", VICTIM_CHUNK)
+    sha = begin.safetensors_blake3
     gate = threading.Event()
 
     def requests():
@@ -192,7 +191,7 @@ def test_sigkill_during_stage(cluster, adapters) -> None:
     errors: list[BaseException] = []
     sender = threading.Thread(target=lambda: _expect_rpc_error(lambda: stub.Stage(requests(), timeout=60), errors))
     sender.start()
-    offset = lambda: stub.UploadOffset(fabric_pb2.UploadOffsetRequest(adapter_id="killed/big", safetensors_sha256=sha), timeout=10).offset  # noqa: E731
+    offset = lambda: stub.UploadOffset(fabric_pb2.UploadOffsetRequest(adapter_id="killed/big", safetensors_blake3=sha), timeout=10).offset  # noqa: E731
     wait_for(lambda: offset() == 3 * 8192, "the node to hold 24 KiB of the upload")
     victim.node.kill()
     gate.set()
@@ -203,7 +202,7 @@ def test_sigkill_during_stage(cluster, adapters) -> None:
     victim.restart()
     assert_intact(victim.address, before)  # "killed/big" is not listed
     with NodeClient(victim.address) as client:
-        assert client._call(client.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id="killed/big", safetensors_sha256=sha)).offset == 3 * 8192
+        assert client._call(client.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id="killed/big", safetensors_blake3=sha)).offset == 3 * 8192
         reply = client.stage(adapters["big"], "killed/big")  # resumes at 24 KiB
         assert reply.bytes_received == len(data) - 3 * 8192
         assert client.promote("killed/big", name="big").slot >= 0

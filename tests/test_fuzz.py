@@ -201,7 +201,8 @@ mutations = st.lists(
     st.one_of(
         st.tuples(st.just("size"), st.integers(0, U64)),
         st.tuples(st.just("chunk_size"), st.integers(0, 2**32 - 1)),
-        st.tuples(st.just("sha256"), st.text(max_size=70)),
+        st.tuples(st.just("root"), st.text(max_size=70)),
+        st.tuples(st.just("digest_scheme"), st.integers(0, 2**31 - 1)),
         st.tuples(st.just("chunks"), st.lists(st.binary(max_size=40), max_size=5)),
         st.tuples(st.just("header_size"), st.integers(0, U64)),
         st.tuples(st.just("content_id"), st.integers(0, U64)),
@@ -221,11 +222,11 @@ mutations = st.lists(
 def mutate(pb: fabric_pb2.Manifest, kind: str, value) -> None:
     weights = pb.files[1]
     tensor = pb.tensors[0] if pb.tensors else None
-    if kind in ("size", "chunk_size", "sha256"):
+    if kind in ("size", "chunk_size", "root"):
         setattr(weights, kind, value)
     elif kind == "chunks":
-        weights.chunk_sha256[:] = value
-    elif kind in ("header_size", "content_id", "digest", "adapter_id", "config_json"):
+        weights.chunk_digests[:] = value
+    elif kind in ("header_size", "content_id", "digest", "adapter_id", "config_json", "digest_scheme"):
         setattr(pb, kind, value)
     elif kind == "shape" and tensor is not None:
         tensor.shape[:] = value

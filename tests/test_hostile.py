@@ -10,7 +10,6 @@ One seeder and one model node serve the whole module.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 import sys
@@ -20,10 +19,11 @@ from typing import Callable, Iterator
 import grpc
 import pytest
 
-from _store_helpers import snapshot
+from _store_helpers import blake3_of, snapshot, stage_begin
 from fabric.harness.cluster import LocalNode
 from fabric.errors import (
     FabricError,
+    IncompatibleFormat,
     IntegrityError,
     InvalidAdapter,
     InvalidAdapterId,
@@ -31,7 +31,7 @@ from fabric.errors import (
     InvalidConfig,
     InvalidHeader,
 )
-from fabric.store.manifest import Manifest
+from fabric.store.manifest import Manifest, manifest_request
 from fabric.serving.multi_lora import MultiLoraModel
 from fabric.rpc.status import error_from_rpc, status_code_for
 from fabric.store import AdapterStore
@@ -103,16 +103,7 @@ def store(tmp_path, corpus) -> AdapterStore:
 
 
 def begin_for(adapter_dir: Path, adapter_id: str, **overrides) -> fabric_pb2.StageRequest:
-    weights = (adapter_dir / WEIGHTS).read_bytes()
-    fields = dict(
-        adapter_id=adapter_id,
-        config_json=(adapter_dir / CONFIG).read_bytes(),
-        safetensors_size=len(weights),
-        safetensors_sha256=hashlib.sha256(weights).hexdigest(),
-        offset=0,
-    )
-    fields.update(overrides)
-    return fabric_pb2.StageRequest(begin=fabric_pb2.StageBegin(**fields))
+    return fabric_pb2.StageRequest(begin=stage_begin(adapter_dir, adapter_id, **overrides))  # the nodes stage at the default chunk size
 
 
 def data_messages(data: bytes, start: int = 0) -> list[fabric_pb2.StageRequest]:
@@ -256,8 +247,8 @@ def test_bad_id_is_refused_by_store_and_node(name, corpus, store, nodes, stub) -
     state = node_state(stub, node)
     calls = {
         "Stage": lambda: stub.Stage(iter([begin_for(corpus["good"], adapter_id), *data_messages((corpus["good"] / WEIGHTS).read_bytes())]), timeout=30),
-        "UploadOffset": lambda: stub.UploadOffset(fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_sha256="0" * 64), timeout=30),
-        "GetManifest": lambda: stub.GetManifest(fabric_pb2.GetManifestRequest(adapter_id=adapter_id), timeout=30),
+        "UploadOffset": lambda: stub.UploadOffset(fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_blake3="0" * 64), timeout=30),
+        "GetManifest": lambda: stub.GetManifest(manifest_request(adapter_id), timeout=30),
         "Promote": lambda: stub.Promote(fabric_pb2.PromoteRequest(adapter_id=adapter_id), timeout=30),
         "Unstage": lambda: stub.Unstage(fabric_pb2.UnstageRequest(adapter_id=adapter_id), timeout=30),
     }
@@ -277,15 +268,18 @@ def _weights(pb: fabric_pb2.Manifest) -> fabric_pb2.FileEntry:
 
 
 MANIFEST_LIES: dict[str, tuple[Callable[[fabric_pb2.Manifest], None], type[FabricError], str]] = {
-    "weights_size_minus_one": (lambda pb: setattr(_weights(pb), "size", _weights(pb).size - 1), IntegrityError, r"adds up to"),
+    # The size is part of the root's material: a size lie is caught there, before the tensor index is checked.
+    "weights_size_minus_one": (lambda pb: setattr(_weights(pb), "size", _weights(pb).size - 1), IntegrityError, r"does not match its chunk digests"),
     "weights_size_doubled": (lambda pb: setattr(_weights(pb), "size", _weights(pb).size * 2), IntegrityError, r"chunk digests"),
-    "weights_sha256_changed": (lambda pb: setattr(_weights(pb), "sha256", "ab" * 32), IntegrityError, r"does not match its files"),
-    "weights_sha256_not_hex": (lambda pb: setattr(_weights(pb), "sha256", "zz" * 32), InvalidAdapter, r"not a sha256"),
-    "config_sha256_changed": (lambda pb: setattr(pb.files[0], "sha256", "cd" * 32), IntegrityError, r"does not match config_json"),
+    "weights_root_changed": (lambda pb: setattr(_weights(pb), "root", "ab" * 32), IntegrityError, r"does not match its chunk digests"),
+    "weights_root_not_hex": (lambda pb: setattr(_weights(pb), "root", "zz" * 32), InvalidAdapter, r"root 'zz.* is not a digest"),
+    "config_root_changed": (lambda pb: setattr(pb.files[0], "root", "cd" * 32), IntegrityError, r"does not match its chunk digests"),
+    "chunk_digest_changed": (lambda pb: _weights(pb).chunk_digests.__setitem__(0, bytes(32)), IntegrityError, r"does not match its chunk digests"),
+    "digest_scheme_unset": (lambda pb: pb.ClearField("digest_scheme"), IncompatibleFormat, r"digest scheme 1 .*this node reads and writes scheme 2"),
     "digest_changed": (lambda pb: setattr(pb, "digest", "ef" * 32), IntegrityError, r"does not match its files"),
     "content_id_changed": (lambda pb: setattr(pb, "content_id", pb.content_id ^ 1), IntegrityError, r"content_id"),
-    "chunk_digest_missing": (lambda pb: _weights(pb).chunk_sha256.pop(), IntegrityError, r"chunk digests"),
-    "chunk_digest_short": (lambda pb: _weights(pb).chunk_sha256.__setitem__(0, b"\0" * 31), InvalidAdapter, r"not 32 raw bytes"),
+    "chunk_digest_missing": (lambda pb: _weights(pb).chunk_digests.pop(), IntegrityError, r"chunk digests"),
+    "chunk_digest_short": (lambda pb: _weights(pb).chunk_digests.__setitem__(0, b"\0" * 31), InvalidAdapter, r"not 32 raw bytes"),
     "chunk_size_zero": (lambda pb: setattr(_weights(pb), "chunk_size", 0), InvalidAdapter, r"chunk"),
     "config_json_changed": (lambda pb: setattr(pb, "config_json", pb.config_json.replace(b'"r": 4', b'"r": 8')), IntegrityError, r"does not match config_json"),
     "peft_fields_lie": (lambda pb: setattr(pb.peft, "r", 8), IntegrityError, r"peft fields disagree"),
@@ -312,7 +306,7 @@ LIAR_MODES = {
     "digest": (IntegrityError, r"does not match its files"),
     "content_id": (IntegrityError, r"content_id"),
     "other_id": (IntegrityError, r"answered for 'good-other' when asked for 'good'"),
-    "chunks": (IntegrityError, r"whole adapter_model.safetensors"),
+    "chunks": (IntegrityError, r"root [0-9a-f]+ does not match its chunk digests"),
 }
 
 
@@ -369,13 +363,20 @@ def _stream(corpus: dict[str, Path], name: str) -> tuple[list[fabric_pb2.StageRe
         "no_begin": ([], InvalidArgument, r"ended without a StageBegin", invalid),
         "offset_gap": ([begin, *data_messages(data)[1:]], InvalidArgument, r"expected offset 0", invalid),
         "offset_repeated": ([begin, *data_messages(data)[:1], *data_messages(data)], InvalidArgument, r"data at offset 0, expected offset 4096", invalid),
-        "declared_sha256_lies": (
-            [begin_for(good, f"stream/{name}", safetensors_sha256="ab" * 32), *data_messages(data)],
+        "declared_root_lies": (
+            [begin_for(good, f"stream/{name}", weights_root="ab" * 32), *data_messages(data)],
             IntegrityError,
             r"declared abab",
             grpc.StatusCode.DATA_LOSS,
         ),
-        "declared_sha256_not_hex": ([begin_for(good, f"stream/{name}", safetensors_sha256="xyz"), *data_messages(data)], InvalidArgument, r"not a sha256", invalid),
+        "declared_root_not_hex": ([begin_for(good, f"stream/{name}", weights_root="xyz"), *data_messages(data)], InvalidArgument, r"weights_root .*'xyz' is not a digest", invalid),
+        "declared_blake3_not_hex": ([begin_for(good, f"stream/{name}", safetensors_blake3="xyz"), *data_messages(data)], InvalidArgument, r"safetensors_blake3 'xyz' is not a digest", invalid),
+        "digest_scheme_unset": (
+            [begin_for(good, f"stream/{name}", digest_scheme=0), *data_messages(data)],
+            IncompatibleFormat,
+            r"digest scheme 1 .*scheme 2",
+            grpc.StatusCode.FAILED_PRECONDITION,
+        ),
         "begin_offset_ahead": ([begin_for(good, f"stream/{name}", offset=4096), *data_messages(data[4096:], 4096)], InvalidArgument, r"ask UploadOffset", invalid),
         "config_json_garbage": ([begin_for(good, f"stream/{name}", config_json=b"\xff\xfe"), *data_messages(data)], InvalidConfig, r"not valid UTF-8", invalid),
         "size_smaller_than_data": (
@@ -396,8 +397,10 @@ STREAM_CASES = [
     "no_begin",
     "offset_gap",
     "offset_repeated",
-    "declared_sha256_lies",
-    "declared_sha256_not_hex",
+    "declared_root_lies",
+    "declared_root_not_hex",
+    "declared_blake3_not_hex",
+    "digest_scheme_unset",
     "begin_offset_ahead",
     "config_json_garbage",
     "size_smaller_than_data",
@@ -425,8 +428,8 @@ def test_stage_stream_that_ends_early_commits_nothing_then_resumes(corpus, nodes
     code, error = refused(lambda: stub.Stage(iter([begin_for(good, "stream/early"), *data_messages(data[:half])]), timeout=30))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "send the rest first" in str(error)
     assert node_state(stub, node, committed_only=True) == state
-    sha = hashlib.sha256(data).hexdigest()
-    assert stub.UploadOffset(fabric_pb2.UploadOffsetRequest(adapter_id="stream/early", safetensors_sha256=sha), timeout=30).offset == half
+    key = blake3_of(good / WEIGHTS)
+    assert stub.UploadOffset(fabric_pb2.UploadOffsetRequest(adapter_id="stream/early", safetensors_blake3=key), timeout=30).offset == half
     with NodeClient(node.address) as client:
         reply = client.stage(good, "stream/early")
     assert reply.bytes_received == len(data) - half

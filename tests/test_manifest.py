@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
+import json
+import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,10 @@ from hypothesis import strategies as st
 
 from _store_helpers import SMALL_CHUNK, make_adapters
 from fabric.format.content_id import content_id
-from fabric.errors import IntegrityError, InvalidAdapter, InvalidAdapterId, InvalidArgument, InvalidConfig, InvalidHeader
+from blake3 import blake3
+
+from fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidAdapterId, InvalidArgument, InvalidConfig, InvalidHeader
+from fabric.store.digests import whole_file_blake3
 from fabric.store.manifest import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -66,7 +70,7 @@ def test_plan_chunks_refuses_bad_numbers(size: int, chunk: int) -> None:
 
 def test_adapter_digest_is_the_documented_formula() -> None:
     c, w = "a" * 64, "b" * 64
-    expected = hashlib.sha256(b"adapter-fabric adapter digest v1\0" + c.encode() + b"\0" + w.encode()).hexdigest()
+    expected = blake3(b"adapter-fabric adapter digest v2\0" + c.encode() + b"\0" + w.encode()).hexdigest()
     assert adapter_digest(c, w) == expected
     assert adapter_digest(w, c) != expected
     with pytest.raises(InvalidArgument, match=WEIGHTS_FILE):
@@ -81,25 +85,36 @@ def test_build_manifest_describes_the_peft_files(adapters: dict[str, Path], mani
     data = weights_path.read_bytes()
     config_bytes = (adapters["a"] / CONFIG_FILE).read_bytes()
     assert [f.name for f in manifest.files] == [CONFIG_FILE, WEIGHTS_FILE]
-    assert manifest.weights.size == len(data) and manifest.weights.sha256 == hashlib.sha256(data).hexdigest()
-    assert manifest.file(CONFIG_FILE).sha256 == hashlib.sha256(config_bytes).hexdigest()
+    chunks = [blake3(data[offset : offset + SMALL_CHUNK]).digest() for offset in range(0, len(data), SMALL_CHUNK)]
+    # The documented root (fabric/store/digests.py), recomputed here from the bytes alone.
+    root = blake3(b"adapter-fabric file root v2\0" + struct.pack("<QI", len(data), SMALL_CHUNK) + b"".join(chunks)).hexdigest()
+    assert manifest.weights.size == len(data) and manifest.weights.root == root
+    assert list(manifest.weights.chunk_digests) == chunks
+    config_root = blake3(b"adapter-fabric file root v2\0" + struct.pack("<QI", len(config_bytes), SMALL_CHUNK)
+                         + b"".join(blake3(config_bytes[o : o + SMALL_CHUNK]).digest() for o in range(0, len(config_bytes), SMALL_CHUNK))).hexdigest()
+    assert manifest.file(CONFIG_FILE).root == config_root
     assert manifest.config_json == config_bytes
-    assert manifest.digest == adapter_digest(manifest.files[0].sha256, manifest.weights.sha256)
-    assert manifest.weights.chunk_count == -(-len(data) // SMALL_CHUNK) > 1
-    for i in range(manifest.weights.chunk_count):
-        offset, length = manifest.weights.chunk_span(i)
-        assert manifest.weights.chunk_sha256[i] == hashlib.sha256(data[offset : offset + length]).digest()
+    assert manifest.digest == adapter_digest(manifest.files[0].root, manifest.weights.root)
+    assert manifest.weights.chunk_count == len(chunks) > 1
     index = read_index(weights_path)
     assert manifest.tensors == index.tensors and manifest.header_size == index.header_size
     assert manifest.config.r == 8
     assert len(manifest.modules) == 4
-    assert manifest.content_id == content_id(manifest.weights.sha256, manifest.config, manifest.modules) != 0
+    assert manifest.content_id == content_id(manifest.weights.root, manifest.config, manifest.modules) != 0
 
 
-def test_chunk_size_changes_chunks_but_not_the_digest(adapters: dict[str, Path], manifest: Manifest) -> None:
+def test_chunk_size_is_part_of_the_identity(adapters: dict[str, Path], manifest: Manifest) -> None:
+    """Digest scheme 2 builds the root over the chunk digests, so another chunking is another digest (and content id)."""
     other = _build(adapters["a"], chunk_size=1 << 20)
     assert other.weights.chunk_count == 1
-    assert (other.digest, other.content_id) == (manifest.digest, manifest.content_id)
+    assert other.digest != manifest.digest and other.content_id != manifest.content_id
+    assert _build(adapters["a"], "other/id", chunk_size=1 << 20).digest == other.digest  # the id never is
+
+
+def test_the_whole_file_blake3_is_b3sum(adapters: dict[str, Path]) -> None:
+    """What a client keys an upload by: the plain BLAKE3 of the file, independent of chunking."""
+    data = (adapters["a"] / WEIGHTS_FILE).read_bytes()
+    assert whole_file_blake3(adapters["a"] / WEIGHTS_FILE) == blake3(data).hexdigest()
 
 
 def test_another_config_is_another_adapter_with_the_same_weights(adapters: dict[str, Path], manifest: Manifest) -> None:
@@ -144,7 +159,22 @@ def test_proto_round_trip(manifest: Manifest) -> None:
     wire = fabric_pb2.Manifest.FromString(pb.SerializeToString())
     assert Manifest.from_proto(wire) == manifest
     assert pb.peft.r == 8 and list(pb.peft.target_modules) == ["q_proj", "v_proj"]
-    assert all(len(d) == 32 for d in pb.files[1].chunk_sha256)
+    assert all(len(d) == 32 for d in pb.files[1].chunk_digests)
+    assert pb.digest_scheme == fabric_pb2.DIGEST_SCHEME_BLAKE3_CHUNKS
+
+
+def test_a_manifest_of_another_digest_scheme_is_refused_by_name(manifest: Manifest) -> None:
+    pb = manifest.to_proto()
+    pb.ClearField("digest_scheme")  # what a scheme-1 peer sends: it predates the field
+    with pytest.raises(IncompatibleFormat, match=r"digest scheme 1 \(sha256: it predates the field\); this node reads and writes scheme 2"):
+        Manifest.from_proto(pb)
+    pb.digest_scheme = 7
+    with pytest.raises(IncompatibleFormat, match="digest scheme 7"):
+        Manifest.from_proto(pb)
+    old = json.loads(manifest.to_json())
+    old["format"] = 1
+    with pytest.raises(IncompatibleFormat, match="manifest format 1 holds digest scheme 1"):
+        Manifest.from_json(json.dumps(old).encode())
 
 
 def test_json_round_trip_and_with_id(manifest: Manifest) -> None:
@@ -166,21 +196,22 @@ def _set_size(pb: fabric_pb2.Manifest, size: int) -> None:
 
 
 def _flip_chunk(pb: fabric_pb2.Manifest) -> None:
-    pb.files[1].chunk_sha256[0] = bytes(32)
+    pb.files[1].chunk_digests[0] = bytes(32)
 
 
 @pytest.mark.parametrize(
     ("mutate", "error", "words"),
     [
-        (lambda pb: _set_size(pb, pb.files[1].size + 1), IntegrityError, "bytes but its index"),
+        (lambda pb: _set_size(pb, pb.files[1].size + 1), IntegrityError, "does not match its chunk digests"),
         (lambda pb: _set_size(pb, pb.files[1].size + SMALL_CHUNK), IntegrityError, "chunk digests for"),
-        (lambda pb: setattr(pb.files[1], "sha256", "0" * 64), IntegrityError, "does not match its files"),
+        (lambda pb: setattr(pb.files[1], "root", "0" * 64), IntegrityError, "does not match its chunk digests"),
+        (_flip_chunk, IntegrityError, "does not match its chunk digests"),
         (lambda pb: setattr(pb, "digest", "1" * 64), IntegrityError, "does not match its files"),
         (lambda pb: setattr(pb, "digest", "XYZ"), InvalidAdapter, "64 lowercase hex"),
         (lambda pb: setattr(pb, "content_id", pb.content_id ^ 1), IntegrityError, "content_id"),
         (lambda pb: setattr(pb, "config_json", pb.config_json + b" "), IntegrityError, CONFIG_FILE),
         (lambda pb: setattr(pb, "adapter_id", "a//b"), InvalidAdapterId, "segment"),
-        (lambda pb: pb.files[1].chunk_sha256.append(bytes(32)), IntegrityError, "chunk digests for"),
+        (lambda pb: pb.files[1].chunk_digests.append(bytes(32)), IntegrityError, "chunk digests for"),
         (lambda pb: setattr(pb.files[1], "chunk_size", 0), InvalidAdapter, "chunk size 0"),
         (lambda pb: pb.files.pop(), InvalidAdapter, "must be exactly"),
         (lambda pb: setattr(pb.tensors[0], "end", pb.tensors[0].end + 4), InvalidHeader, "tensor index is invalid"),
@@ -195,12 +226,20 @@ def test_from_proto_refuses_a_lying_manifest(manifest: Manifest, mutate, error: 
         Manifest.from_proto(_lying(manifest, mutate))
 
 
-def test_a_chunk_digest_lie_is_caught_at_that_chunk(manifest: Manifest, adapters: dict[str, Path]) -> None:
-    """Chunk digests cannot be checked without the bytes: the lie surfaces when chunk 0 arrives."""
-    lying = Manifest.from_proto(_lying(manifest, _flip_chunk))
-    data = (adapters["a"] / WEIGHTS_FILE).read_bytes()
-    with pytest.raises(IntegrityError, match="chunk 0 at offset 0"):
-        lying.weights.verify_chunk(0, data[:SMALL_CHUNK])
+def test_a_consistent_lie_about_the_bytes_is_another_adapter(manifest: Manifest, adapters: dict[str, Path]) -> None:
+    """A manifest whose chunk digest, root, digest and content id were all recomputed for other bytes is self-consistent:
+    it names another adapter, and the real bytes fail at that chunk (only a signature ties a digest to an author)."""
+    data = bytearray((adapters["a"] / WEIGHTS_FILE).read_bytes())
+    data[-1] ^= 1
+    entry = hash_bytes(WEIGHTS_FILE, bytes(data), SMALL_CHUNK)
+    lying = replace(manifest, files=(manifest.files[0], entry), digest=adapter_digest(manifest.files[0].root, entry.root),
+                    content_id=content_id(entry.root, manifest.config, manifest.modules))
+    assert lying.digest != manifest.digest
+    last = manifest.weights.chunk_count - 1
+    offset, length = manifest.weights.chunk_span(last)
+    real = (adapters["a"] / WEIGHTS_FILE).read_bytes()[offset : offset + length]
+    with pytest.raises(IntegrityError, match=f"chunk {last} at offset {offset}"):
+        lying.weights.verify_chunk(last, real)
 
 
 def test_file_entry_checks_itself() -> None:
@@ -209,7 +248,9 @@ def test_file_entry_checks_itself() -> None:
     with pytest.raises(InvalidAdapter, match="not one of"):
         replace(entry, name="README.md")
     with pytest.raises(IntegrityError, match="2 chunk digests for 10 bytes in chunks of 4: expected 3"):
-        replace(entry, chunk_sha256=entry.chunk_sha256[:2])
+        replace(entry, chunk_digests=entry.chunk_digests[:2])
     with pytest.raises(InvalidAdapter, match="chunk 1 digest is not 32 raw bytes"):
-        replace(entry, chunk_sha256=(entry.chunk_sha256[0], b"short", entry.chunk_sha256[2]))
+        replace(entry, chunk_digests=(entry.chunk_digests[0], b"short", entry.chunk_digests[2]))
+    with pytest.raises(IntegrityError, match="does not match its chunk digests"):
+        replace(entry, chunk_digests=(entry.chunk_digests[2], entry.chunk_digests[1], entry.chunk_digests[0]))  # reordered
     assert FileEntry.from_proto(entry.to_proto()) == entry

@@ -89,6 +89,10 @@ def test_chain_a_b_c_matches_peft(cluster, clients, adapters) -> None:
     got = torch.tensor(c.generate(PROMPT, "alpha", return_logits=True).last_logits)
     assert (got - reference_logits(adapters["alpha"])).abs().max().item() < 1e-5
     assert "chain/alpha" in {s.adapter_id for s in c.list().staged}
+    # Both pulls staged the slot row from the chunks as they landed (fabric.serving.row_sink), not from the blob after.
+    for node in cluster.nodes[1:]:
+        assert "promoted chain/alpha as 'alpha' into slot" in node.log_path.read_text()
+        assert "row staged while receiving" in node.log_path.read_text()
 
 
 def test_evicted_names_follow_lru(cluster, clients, adapters) -> None:

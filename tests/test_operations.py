@@ -18,14 +18,16 @@ from grpc_status import rpc_status
 from google.rpc import error_details_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabric.client.node_client import NodeClient, sha256_file
+from fabric.client.node_client import NodeClient
 from fabric.errors import AdapterNotFound, PeerUnavailable, Unauthenticated
 from fabric.harness.cluster import LocalNode, free_port
+from fabric.store.manifest import manifest_request
 from fabric.rpc.security import TlsFiles
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 from fabric.transport import wire
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from _store_helpers import stage_begin
 from tests._certs import TestCA
 
 PROMPT = [3, 14, 15, 92, 65, 35]
@@ -280,10 +282,7 @@ def test_an_abandoned_upload_expires_and_its_bytes_leave_the_quota(tmp_path, ada
     data = weights.read_bytes()
     extra = [*METRICS, "--max-store-bytes", str(10 << 20), "--expire-abandoned-after", "3s"]
     with LocalNode(tmp_path / "n", model="none", extra_args=extra) as node, node.client() as client:
-        begin = fabric_pb2.StageBegin(
-            adapter_id="left/behind", config_json=(adapters["big"] / "adapter_config.json").read_bytes(),
-            safetensors_size=len(data), safetensors_sha256=sha256_file(weights), offset=0,
-        )  # fmt: skip
+        begin = stage_begin(adapters["big"], "left/behind")
         half = fabric_pb2.StageData(offset=0, data=data[: len(data) // 2])
         with pytest.raises(grpc.RpcError):  # the stream ends before the last byte: the prefix is kept to resume
             fabric_pb2_grpc.FabricStub(client.channel).Stage(iter([fabric_pb2.StageRequest(begin=begin), fabric_pb2.StageRequest(data=half)]), timeout=60)
@@ -309,7 +308,7 @@ def test_expiry_spares_what_is_in_use_and_recent_and_takes_partials(tmp_path, ad
     manifest = source.stage(adapters["big"], "big")
     store = AdapterStore(tmp_path / "store", chunk_size=4096)
     partial = store.open_partial(manifest)
-    blob = source.blob_path(manifest.weights.sha256).read_bytes()
+    blob = source.blob_path(manifest.weights.root).read_bytes()
     partial.write_chunk(0, blob[:4096])
     later = time.time() + 3600
     assert [item.kind for item in leftovers(store)] == ["partial"]
@@ -329,7 +328,7 @@ def test_errors_carry_grpc_status_details_with_the_error_type(tmp_path) -> None:
     with LocalNode(tmp_path / "n", model="none") as node, grpc.insecure_channel(node.address) as channel:
         stub = fabric_pb2_grpc.FabricStub(channel)
         with pytest.raises(grpc.RpcError) as failed:
-            stub.GetManifest(fabric_pb2.GetManifestRequest(adapter_id="nobody"), timeout=30)
+            stub.GetManifest(manifest_request("nobody"), timeout=30)
         status = rpc_status.from_call(failed.value)
         assert status is not None and status.code == grpc.StatusCode.NOT_FOUND.value[0]
         info = error_details_pb2.ErrorInfo()

@@ -1,15 +1,15 @@
-"""The whole-file sha256 of a peer download, computed as chunks land (fabric.store.ordered_hash), and what it guarantees.
+"""A peer download's one verification pass (digest scheme 2), and what it guarantees.
 
-A partial's commit checks the whole file against the manifest without
-re-reading it, from a running hash over the chunks as written. These tests
-pin down that this still covers the bytes on disk: chunks in any order, held
-or read back, a resume, and a data file changed behind the partial's back
-after its chunks were verified (caught at commit, or by the re-hash on reopen).
+Every chunk is checked against its digest as it lands, and the manifest's
+root is built over those digests, so a partial's commit re-reads nothing.
+These tests pin down that this still covers the bytes on disk: chunks in any
+order, a resume, a data file changed behind the partial's back after its
+chunks were verified (caught at commit, or by the re-hash on reopen), and the
+sinks that see each verified chunk from the buffer it was written from.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import time
@@ -20,8 +20,7 @@ import pytest
 from _store_helpers import make_adapters, snapshot
 from fabric.errors import IntegrityError
 from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
-from fabric.store.ordered_hash import InOrderHasher
-from fabric.store import AdapterStore, PartialDownload
+from fabric.store import AdapterStore
 
 CHUNK = 1024  # ~6 chunks of the ~6 KB adapter "c"
 
@@ -59,55 +58,11 @@ def _corrupt_on_disk(data_path: Path, offset: int) -> None:
     pytest.skip("the data file's ctime did not move after a write (filesystem without ctime updates)")
 
 
-# ---------------------------------------------------------------- InOrderHasher alone
-
-
-@pytest.mark.parametrize("hold_bytes", [0, 3, 1 << 20])
-def test_in_order_hasher_gives_the_file_digest_for_any_arrival_order(hold_bytes: int) -> None:
-    chunks = [os.urandom(random.Random(i).randrange(1, 50)) for i in range(40)]
-    for seed in range(5):
-        order = list(range(len(chunks)))
-        random.Random(seed).shuffle(order)
-        written: set[int] = set()
-        hasher = InOrderHasher(len(chunks), written.__contains__, chunks.__getitem__, hold_bytes)
-        for index in order:
-            written.add(index)
-            hasher.add(index, chunks[index])
-            hasher.add(index, chunks[index])  # a duplicate (endgame) is folded in once
-        assert hasher.finish() == hashlib.sha256(b"".join(chunks)).hexdigest()
-        assert hasher.from_memory >= 1
-
-
-def test_in_order_hasher_never_holds_a_buffer_that_may_change() -> None:
-    """A view of a reused receive buffer is read back from the file, not hashed from memory later."""
-    chunks = [b"a" * 8, b"b" * 8, b"c" * 8]
-    written: set[int] = set()
-    hasher = InOrderHasher(3, written.__contains__, chunks.__getitem__)
-    buffer = bytearray(chunks[2])
-    written.add(2)
-    hasher.add(2, memoryview(buffer))
-    buffer[:] = b"x" * 8  # the buffer is reused for the next message
-    for index in (0, 1):
-        written.add(index)
-        hasher.add(index, chunks[index])
-    assert hasher.finish() == hashlib.sha256(b"".join(chunks)).hexdigest()
-
-
-def test_in_order_hasher_refuses_to_finish_with_a_gap() -> None:
-    chunks = [b"a", b"b"]
-    hasher = InOrderHasher(2, {0}.__contains__, chunks.__getitem__)
-    hasher.add(0, chunks[0])
-    with pytest.raises(ValueError, match="chunk 1 of 2 is not written"):
-        hasher.finish()
-
-
 # ---------------------------------------------------------------- in a partial download
 
 
-@pytest.mark.parametrize("hold_bytes", [0, 1 << 20])
-def test_chunks_in_any_order_commit_the_exact_file(tmp_path: Path, adapter, monkeypatch, hold_bytes: int) -> None:
+def test_chunks_in_any_order_commit_the_exact_file(tmp_path: Path, adapter) -> None:
     directory, manifest = adapter
-    monkeypatch.setattr(PartialDownload, "hold_bytes", hold_bytes)
     chunks = _chunks(directory, manifest)
     order = list(range(len(chunks)))
     random.Random(7).shuffle(order)
@@ -116,7 +71,7 @@ def test_chunks_in_any_order_commit_the_exact_file(tmp_path: Path, adapter, monk
     for index in order:
         partial.write_chunk(index, memoryview(chunks[index]))  # as the wire hands them over: views, no copy
     partial.commit("c")
-    assert store.blob_path(manifest.weights.sha256).read_bytes() == (directory / WEIGHTS_FILE).read_bytes()
+    assert store.blob_path(manifest.weights.root).read_bytes() == (directory / WEIGHTS_FILE).read_bytes()
     assert store.verify("c").digest == manifest.digest
 
 
@@ -127,7 +82,7 @@ def test_a_resumed_partial_hashes_what_it_found_and_commits(tmp_path: Path, adap
     first = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
     for index in (0, 1, last):
         first.write_chunk(index, chunks[index])
-    first.close()  # the hasher state is gone with the process; the reopen re-hashes what is on disk
+    first.close()  # the reopen re-hashes what is on disk
     store = AdapterStore(tmp_path, chunk_size=CHUNK)
     resumed = store.open_partial(manifest)
     assert resumed.verified_chunks == {0, 1, last}
@@ -138,7 +93,7 @@ def test_a_resumed_partial_hashes_what_it_found_and_commits(tmp_path: Path, adap
 
 
 def test_a_file_changed_on_disk_after_its_chunks_were_verified_is_caught_at_commit(tmp_path: Path, adapter) -> None:
-    """The running hash saw the good bytes; the commit notices the file changed since (ctime) and re-reads it."""
+    """Each chunk was verified as it landed; the commit notices the file changed since (ctime) and re-verifies every chunk."""
     directory, manifest = adapter
     chunks = _chunks(directory, manifest)
     store = AdapterStore(tmp_path, chunk_size=CHUNK)
@@ -168,3 +123,36 @@ def test_a_file_changed_on_disk_while_open_is_caught_by_the_resume_re_hash(tmp_p
         resumed.write_chunk(index, chunks[index])  # chunk 1 is fetched again and rewritten
     assert resumed.commit("c").digest == manifest.digest
     assert store.verify("c").digest == manifest.digest
+
+
+class _Recorder:
+    """A sink that keeps what it was handed."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, bytes] = {}
+
+    def add(self, index: int, data) -> None:
+        assert index not in self.seen, f"chunk {index} handed to the sink twice"
+        self.seen[index] = bytes(data)
+
+
+def test_a_sink_sees_every_verified_chunk_once_including_those_found_on_resume(tmp_path: Path, adapter) -> None:
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    first = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
+    first.write_chunk(1, chunks[1])
+    first.close()
+    partial = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
+    sink = _Recorder()
+    partial.attach(sink)
+    assert sink.seen == {1: chunks[1]}, "a chunk verified before the sink was attached is read back for it"
+    bad = bytearray(chunks[0])
+    bad[0] ^= 1
+    with pytest.raises(IntegrityError):
+        partial.write_chunk(0, bytes(bad))
+    assert 0 not in sink.seen, "a chunk that fails verification never reaches a sink"
+    for index in range(len(chunks)):
+        partial.write_chunk(index, memoryview(chunks[index]))  # chunk 1 again: already verified, not handed twice
+    assert sink.seen == dict(enumerate(chunks))
+    partial.detach(sink)
+    partial.commit("c")

@@ -30,6 +30,7 @@ from fabric.rpc.security import TlsFiles
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from _certs import TestCA
+from _store_helpers import stage_begin
 
 TOKEN = "a6f1c0ffee-cluster-token"
 SMALL_CHUNK = ["--chunk-size", "4096"]
@@ -151,7 +152,7 @@ MUTATIONS = {
     "Unstage": lambda c, a: c.unstage("sec/resident"),
     "SetActive": lambda c, a: c.set_active("resident"),
     "Pin": lambda c, a: c.pin("resident", True),
-    "UploadOffset": lambda c, a: c._call(c.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id="sec/x", safetensors_sha256="0" * 64)),
+    "UploadOffset": lambda c, a: c._call(c.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id="sec/x", safetensors_blake3="0" * 64)),
     "Generate": lambda c, a: c.generate(PROMPT, "resident"),
     "ListAdapters": lambda c, a: c.list(),
 }
@@ -345,12 +346,7 @@ def test_the_store_quota_refuses_a_stage_before_writing(limits, adapters) -> Non
     # The raw code is RESOURCE_EXHAUSTED, as every gRPC client sees it.
     with grpc.insecure_channel(node.address) as channel:
         stub = fabric_pb2_grpc.FabricStub(channel)
-        begin = fabric_pb2.StageBegin(
-            adapter_id="lim/raw",
-            config_json=(adapters["small"] / "adapter_config.json").read_bytes(),
-            safetensors_size=weights(adapters["small"]).stat().st_size,
-            safetensors_sha256="ab" * 32,
-        )
+        begin = stage_begin(adapters["small"], "lim/raw", 4096, weights_root="ab" * 32)
         with pytest.raises(grpc.RpcError) as caught:
             stub.Stage(iter([fabric_pb2.StageRequest(begin=begin)]), timeout=20)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

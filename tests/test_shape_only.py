@@ -36,20 +36,20 @@ def test_prepare_verified_equals_prepare_and_skips_nothing_it_must_check(adapter
     manifest = store.stage(adapter, "a")
     shaped = ShapeOnlyModel(shapes_of_tiny(), slots=2, max_rank=8, device="cpu", dtype=torch.float32)
     from_dir = shaped.prepare(adapter, "x")
-    from_store = shaped.prepare_verified(manifest, store.blob_path(manifest.weights.sha256), "x")
+    from_store = shaped.prepare_verified(manifest, store.blob_path(manifest.weights.root), "x")
     assert from_store.content_id == from_dir.content_id == manifest.content_id
-    assert from_store.sha256 == from_dir.sha256
+    assert from_store.root == from_dir.root == manifest.weights.root  # both at the default chunk size
     assert torch.equal(from_store.staged.row, from_dir.staged.row)
     assert torch.equal(from_store.staged.scaling, from_dir.staged.scaling)
     # A blob whose size differs from its manifest is refused before staging.
     short = tmp_path / "short"
-    short.write_bytes(store.blob_path(manifest.weights.sha256).read_bytes()[:-4])
+    short.write_bytes(store.blob_path(manifest.weights.root).read_bytes()[:-4])
     with pytest.raises(IntegrityError, match="bytes on disk"):
         shaped.prepare_verified(manifest, short, "y")
     # A pool that cannot hold the adapter refuses it, naming the module, before reading bytes.
     small = ShapeOnlyModel(shapes_of_tiny(), slots=1, max_rank=2, device="cpu", dtype=torch.float32)
     with pytest.raises(IncompatibleAdapter, match="rank 4 is above the pool's max_rank 2"):
-        small.prepare_verified(manifest, store.blob_path(manifest.weights.sha256), "x")
+        small.prepare_verified(manifest, store.blob_path(manifest.weights.root), "x")
 
 
 def test_recycled_staging_cannot_be_committed_and_reused_rows_hold_no_old_bytes(adapter, tmp_path) -> None:

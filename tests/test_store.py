@@ -3,7 +3,6 @@ downloads (corrupt chunks, resume in a new store), uploads, quota, and threads, 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -14,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from _store_helpers import SMALL_CHUNK, make_adapters, snapshot
-from fabric.format.content_id import content_id
+from blake3 import blake3
+
+from _store_helpers import SMALL_CHUNK, blake3_of, make_adapters, snapshot
 from fabric.errors import (
     AdapterNotFound,
     IntegrityError,
@@ -27,7 +27,7 @@ from fabric.errors import (
     InvalidTensors,
     QuotaExceeded,
 )
-from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, adapter_digest, build_manifest
+from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest, hash_bytes
 from fabric.store import AdapterStore
 
 WORKER = Path(__file__).with_name("_stage_worker.py")
@@ -68,8 +68,8 @@ def assert_consistent(root: Path) -> AdapterStore:
         assert store.verify(manifest.adapter_id) == manifest
     live = {m.digest for m in listed}
     assert {p.name.removesuffix(".json") for p in (root / "manifests").iterdir()} == live
-    blobs = {p.name for p in (root / "blobs" / "sha256").rglob("*") if p.is_file()}
-    assert blobs == {f.sha256 for m in listed for f in m.files}
+    blobs = {p.name for p in (root / "blobs" / "blake3").rglob("*") if p.is_file()}
+    assert blobs == {f.root for m in listed for f in m.files}
     assert list((root / "tmp").iterdir()) == []
     return store
 
@@ -117,8 +117,8 @@ def test_one_adapter_under_two_ids_shares_its_bytes(tmp_path: Path, adapters: di
     assert store.verify("y/z").digest == first.digest
     assert (store.materialize("y/z") / WEIGHTS_FILE).read_bytes() == (adapters["a"] / WEIGHTS_FILE).read_bytes()
     assert store.unstage("y/z") is True
-    assert _committed(tmp_path) == {"blobs": "dir", "blobs/sha256": "dir", "manifests": "dir", "refs": "dir", "views": "dir"} | {
-        k: "dir" for k in _committed(tmp_path) if k.startswith("blobs/sha256/")
+    assert _committed(tmp_path) == {"blobs": "dir", "blobs/blake3": "dir", "manifests": "dir", "refs": "dir", "views": "dir"} | {
+        k: "dir" for k in _committed(tmp_path) if k.startswith("blobs/blake3/")
     }
     with pytest.raises(AdapterNotFound, match="'y/z' is not staged"):
         store.get("y/z")
@@ -132,7 +132,7 @@ def test_two_configs_over_one_weights_file_share_the_weights_blob(tmp_path: Path
     store.stage(adapters["a_alpha"], "alpha")
     assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) == 3
     assert store.unstage("a") is True  # its digest is gone; the shared weights stay for "alpha"
-    assert store.blob_path(manifests["a"].weights.sha256).is_file()
+    assert store.blob_path(manifests["a"].weights.root).is_file()
     assert store.verify("alpha").digest == manifests["a_alpha"].digest
     assert_consistent(tmp_path)
 
@@ -144,8 +144,8 @@ def test_restaging_an_id_moves_the_ref_and_collects_the_old_bytes(tmp_path: Path
     assert store.stage(adapters["b"], "id").digest == manifests["b"].digest
     assert store.get("id").digest == manifests["b"].digest
     assert store.by_digest(manifests["a"].digest) is None
-    with pytest.raises(AdapterNotFound, match=manifests["a"].weights.sha256):
-        store.blob_path(manifests["a"].weights.sha256)
+    with pytest.raises(AdapterNotFound, match=manifests["a"].weights.root):
+        store.blob_path(manifests["a"].weights.root)
     assert not (tmp_path / "views" / manifests["a"].digest).exists()
     assert_consistent(tmp_path)
 
@@ -208,7 +208,7 @@ def test_a_corrupted_chunk_is_refused_at_that_chunk_and_nothing_is_visible(tmp_p
         partial.read_chunk(2)
     # a partial is never listed, served or loaded
     assert store.list() == [] and store.by_digest(manifest.digest) is None
-    for call in (lambda: store.get("a"), lambda: store.materialize("a"), lambda: store.blob_path(manifest.weights.sha256)):
+    for call in (lambda: store.get("a"), lambda: store.materialize("a"), lambda: store.blob_path(manifest.weights.root)):
         with pytest.raises(AdapterNotFound):
             call()
     with pytest.raises(InvalidArgument, match=f"2 of 4 chunks missing, first is chunk 2 at offset {2 * SMALL_CHUNK}"):
@@ -244,7 +244,7 @@ def test_a_download_cut_halfway_resumes_in_a_new_store_and_commits_the_same_dige
     assert resumed.committed and resumed.read_chunk(0) == _chunk(adapters, manifest, "a", 0)  # served from the blob now
     store = assert_consistent(tmp_path / "cut")
     assert store.list() == [uninterrupted]
-    assert store.blob_path(manifest.weights.sha256).read_bytes() == (adapters["a"] / WEIGHTS_FILE).read_bytes()
+    assert store.blob_path(manifest.weights.root).read_bytes() == (adapters["a"] / WEIGHTS_FILE).read_bytes()
     assert list((tmp_path / "cut" / "partial").iterdir()) == []
 
 
@@ -261,26 +261,12 @@ def test_resume_re_verifies_what_is_on_disk(tmp_path: Path, adapters, manifests)
     assert reopened.verified_chunks == {0, 2} and reopened.verified_offset == SMALL_CHUNK
 
 
-def test_a_manifest_whose_whole_file_digest_lies_commits_nothing(tmp_path: Path, adapters, manifests) -> None:
-    real = manifests["a"]
-    fake_sha = hashlib.sha256(b"not these bytes").hexdigest()
-    weights = replace(real.weights, sha256=fake_sha)
-    lying = Manifest(
-        adapter_id="liar",
-        digest=adapter_digest(real.files[0].sha256, fake_sha),
-        content_id=content_id(fake_sha, real.config, real.modules),
-        files=(real.files[0], weights),
-        config_json=real.config_json,
-        tensors=real.tensors,
-        header_size=real.header_size,
-    )
-    store = _store(tmp_path)
-    before = _committed(tmp_path)
-    _download(store, adapters, lying, "a", range(lying.weights.chunk_count))
-    with pytest.raises(IntegrityError, match=f"whole {WEIGHTS_FILE} has sha256 {real.weights.sha256}, not {fake_sha}"):
-        store.open_partial(lying).commit("liar")
-    assert _committed(tmp_path) == before and store.list() == []
-    assert list((tmp_path / "partial").iterdir()) == []
+def test_a_whole_file_digest_that_lies_cannot_even_be_described(manifests) -> None:
+    """Scheme 1 caught this at commit, after the download; in scheme 2 the root is built over the chunk digests,
+    so a manifest claiming another root for the same chunks never exists, and no byte is fetched for it."""
+    fake_root = blake3(b"not these bytes").hexdigest()
+    with pytest.raises(IntegrityError, match=f"root {fake_root} does not match its chunk digests"):
+        replace(manifests["a"].weights, root=fake_root)
 
 
 def test_opening_a_partial_of_committed_bytes_is_complete_and_commits_a_ref(tmp_path: Path, adapters, manifests) -> None:
@@ -306,9 +292,9 @@ def test_a_partial_open_elsewhere_is_refused_until_closed(tmp_path: Path, manife
 # ---------------------------------------------------------------- uploads
 
 
-def _open_upload(store: AdapterStore, adapters, manifests, name: str, adapter_id: str, sha: str | None = None):
+def _open_upload(store: AdapterStore, adapters, manifests, name: str, adapter_id: str):
     m = manifests[name]
-    return store.open_upload(adapter_id, m.config_json, m.weights.size, sha or m.weights.sha256)
+    return store.open_upload(adapter_id, m.config_json, m.weights.size, blake3_of(adapters[name] / WEIGHTS_FILE), m.weights.root)
 
 
 def test_an_upload_resumes_in_a_new_store_and_commits(tmp_path: Path, adapters, manifests) -> None:
@@ -318,14 +304,14 @@ def test_an_upload_resumes_in_a_new_store_and_commits(tmp_path: Path, adapters, 
     upload.append(3000, data[3000:5000])
     upload.close()
     store = _store(tmp_path)
-    assert store.upload_offset("up/b", manifests["b"].weights.sha256) == 5000
+    assert store.upload_offset("up/b", blake3_of(adapters["b"] / WEIGHTS_FILE)) == 5000
     assert store.list() == []
     upload = _open_upload(store, adapters, manifests, "b", "up/b")
     assert upload.offset == 5000
     upload.append(5000, data[5000:])
     committed = upload.commit()
     assert committed == manifests["b"].with_id("up/b") and upload.already_staged is False
-    assert store.upload_offset("up/b", manifests["b"].weights.sha256) == 0
+    assert store.upload_offset("up/b", blake3_of(adapters["b"] / WEIGHTS_FILE)) == 0
     again = _open_upload(store, adapters, manifests, "b", "up/b2")
     again.append(0, data)
     assert again.commit().digest == committed.digest and again.already_staged is True
@@ -347,7 +333,7 @@ def test_upload_offsets_are_checked(tmp_path: Path, adapters, manifests) -> None
 @pytest.mark.parametrize(
     ("name", "config", "declared", "error", "words"),
     [
-        ("b", "b", "a", IntegrityError, "declared"),  # bytes of b, sha256 of a
+        ("b", "b", "a", IntegrityError, "declared"),  # bytes of b, root of a
         ("corrupt_header", "a", None, InvalidHeader, "header is not valid JSON"),
         ("b", "a", None, InvalidTensors, "k_proj' has LoRA tensors but the config does not target it"),
     ],
@@ -357,8 +343,9 @@ def test_a_bad_upload_commits_nothing(tmp_path: Path, adapters, manifests, name,
     store.stage(adapters["c"], "kept")
     before = _committed(tmp_path)
     data = (adapters[name] / WEIGHTS_FILE).read_bytes()
-    sha = manifests[declared].weights.sha256 if declared else hashlib.sha256(data).hexdigest()
-    upload = store.open_upload("bad", manifests[config].config_json, len(data), sha)
+    sha = blake3_of(adapters[name] / WEIGHTS_FILE)
+    root = manifests[declared].weights.root if declared else hash_bytes(WEIGHTS_FILE, data, SMALL_CHUNK).root
+    upload = store.open_upload("bad", manifests[config].config_json, len(data), sha, root)
     upload.append(0, data)
     with pytest.raises(error, match=words):
         upload.commit()
@@ -371,9 +358,11 @@ def test_an_upload_with_a_bad_config_is_refused_before_any_byte(tmp_path: Path, 
     before = snapshot(tmp_path)
     config = (adapters["dora"] / CONFIG_FILE).read_bytes()
     with pytest.raises(InvalidConfig, match="use_dora=True"):
-        store.open_upload("x", config, 100, manifests["a"].weights.sha256)
-    with pytest.raises(InvalidArgument, match="sha256 'nope' is not a sha256"):
-        store.open_upload("x", manifests["a"].config_json, 100, "nope")
+        store.open_upload("x", config, 100, "0" * 64, manifests["a"].weights.root)
+    with pytest.raises(InvalidArgument, match="BLAKE3 'nope' is not a digest"):
+        store.open_upload("x", manifests["a"].config_json, 100, "nope", manifests["a"].weights.root)
+    with pytest.raises(InvalidArgument, match="root 'nope' is not a digest"):
+        store.open_upload("x", manifests["a"].config_json, 100, "0" * 64, "nope")
     assert snapshot(tmp_path) == before
 
 

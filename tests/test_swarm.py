@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import subprocess
@@ -22,6 +21,7 @@ from fabric.harness.cluster import LocalNode, free_port
 from fabric.transport.discovery import PeerSource, resolve
 from fabric.errors import AdapterNotFound, InvalidArgument
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from fabric.store.digests import chunk_digest, hash_file
 from fabric.v1 import fabric_pb2
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -194,8 +194,9 @@ def big_adapter(tmp_path_factory) -> Path:
     return make_peft_adapter(tmp_path_factory.mktemp("adapters") / "big", base_model=build_tiny_model(), r=16, lora_alpha=16, target_modules=ALL, seed=5)
 
 
-def weights_sha(adapter: Path) -> str:
-    return hashlib.sha256((adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
+def weights_root(adapter: Path) -> str:
+    """The weights file's root at the swarm nodes' chunk size (its blob's name in a store)."""
+    return hash_file("adapter_model.safetensors", adapter / "adapter_model.safetensors", int(SMALL_CHUNK[1])).root
 
 
 def store_node(root: Path, name: str, *, rate: int = 0, peers=(), extra=()) -> LocalNode:
@@ -226,7 +227,7 @@ def test_pull_from_three_peers_one_dies_midway(tmp_path, big_adapter) -> None:
         for seed in seeds:
             with NodeClient(seed.address) as client:
                 digest = client.stage(big_adapter, "big").digest
-                count = len(client.manifest("big").files[-1].chunk_sha256)
+                count = client.manifest("big").files[-1].chunk_count
         with NodeClient(puller.address) as client:
             result: dict = {}
             pulling = threading.Thread(target=lambda: result.update(reply=client.promote("big", peer=seeds[0].address, stage_only=True)))
@@ -247,8 +248,8 @@ def test_pull_from_three_peers_one_dies_midway(tmp_path, big_adapter) -> None:
         assert seeds[2].address in sources, "the dead peer served chunks before it died"
         assert len(sources) == 3
         # The committed bytes are the staged file's bytes.
-        blob = next(puller.store.rglob(weights_sha(big_adapter)))
-        assert hashlib.sha256(blob.read_bytes()).hexdigest() == weights_sha(big_adapter)
+        blob = next(puller.store.rglob(weights_root(big_adapter)))
+        assert blob.read_bytes() == (big_adapter / "adapter_model.safetensors").read_bytes()
     finally:
         for node in (*seeds, puller):
             node.stop()
@@ -262,7 +263,7 @@ def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> No
             staged = client.stage(big_adapter, "big")
             manifest = client.manifest("big")
         weights = next(f for f in manifest.files if f.name == "adapter_model.safetensors")
-        count = len(weights.chunk_sha256)
+        count = weights.chunk_count
         with NodeClient(middle.address) as client, grpc.insecure_channel(middle.address) as channel:
             outcome: list = []
 
@@ -288,7 +289,7 @@ def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> No
                     refused.append(index)
                     continue
                 assert [offset for offset, _ in chunks] == [index * weights.chunk_size]
-                assert hashlib.sha256(chunks[0][1]).digest() == weights.chunk_sha256[index]
+                assert chunk_digest(chunks[0][1]) == weights.chunk_digests[index]
                 served.append(index)
             # A range reaching past the verified chunks is refused whole, before a byte is sent.
             with pytest.raises(grpc.RpcError) as whole:
@@ -302,7 +303,7 @@ def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> No
             assert 1 <= len(substituted) <= 2
             for offset, data in substituted:
                 index = offset // weights.chunk_size
-                assert index in held and hashlib.sha256(data).digest() == weights.chunk_sha256[index]
+                assert index in held and chunk_digest(data) == weights.chunk_digests[index]
             seed.kill()  # no need to wait for the rest
             pulling.join(60)
         assert served and refused, f"mid-pull the node should hold some chunks and miss others (served {served}, refused {refused})"
@@ -357,7 +358,7 @@ def test_seed_hands_out_each_chunk_once_then_sends_swarm_callers_elsewhere(tmp_p
             staged = client.stage(big_adapter, "big")
             manifest = client.manifest("big")
         weights = next(f for f in manifest.files if f.name == "adapter_model.safetensors")
-        count, size = len(weights.chunk_sha256), weights.chunk_size
+        count, size = weights.chunk_count, weights.chunk_size
         every = swarm.chunks_to_bitmap(range(count), count)
         with grpc.insecure_channel(seed.address) as channel:
             fetch = wire.fetch_stub(channel)

@@ -121,8 +121,8 @@ def test_tampered_bytes_of_a_signed_adapter_are_refused(tmp_path, keys, adapters
     try:
         with seed.client() as s, node.client() as c:
             s.stage(adapters["x"], "x", sign_key=keys["author"].read_bytes())
-            sha = json.loads((seed.store / "manifests" / f"{s.manifest_proto('x').digest}.json").read_bytes())["files"][1]["sha256"]
-            blob = seed.store / "blobs" / "sha256" / sha[:2] / sha
+            root = json.loads((seed.store / "manifests" / f"{s.manifest_proto('x').digest}.json").read_bytes())["files"][1]["root"]
+            blob = seed.store / "blobs" / "blake3" / root[:2] / root
             os.chmod(blob, 0o644)
             with open(blob, "r+b") as f:
                 f.seek(-1, 2)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from blake3 import blake3
 
 from fabric.errors import FabricError, IntegrityError
 from fabric.harness.cluster import LocalNode, free_port
@@ -46,8 +47,8 @@ def manifest_file(store: Path, adapter_id: str) -> Path:
 
 
 def weights_blob(store: Path, adapter_id: str) -> Path:
-    sha = json.loads(manifest_file(store, adapter_id).read_bytes())["files"][1]["sha256"]
-    return store / "blobs" / "sha256" / sha[:2] / sha
+    root = json.loads(manifest_file(store, adapter_id).read_bytes())["files"][1]["root"]
+    return store / "blobs" / "blake3" / root[:2] / root
 
 
 def flip_byte(path: Path, offset: int) -> None:
@@ -271,8 +272,8 @@ def test_a_damaged_upload_is_restarted_not_resumed(tmp_path, adapters) -> None:
             c.stage(adapters["b"], "b")
         node.stop()
         weights = (adapters["a"] / "adapter_model.safetensors").read_bytes()
-        sha = hashlib.sha256(weights).hexdigest()
-        upload = node.store / "uploads" / hashlib.sha256(f"a\0{sha}".encode()).hexdigest()
+        key = blake3(weights).hexdigest()
+        upload = node.store / "uploads" / hashlib.sha256(f"a\0{key}".encode()).hexdigest()
         upload.mkdir(parents=True)
         (upload / "meta.json").write_bytes(b"\0\0garbage")
         (upload / "data").write_bytes(os.urandom(len(weights) // 2))

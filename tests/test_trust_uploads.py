@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import queue
 import threading
@@ -11,10 +10,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from blake3 import blake3
 
 from fabric.harness.cluster import LocalNode
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from _store_helpers import stage_begin_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,9 +50,7 @@ class Stream:
             self.error = exc
 
     def begin(self, adapter_id: str, config: bytes, weights: bytes, offset: int = 0) -> None:
-        sha = hashlib.sha256(weights).hexdigest()
-        self._queue.put(fabric_pb2.StageRequest(begin=fabric_pb2.StageBegin(
-            adapter_id=adapter_id, config_json=config, safetensors_size=len(weights), safetensors_sha256=sha, offset=offset)))
+        self._queue.put(fabric_pb2.StageRequest(begin=stage_begin_of(adapter_id, config, weights, offset=offset)))
 
     def data(self, offset: int, data: bytes) -> None:
         self._queue.put(fabric_pb2.StageRequest(data=fabric_pb2.StageData(offset=offset, data=data)))
@@ -73,7 +72,7 @@ class Stream:
 
 def wait_offset(stub, adapter_id: str, weights: bytes, offset: int) -> None:
     """Until the node holds ``offset`` bytes of the upload (so it is open)."""
-    request = fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_sha256=hashlib.sha256(weights).hexdigest())
+    request = fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_blake3=blake3(weights).hexdigest())
     while stub.UploadOffset(request, timeout=30).offset < offset:
         pass
 
@@ -159,7 +158,7 @@ def test_a_resume_below_the_held_offset_rewinds_and_one_beyond_it_is_refused(tmp
             beyond.end()
             assert beyond.error is not None and beyond.error.code() == grpc.StatusCode.INVALID_ARGUMENT, beyond.error
             assert f"resumes at offset {half + 1} but this node holds {half} bytes" in beyond.error.details()
-            request = fabric_pb2.UploadOffsetRequest(adapter_id="rewound", safetensors_sha256=hashlib.sha256(weights).hexdigest())
+            request = fabric_pb2.UploadOffsetRequest(adapter_id="rewound", safetensors_blake3=blake3(weights).hexdigest())
             assert stub.UploadOffset(request, timeout=30).offset == half  # the refusal kept the upload as it was
             quarter = half // 2
             b = Stream(stub)

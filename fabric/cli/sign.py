@@ -13,6 +13,20 @@ from pathlib import Path
 from fabric.cli.output import emit
 
 
+DEFAULT_CHUNK_SIZE = 1 << 20  # fabric.store.digests.DEFAULT_CHUNK_SIZE (not imported: the CLI starts without the store)
+
+
+def chunk_size(text: str) -> int:
+    """``--chunk-size``: the node flag's bounds (4 KiB to 4 MiB)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer number of bytes") from None
+    if not 4096 <= value <= 4 << 20:
+        raise argparse.ArgumentTypeError(f"{value} is outside 4096 to {4 << 20} bytes (fabric-node --chunk-size's bounds)")
+    return value
+
+
 def cmd_keygen(args: argparse.Namespace) -> None:
     """Write ``OUT.key`` (private, PEM, mode 0600) and ``OUT.pub`` (public, PEM: give it to nodes' --trusted-signers)."""
     from fabric.trust.signing import keygen
@@ -35,7 +49,7 @@ def cmd_sign(args: argparse.Namespace) -> None:
     from fabric.trust.signing import sign_digest
 
     directory = Path(args.dir)
-    manifest = build_manifest("signing", (directory / CONFIG_FILE).read_bytes(), directory / WEIGHTS_FILE)
+    manifest = build_manifest("signing", (directory / CONFIG_FILE).read_bytes(), directory / WEIGHTS_FILE, args.chunk_size)
     signature = sign_digest(Path(args.key).read_bytes(), manifest.digest)
     emit(args.json, {"digest": manifest.digest, "signature": signature.hex()}, f"digest={manifest.digest} signature={signature.hex()}")
 
@@ -47,3 +61,5 @@ def register(command) -> None:
     p = command("sign", cmd_sign, "print an adapter directory's digest and its signature by --key", node=False)
     p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
     p.add_argument("--key", required=True, help="private key (PEM, as fabric keygen writes it)")
+    p.add_argument("--chunk-size", type=chunk_size, default=DEFAULT_CHUNK_SIZE,
+                   help=f"the chunk size of the nodes that will stage it (part of the digest; default {DEFAULT_CHUNK_SIZE}, as fabric-node's)")

@@ -65,9 +65,14 @@ def cmd_ls(args: argparse.Namespace) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
+    from fabric.store.manifest import Manifest
+
     with client_for(args) as client:
-        m = client.manifest(args.id)
-    files = [{"name": f.name, "size": f.size, "sha256": f.sha256, "chunk_size": f.chunk_size, "chunks": len(f.chunk_sha256)} for f in m.files]
+        reply = client.manifest_proto(args.id, with_sha256=args.sha256)
+    m = Manifest.from_proto(reply)
+    files = [{"name": f.name, "size": f.size, "root": f.root, "chunk_size": f.chunk_size, "chunks": f.chunk_count} for f in m.files]
+    for f in files if args.sha256 else ():
+        f["sha256"] = reply.file_sha256.get(f["name"], "")
     tensors = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in m.tensors]
     payload = {
         "adapter_id": m.adapter_id,
@@ -79,7 +84,8 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         "tensors": tensors,
     }
     lines = [f"{m.adapter_id}  digest={m.digest}  content_id={m.content_id:#018x}"]
-    lines += [f"  {f['name']:<28} {f['size']:>11} B  sha256={f['sha256'][:16]}…  {f['chunks']} chunk(s) of {f['chunk_size']} B" for f in files]
+    lines += [f"  {f['name']:<28} {f['size']:>11} B  root={f['root'][:16]}…  {f['chunks']} chunk(s) of {f['chunk_size']} B" for f in files]
+    lines += [f"  {f['name']:<28} sha256={f['sha256']}" for f in files if "sha256" in f]
     c = m.config
     lines.append(f"  r={c.r} lora_alpha={c.lora_alpha:g} use_rslora={c.use_rslora} base_model={payload['config'].get('base_model_name_or_path')}")
     lines.append(f"  {len(tensors)} tensors over {len(m.modules)} modules: {', '.join(m.modules[:6])}{' …' if len(m.modules) > 6 else ''}")
@@ -113,6 +119,7 @@ def register(command) -> None:
 
     p = command("inspect", cmd_inspect, "show an adapter's manifest on a node: files, digests, config, tensors")
     p.add_argument("--id", required=True, help="adapter id")
+    p.add_argument("--sha256", action="store_true", help="also each file's sha256, to compare with a model hub's listing (the node reads the files once)")
 
     p = command("locate", cmd_locate, "which of a node's peers hold an adapter, fully or in part")
     p.add_argument("--id", required=True, help="adapter id")

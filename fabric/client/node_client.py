@@ -8,7 +8,6 @@ errors the same way in-process or remote.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -24,11 +23,11 @@ from fabric.format.config import CONFIG_FILE
 from fabric.rpc import security
 from fabric.rpc.security import TlsFiles
 from fabric.rpc.status import ERROR_DETAIL_KEY, error_from_rpc
-from fabric.store.manifest import Manifest
+from fabric.store.digests import DIGEST_SCHEME, WEIGHTS_FILE, adapter_digest, check_scheme, hash_bytes, hash_file, whole_file_blake3
+from fabric.store.manifest import Manifest, manifest_request
 from fabric.transport import wire
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
-WEIGHTS_FILE = "adapter_model.safetensors"
 UPLOAD_PIECE = 1 << 20
 #: default deadline of calls that move an adapter (stage, promote, pull): generous, pulls of GBs take minutes
 LONG_CALL_TIMEOUT_S = 3600.0
@@ -52,14 +51,6 @@ _RETRY_SERVICE_CONFIG = json.dumps(
     }
 )
 
-
-def sha256_file(path: Path, piece: int = 4 << 20) -> str:
-    """The hex sha256 of a file, read in pieces."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(piece):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class NodeClient:
@@ -147,9 +138,15 @@ class NodeClient:
 
     # ------------------------------------------------------------ staging
 
-    def upload_offset(self, adapter_id: str, sha256: str) -> int:
-        """How many bytes of an interrupted upload of these weights the node holds (0: none)."""
-        return self._call(self.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_sha256=sha256)).offset
+    def upload_offset(self, adapter_id: str, blake3: str) -> int:
+        """How many bytes of an interrupted upload of these weights (their whole-file BLAKE3, ``b3sum``) the node holds (0: none)."""
+        return self._upload_target(adapter_id, blake3).offset
+
+    def _upload_target(self, adapter_id: str, blake3: str) -> fabric_pb2.UploadOffsetResponse:
+        """The node's kept offset and the chunk size it stages with; a node of another digest scheme is refused by name."""
+        reply = self._call(self.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_blake3=blake3))
+        check_scheme(reply.digest_scheme, f"node {self.address}")
+        return reply
 
     def stage(
         self,
@@ -176,17 +173,22 @@ class NodeClient:
             if not path.is_file():
                 raise InvalidAdapter(f"{path} does not exist: a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")
         size = weights_path.stat().st_size
-        digest = sha256_file(weights_path)
-        offset = self.upload_offset(adapter_id, digest)
+        blake3 = whole_file_blake3(weights_path)  # names the upload before the node's chunk size is known
+        target = self._upload_target(adapter_id, blake3)
+        offset = target.offset
         if offset and on_resume:
             on_resume(offset, size)
         config = config_path.read_bytes()
-        begin = fabric_pb2.StageBegin(adapter_id=adapter_id, config_json=config, safetensors_size=size, safetensors_sha256=digest, offset=offset)
+        # The weights root at the node's chunk size: the node checks its bytes against it, and it names the digest a signer signs.
+        weights_root = hash_file(WEIGHTS_FILE, weights_path, target.chunk_size).root
+        begin = fabric_pb2.StageBegin(
+            adapter_id=adapter_id, config_json=config, safetensors_size=size, safetensors_blake3=blake3, weights_root=weights_root,
+            offset=offset, digest_scheme=DIGEST_SCHEME,
+        )
         if sign_key is not None:
-            from fabric.store.digests import adapter_digest, hash_bytes
             from fabric.trust.signing import sign_digest
 
-            begin.signature = sign_digest(sign_key, adapter_digest(hash_bytes(CONFIG_FILE, config, UPLOAD_PIECE).sha256, digest))
+            begin.signature = sign_digest(sign_key, adapter_digest(hash_bytes(CONFIG_FILE, config, target.chunk_size).root, weights_root))
 
         def requests() -> Iterator[fabric_pb2.StageRequest]:
             yield fabric_pb2.StageRequest(begin=begin)
@@ -212,9 +214,12 @@ class NodeClient:
         """The manifest the node holds for an id (files, sizes, digests, chunking, config, tensor index), every claim checked."""
         return Manifest.from_proto(self.manifest_proto(adapter_id))
 
-    def manifest_proto(self, adapter_id: str) -> fabric_pb2.Manifest:
-        """The manifest as the wire carries it (for tools that fetch chunks themselves)."""
-        return self._call(self.stub.GetManifest, fabric_pb2.GetManifestRequest(adapter_id=adapter_id))
+    def manifest_proto(self, adapter_id: str, *, with_sha256: bool = False) -> fabric_pb2.Manifest:
+        """The manifest as the wire carries it (for tools that fetch chunks themselves).
+
+        ``with_sha256``: the node also answers each file's sha256 (``file_sha256``), e.g. to compare with a hub's listing.
+        """
+        return self._call(self.stub.GetManifest, manifest_request(adapter_id, with_sha256=with_sha256))
 
     # ------------------------------------------------------------ slots
 

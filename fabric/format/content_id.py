@@ -17,9 +17,9 @@ from fabric.format.config import PeftAdapterConfig
 BASE_MODEL_ID = 0
 
 
-def content_id(safetensors_sha256: str, config: PeftAdapterConfig, modules: Iterable[str]) -> int:
-    """A non-zero u64 from the safetensors digest and the scaling of every adapted module."""
+def content_id(weights_root: str, config: PeftAdapterConfig, modules: Iterable[str]) -> int:
+    """A non-zero u64 from the safetensors file's root (``fabric.store.digests``) and the scaling of every adapted module."""
     scaling = {module: repr(float(config.scaling_for(module))) for module in sorted(set(modules))}
-    material = json.dumps({"safetensors": safetensors_sha256, "scaling": scaling}, sort_keys=True)
-    value = int.from_bytes(hashlib.sha256(b"adapter-fabric content id\0" + material.encode()).digest()[:8], "big")
+    material = json.dumps({"weights_root": weights_root, "scaling": scaling}, sort_keys=True)
+    value = int.from_bytes(hashlib.sha256(b"adapter-fabric content id v2\0" + material.encode()).digest()[:8], "big")
     return value or 1

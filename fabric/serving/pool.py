@@ -25,18 +25,17 @@ from typing import Mapping
 
 import torch
 
-from fabric.errors import AdapterNotFound, IncompatibleAdapter, InvalidArgument, SlotBusy
-from fabric.serving.host_copy import SINGLE_THREAD_COPY_BYTES, host_array, host_copy
+from fabric.errors import AdapterNotFound, InvalidArgument, SlotBusy
+from fabric.serving.host_copy import SINGLE_THREAD_COPY_BYTES, host_copy
+from fabric.serving.staging import StagingRows
 from fabric.serving.slot_records import SlotMeta, Span, StagedAdapter
 from fabric.serving.policy import SlotView, check_pin_limit, choose_victim
 
 #: ``acquire``/``adapter_id_for`` argument meaning "the active adapter".
 ACTIVE = -1
-#: host staging rows kept for reuse by ``SlotPool.recycle`` (each is one slot row: 84 MB for Llama-3-8B at r=16)
-SPARE_STAGING_ROWS = 2
 
 
-class SlotPool:
+class SlotPool(StagingRows):
     """``slots`` adapter slots for the given modules, preallocated at ``max_rank``."""
 
     def __init__(
@@ -104,86 +103,6 @@ class SlotPool:
     def slot_nbytes(self) -> int:
         """Bytes of one slot row (every module's A and B^T at ``max_rank``)."""
         return self.slot_numel * self.storage.element_size()
-
-    # ------------------------------------------------------------ staging (no lock)
-
-    def stage(self, pairs: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scalings: Mapping[str, float]) -> StagedAdapter:
-        """Check an adapter against the pool and lay it out as one host slot row.
-
-        ``pairs`` maps module -> (A ``[r, in]``, B ``[out, r]``) as PEFT stores
-        them. Refuses (``IncompatibleAdapter``) a module the pool does not hold,
-        a rank above ``max_rank`` and shapes that differ from the pool's.
-        """
-        if not pairs:
-            raise IncompatibleAdapter("the adapter has no LoRA modules: nothing to load")
-        for module, (a, b) in pairs.items():
-            if module not in self._spans:
-                raise IncompatibleAdapter(
-                    f"module {module} is not held by the slot pool ({len(self.modules)} adapted modules); "
-                    "build the model with it in target_modules"
-                )
-            fan_in, fan_out = self.shape_of(module)
-            if a.dim() != 2 or b.dim() != 2:
-                raise IncompatibleAdapter(f"module {module}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} must be 2-D")
-            rank = a.shape[0]
-            if rank > self.max_rank:
-                raise IncompatibleAdapter(f"module {module}: rank {rank} is above the pool's max_rank {self.max_rank}")
-            if a.shape[1] != fan_in:
-                raise IncompatibleAdapter(f"module {module}: lora_A has in_features {a.shape[1]}, the model's linear has {fan_in}")
-            if tuple(b.shape) != (fan_out, rank):
-                raise IncompatibleAdapter(
-                    f"module {module}: lora_B is {tuple(b.shape)}, expected ({fan_out}, {rank}) for out_features "
-                    f"{fan_out} and rank {rank}"
-                )
-            if module not in scalings:
-                raise IncompatibleAdapter(f"module {module}: no scaling given")
-        row, scaling = self._staging_buffers()
-        flat = host_array(row)
-        factors = [0.0] * len(self.modules)  # zero for modules the adapter does not touch
-        ranks: dict[str, int] = {}
-        for module, span in self._spans.items():
-            a_end, bt_end = span.a_off + self.max_rank * span.in_features, span.bt_off + self.max_rank * span.out_features
-            if module not in pairs:
-                # Zeros everywhere the adapter does not write: this is the slot's zeroing (invariant 4).
-                flat[span.a_off : bt_end] = 0
-                continue
-            a, b = pairs[module]
-            rank = a.shape[0]
-            a_used, bt_used = span.a_off + rank * span.in_features, span.bt_off + rank * span.out_features
-            host_copy(row[span.a_off : a_used].view(rank, span.in_features), a)
-            host_copy(row[span.bt_off : bt_used].view(rank, span.out_features), b.t())
-            if rank < self.max_rank:  # rank padding
-                flat[a_used:a_end] = 0
-                flat[bt_used:bt_end] = 0
-            factors[self.module_index[module]] = float(scalings[module])
-            ranks[module] = rank
-        scaling.copy_(torch.tensor(factors, dtype=torch.float32))
-        return StagedAdapter(row=row, scaling=scaling, ranks=ranks, rank=max(ranks.values()), nbytes=row.numel() * row.element_size())
-
-    def _staging_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A host row and scaling vector to stage into: a recycled pair, or new ones (pinned on CUDA).
-
-        Every byte is overwritten by ``stage``, so a recycled row needs no zeroing first;
-        reuse saves the page faults of a fresh slot-sized allocation (and, on CUDA, a pinned one).
-        """
-        with self.lock:
-            if self._spare:
-                return self._spare.pop()
-        pin = self.device.type == "cuda"
-        return (
-            torch.empty(self.slot_numel, dtype=self.dtype, pin_memory=pin),
-            torch.empty(len(self.modules), dtype=torch.float32, pin_memory=pin),
-        )
-
-    def recycle(self, staged: StagedAdapter) -> None:
-        """Hand a committed (or abandoned) staged adapter's buffers back for the next ``stage``; it cannot be committed again."""
-        if staged.row is None:
-            return
-        row, scaling = staged.row, staged.scaling
-        staged.row = staged.scaling = None
-        with self.lock:
-            if len(self._spare) < SPARE_STAGING_ROWS:
-                self._spare.append((row, scaling))
 
     # ------------------------------------------------------------ commit (quiescent point)
 

@@ -12,9 +12,9 @@ Loading an adapter is split in two (DESIGN invariant 7):
   I/O: a memory copy only.
 
 ``prepare`` reads an untrusted directory (a private snapshot, hashed for the
-content id); ``prepare_verified`` loads a store blob whose bytes were verified
-against a manifest at commit, taking the sha256 and content id from it instead
-of hashing again. Both load tensors as views into the file's bytes, so staging
+content id: its BLAKE3 chunk root at the default chunk size, ``fabric.store.digests``);
+``prepare_verified`` loads a store blob whose bytes were verified against a
+manifest, taking the root and content id from it instead of hashing again. Both load tensors as views into the file's bytes, so staging
 is the only copy.
 
 ``MultiLoraModel`` (``fabric.serving.multi_lora``) adds a transformers model on top;
@@ -24,7 +24,6 @@ and no weights (benchmarks at Llama-3-8B shapes, store-and-pool checks).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +36,11 @@ from fabric.serving.adapters import ModelAdapters
 from fabric.format.config import PeftAdapterConfig
 from fabric.format.content_id import content_id
 from fabric.errors import AdaptersUnsupported, IncompatibleAdapter, InvalidAdapter, InvalidTensors
+from fabric.store.digests import DEFAULT_CHUNK_SIZE, hash_bytes
 from fabric.store.manifest import Manifest
 from fabric.store.ids import validate_name
 from fabric.serving.pool import ACTIVE, SlotPool, StagedAdapter
+from fabric.serving.row_sink import RowSink
 from fabric.format.safetensors_index import parse_header
 from fabric.format.tensor_file import has_non_finite, lora_views, map_immutable, read_private
 
@@ -57,7 +58,7 @@ class PreparedAdapter:
 
     name: str
     config: PeftAdapterConfig
-    sha256: str
+    root: str  # the weights file's root (fabric.store.digests)
     content_id: int
     staged: StagedAdapter
     source: Path
@@ -136,24 +137,21 @@ class PoolAdapters(ModelAdapters):
             data = read_private(path)  # a snapshot: the bytes hashed are the bytes validated and loaded
         except FileNotFoundError:
             raise InvalidAdapter(f"{path} does not exist: a PEFT adapter directory holds {SAFETENSORS_FILE}") from None
-        # hashlib drops the GIL on large inputs: hash on a second core while the rest is checked and staged.
-        digest = _Sha256InBackground(data)
-        try:
-            index = parse_header(data, len(data))
-            pairs = lora_pairs(index, config)
-            staged = self._stage(data, index, pairs, config)
-        finally:
-            sha = digest.hexdigest()  # always joined: the helper thread reads ``data``
-        return PreparedAdapter(name, config, sha, content_id(sha, config, pairs), staged, adapter_dir)
+        index = parse_header(data, len(data))
+        pairs = lora_pairs(index, config)
+        staged = self._stage(data, index, pairs, config)
+        # BLAKE3 at several GB/s per core: cheaper inline than a helper thread's hand-off (sha256 once ran on one).
+        root = hash_bytes(SAFETENSORS_FILE, data, DEFAULT_CHUNK_SIZE).root
+        return PreparedAdapter(name, config, root, content_id(root, config, pairs), staged, adapter_dir)
 
     def prepare_verified(self, manifest: Manifest, weights_path: str | Path, name: str) -> PreparedAdapter:
-        """Stage a store blob whose sha256 was verified against ``manifest`` when it was committed.
+        """Stage a store blob whose bytes were verified against ``manifest`` (``AdapterStore.verified_weights``).
 
-        The config, tensor index, sha256 and content id come from the manifest
+        The config, tensor index, root and content id come from the manifest
         (``Manifest`` checks that they agree with each other); only the tensor
         bytes are read, through a memory map of the read-only blob. The size on
         disk is checked against the manifest; rehashing would repeat the
-        commit's whole-file check (``AdapterStore.verify`` does that on demand).
+        store's verification.
         """
         _check_name(name)
         weights_path = Path(weights_path)
@@ -162,7 +160,20 @@ class PoolAdapters(ModelAdapters):
         self.check_compatible(pairs)  # before any byte is read
         mapped = map_immutable(weights_path, manifest.weights.size)
         staged = self._stage(mapped, index, pairs, config)
-        return PreparedAdapter(name, config, manifest.weights.sha256, manifest.content_id, staged, weights_path)
+        return PreparedAdapter(name, config, manifest.weights.root, manifest.content_id, staged, weights_path)
+
+    def row_sink(self, manifest: Manifest) -> RowSink | None:
+        """A slot row to stage while ``manifest``'s weights are pulled (``PeerPuller.pull(sink_for=...)``); None when the
+        file's layout does not allow it (``fabric.serving.row_sink``). Call after ``check_compatible``."""
+        config = manifest.config
+        pairs = lora_pairs(manifest.index, config)
+        self.check_compatible(pairs)
+        return RowSink.build(self.pool, manifest, pairs, {m: config.scaling_for(m) for m in pairs})
+
+    def prepared_from(self, sink: RowSink, manifest: Manifest, weights_path: str | Path, name: str) -> PreparedAdapter:
+        """The adapter whose row ``sink`` staged during its pull (complete, and committed to the store as ``weights_path``)."""
+        _check_name(name)
+        return PreparedAdapter(name, manifest.config, manifest.weights.root, manifest.content_id, sink.finish(), Path(weights_path))
 
     def _stage(self, buffer, index, pairs: Mapping[str, LoraPair], config: PeftAdapterConfig) -> StagedAdapter:
         self.check_compatible(pairs)
@@ -254,16 +265,3 @@ def _non_finite_message(weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
             if bad:
                 return f"module {module}: tensor {info.name!r} holds {bad} non-finite value(s) in {dtype}"
     return "the adapter holds non-finite values"
-
-
-class _Sha256InBackground:
-    """sha256 of a buffer nobody writes meanwhile, computed on a helper thread; ``hexdigest`` waits for it."""
-
-    def __init__(self, data: bytes | bytearray) -> None:
-        self._result: list[str] = []
-        self._thread = threading.Thread(target=lambda: self._result.append(hashlib.sha256(data).hexdigest()), daemon=True)
-        self._thread.start()
-
-    def hexdigest(self) -> str:
-        self._thread.join()
-        return self._result[0]

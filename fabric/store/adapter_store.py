@@ -4,15 +4,16 @@ Layout under ``root`` (after Uber Kraken: uploads and downloads in progress
 live apart from the content-addressed cache, and partial data never shares a
 directory with committed data)::
 
+    format                        "2": the store format (digest scheme 2); absent in a new root until created
     lock                          flock'ed around every metadata change
-    blobs/sha256/<2 hex>/<hex>    committed files, named by their own sha256, read-only
+    blobs/blake3/<2 hex>/<root>   committed files, named by their root (fabric.store.digests), read-only
     manifests/<digest>.json       one manifest per adapter digest (Manifest.to_json)
     refs/<id>                     adapter id -> digest; "/" in an id is written "%2F"
     partial/<digest>/             a peer download: data (sparse), manifest.json, lock
-    uploads/<key>/                a client upload: data, meta.json, lock; key = sha256(id, sha256)
+    uploads/<key>/                a client upload: data, meta.json, lock; key = sha256(id, whole-file BLAKE3)
     views/<digest>/               materialized PEFT directories: hard links into blobs
     signatures/<digest>           the author's Ed25519 signature of a digest, when it was signed (fabric.trust)
-    quarantine/<sha256>-<ns>      blobs that failed a re-verification (fabric.store.integrity), kept as evidence
+    quarantine/<root>-<ns>        blobs that failed a re-verification (fabric.store.integrity), kept as evidence
     tmp/                          temp files, each flock'ed by its writer until renamed
 
 Commit order is blobs, then manifest, then ref, each written to a temp file,
@@ -42,7 +43,7 @@ from typing import Iterator
 from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidAdapter, InvalidArgument
 from fabric.format.safetensors_index import MAX_HEADER_BYTES
 from fabric.store.export import ExportDir
-from fabric.store.files import COPY_BLOCK, check_header, decode_id, encode_id, fsync_dir, pwrite_all
+from fabric.store.files import COPY_BLOCK, decode_id, encode_id, fsync_dir, pwrite_all
 from fabric.store.ids import validate_adapter_id, validate_digest
 from fabric.store.integrity import StoreIntegrity, _is_digest
 from fabric.store.manifest import CONFIG_FILE, DEFAULT_CHUNK_SIZE, WEIGHTS_FILE, FileHasher, Manifest, build_manifest, iter_file
@@ -73,7 +74,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
         self.max_adapter_bytes = max_adapter_bytes
         #: largest safetensors header parsed or accepted
         self.max_header_bytes = max_header_bytes
-        self.blobs = self.root / "blobs" / "sha256"
+        self._check_format()
+        self.blobs = self.root / "blobs" / "blake3"
         self.manifests = self.root / "manifests"
         self.refs = self.root / "refs"
         self.partials = self.root / "partial"
@@ -145,8 +147,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
 
     # ------------------------------------------------------------ paths
 
-    def _blob(self, sha256: str) -> Path:
-        return self.blobs / sha256[:2] / sha256
+    def _blob(self, root: str) -> Path:
+        return self.blobs / root[:2] / root
 
     def _manifest_path(self, digest: str) -> Path:
         return self.manifests / f"{digest}.json"
@@ -219,7 +221,7 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
             manifest = self._load_manifest(digest)
         except FabricError:
             return None
-        if manifest is None or any(not self._blob(f.sha256).is_file() for f in manifest.files):
+        if manifest is None or any(not self._blob(f.root).is_file() for f in manifest.files):
             return None
         return manifest
 
@@ -249,12 +251,12 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
                 found.append(manifest.with_id(adapter_id))
         return found
 
-    def blob_path(self, sha256_hex: str) -> Path:
-        """The path of a committed file by its sha256 (for Fetch serving and loading)."""
-        validate_digest(sha256_hex, "file sha256")
-        path = self._blob(sha256_hex)
+    def blob_path(self, root: str) -> Path:
+        """The path of a committed file by its root (for Fetch serving and loading)."""
+        validate_digest(root, "file root")
+        path = self._blob(root)
         if not path.is_file():
-            raise AdapterNotFound(f"no committed file with sha256 {sha256_hex} in this store")
+            raise AdapterNotFound(f"no committed file with root {root} in this store")
         return path
 
     def verify(self, adapter_id: str) -> Manifest:
@@ -300,9 +302,9 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
                     self._set_ref(adapter_id, manifest.digest)
                     return manifest
         self._check_quota(self._missing_bytes(manifest), f"staging {adapter_id!r}")
-        sources = {manifest.files[0].sha256: self._temp_blob(manifest.config_json)}
+        sources = {manifest.files[0].root: self._temp_blob(manifest.config_json)}
         try:
-            sources[manifest.weights.sha256] = self._copy_weights(weights_path, manifest)
+            sources[manifest.weights.root] = self._copy_weights(weights_path, manifest)
             self._commit(manifest, adapter_id, sources, check_quota=True)
         finally:
             for path in sources.values():
@@ -319,7 +321,7 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
                     hasher.update(block)
                     pwrite_all(fd, block, hasher.size - len(block))
             if hasher.entry(WEIGHTS_FILE) != manifest.weights:
-                raise IntegrityError(f"{source} changed while being staged (sha256 or size differs from the checked file)")
+                raise IntegrityError(f"{source} changed while being staged (its chunk digests or size differ from the checked file)")
             os.fsync(fd)
         except BaseException:
             path.unlink(missing_ok=True)
@@ -333,7 +335,7 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
     def _commit(
         self, manifest: Manifest, adapter_id: str, sources: dict[str, Path], check_quota: bool = False, manifest_json: bytes | None = None
     ) -> bool:
-        """Install blobs (renaming ``sources``: sha256 -> temp file), manifest, then ref. True if the digest was already here.
+        """Install blobs (renaming ``sources``: root -> temp file), manifest, then ref. True if the digest was already here.
 
         ``manifest_json``: ``manifest.to_json()`` when the caller has it already (~5 ms for Llama-3-8B shapes).
 
@@ -347,14 +349,14 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
                 if check_quota:
                     self._check_quota(self._missing_bytes(manifest), f"staging {adapter_id!r}")
                 for entry in manifest.files:
-                    self._install_blob(entry.sha256, sources[entry.sha256])
+                    self._install_blob(entry.root, sources[entry.root])
                 self._write_atomic(self._manifest_path(manifest.digest), manifest_json or manifest.to_json())
                 self._cache[manifest.digest] = manifest
             self._set_ref(adapter_id, manifest.digest)
         return existed
 
-    def _install_blob(self, sha256: str, source: Path) -> None:
-        dest = self._blob(sha256)
+    def _install_blob(self, root: str, source: Path) -> None:
+        dest = self._blob(root)
         if dest.is_file():
             return  # same bytes already committed (another adapter shares this file)
         if not dest.parent.is_dir():
@@ -363,8 +365,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
         os.chmod(source, 0o444)  # a hard link in a view must not let a loader change the blob
         os.rename(source, dest)
         fsync_dir(dest.parent)
-        self._remember_verified(sha256)  # verified as it was received or copied
-        self._release_quarantine(sha256)
+        self._remember_verified(root)  # verified as it was received or copied
+        self._release_quarantine(root)
 
     def _set_ref(self, adapter_id: str, digest: str) -> None:
         """Point an id at a digest (under the lock); the previous digest's bytes go if nothing refers to them."""

@@ -51,7 +51,7 @@ def adapter_id_of(name: str) -> str:
 
 
 class ExportDir:
-    """Keeps ``root`` in step with a store: one PEFT directory per staged id, hard links into ``blob_path(sha256)``."""
+    """Keeps ``root`` in step with a store: one PEFT directory per staged id, hard links into ``blob_path(root)``."""
 
     def __init__(self, root: Path | str, blob_path: Callable[[str], Path], probe: Path) -> None:
         """``probe``: any file in the store, linked once to prove ``root`` is on the same filesystem."""
@@ -81,7 +81,7 @@ class ExportDir:
         building.mkdir()
         try:
             for entry in manifest.files:
-                os.link(self._blob_path(entry.sha256), building / entry.name)
+                os.link(self._blob_path(entry.root), building / entry.name)
             fsync_dir(building)
             self._set_aside(dest)
             os.rename(building, dest)
@@ -127,7 +127,7 @@ class ExportDir:
 
     def _holds(self, dest: Path, manifest: Manifest) -> bool:
         try:
-            return all(os.path.samefile(dest / e.name, self._blob_path(e.sha256)) for e in manifest.files)
+            return all(os.path.samefile(dest / e.name, self._blob_path(e.root)) for e in manifest.files)
         except OSError:
             return False
 

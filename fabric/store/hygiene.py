@@ -28,7 +28,7 @@ class Leftover:
     kind: str  # UPLOAD or PARTIAL
     path: Path
     adapter_id: str
-    digest: str  # partial: the adapter digest; upload: the weights sha256
+    digest: str  # partial: the adapter digest; upload: the weights file's whole-file BLAKE3
     bytes: int
     age_seconds: float
     in_use: bool
@@ -38,7 +38,7 @@ def _describe(directory: Path, kind: str) -> tuple[str, str]:
     name = "meta.json" if kind == UPLOAD else "manifest.json"
     try:
         raw = json.loads((directory / name).read_bytes())
-        return str(raw.get("adapter_id", "")), str(raw.get("sha256" if kind == UPLOAD else "digest", directory.name))
+        return str(raw.get("adapter_id", "")), str(raw.get("blake3" if kind == UPLOAD else "digest", directory.name))
     except (OSError, ValueError, AttributeError):
         return "", directory.name if kind == PARTIAL else ""
 

@@ -74,7 +74,7 @@ def validate_name(value: object) -> str:
 
 
 def validate_digest(value: object, what: str = "digest") -> str:
-    """Return ``value`` if it is a lowercase hex sha256 (64 characters), else raise ``InvalidArgument``."""
+    """Return ``value`` if it is a digest's hex form (64 lowercase hex characters: a BLAKE3 root), else raise ``InvalidArgument``."""
     if not isinstance(value, str) or _DIGEST.fullmatch(value) is None:
-        raise InvalidArgument(f"{what} {_show(value)} is not a sha256: expected 64 lowercase hex characters")
+        raise InvalidArgument(f"{what} {_show(value)} is not a digest: expected 64 lowercase hex characters")
     return value

@@ -20,6 +20,7 @@ and exported again with the repair.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from fabric.errors import FabricError, IntegrityError, StoreMissing
-from fabric.store.files import check_header, fsync_dir, pread_exact
+from fabric.store.files import COPY_BLOCK, check_header, fsync_dir, pread_exact
 from fabric.store.ids import validate_digest
 from fabric.store.manifest import FileEntry, Manifest
 
@@ -55,18 +56,19 @@ class StoreIntegrity:
     def _init_integrity(self) -> None:
         self.quarantine = self.root / "quarantine"
         self.quarantine.mkdir(parents=True, exist_ok=True)
-        self._verified_at: dict[str, Stamp] = {}  # blob sha256 -> stamp when its bytes last verified
+        self._verified_at: dict[str, Stamp] = {}  # blob root -> stamp when its bytes last verified
         self._verify_lock = threading.Lock()
+        self._sha256_of: dict[str, str] = {}  # blob root -> its sha256 (file_sha256)
         self._withdrawn: set[str] = set()  # ids whose export entries went with a quarantined blob, until it is committed again
 
     # ------------------------------------------------------------ verified reads
 
-    def _remember_verified(self, sha256: str) -> None:
+    def _remember_verified(self, root: str) -> None:
         """The blob's bytes were verified just now (at commit): remember its stamp."""
         try:
-            self._verified_at[sha256] = _stamp(self._blob(sha256))
+            self._verified_at[root] = _stamp(self._blob(root))
         except FileNotFoundError:
-            self._verified_at.pop(sha256, None)
+            self._verified_at.pop(root, None)
 
     def verified_blob(self, manifest: Manifest, entry: FileEntry, *, force: bool = False) -> Path:
         """The path of ``entry``'s committed blob, its bytes verified since they were last written.
@@ -75,21 +77,21 @@ class StoreIntegrity:
         (or with ``force``) every chunk is read and checked. A blob that fails
         is quarantined and ``IntegrityError`` names the adapter.
         """
-        path = self._blob(entry.sha256)
+        path = self._blob(entry.root)
         what = f"adapter {manifest.adapter_id!r} ({manifest.digest[:12]})"
         try:
             before = _stamp(path)
         except FileNotFoundError:
-            raise IntegrityError(f"{what}: its {entry.name} (blob {entry.sha256}) is missing or quarantined; promote it from a peer or re-stage it") from None
-        if not force and self._verified_at.get(entry.sha256) == before:
+            raise IntegrityError(f"{what}: its {entry.name} (blob {entry.root}) is missing or quarantined; promote it from a peer or re-stage it") from None
+        if not force and self._verified_at.get(entry.root) == before:
             return path
         try:
             self._verify_file(path, entry, manifest)
         except IntegrityError as exc:
-            self._quarantine(entry.sha256, before)
+            self._quarantine(entry.root, before)
             raise IntegrityError(f"{what}: {exc}; the blob was quarantined (promote the adapter from a peer or re-stage it)") from None
         if _stamp(path) == before:  # nobody wrote it while we read it
-            self._verified_at[entry.sha256] = before
+            self._verified_at[entry.root] = before
         return path
 
     def verified_weights(self, manifest: Manifest) -> Path:
@@ -111,17 +113,17 @@ class StoreIntegrity:
         if entry.name == manifest.weights.name:
             check_header(manifest, path)
 
-    def _quarantine(self, sha256: str, seen: Stamp) -> None:
+    def _quarantine(self, root: str, seen: Stamp) -> None:
         """Move a corrupt blob out of ``blobs/`` (unless it was replaced since ``seen``); it stays as evidence."""
-        self._verified_at.pop(sha256, None)
+        self._verified_at.pop(root, None)
         with self._locked():
-            path = self._blob(sha256)
+            path = self._blob(root)
             try:
                 if _stamp(path) != seen:
                     return  # rewritten since we read it: the next read verifies it again
             except FileNotFoundError:
                 return
-            moved = self.quarantine / f"{sha256}-{time.time_ns()}"
+            moved = self.quarantine / f"{root}-{time.time_ns()}"
             os.replace(path, moved)
             fsync_dir(path.parent)
             fsync_dir(self.quarantine)
@@ -138,11 +140,28 @@ class StoreIntegrity:
             if digest is None or manifest is not None:  # unstaged, or back: nothing more to restore
                 self._withdrawn.discard(adapter_id)
 
-    def _release_quarantine(self, sha256: str) -> None:
-        """The bytes of ``sha256`` are committed again: drop the quarantined copies."""
+    def _release_quarantine(self, root: str) -> None:
+        """The bytes of ``root`` are committed again: drop the quarantined copies."""
         for entry in os.scandir(self.quarantine):
-            if entry.name.startswith(sha256 + "-"):
+            if entry.name.startswith(root + "-"):
                 os.unlink(entry.path)
+
+    def file_sha256(self, manifest: Manifest) -> dict[str, str]:
+        """Each file's whole-file sha256 (hex, by file name), read from its verified blob; remembered per blob.
+
+        Off every transfer's path (digest scheme 2 never needs it): for people comparing a file with the
+        sha256 a model hub lists (``GetManifestRequest.with_sha256``, ``fabric inspect --sha256``).
+        """
+        found = {}
+        for entry in manifest.files:
+            if entry.root not in self._sha256_of:
+                digest = hashlib.sha256()
+                with open(self.verified_blob(manifest, entry), "rb") as f:
+                    while block := f.read(COPY_BLOCK):
+                        digest.update(block)
+                self._sha256_of[entry.root] = digest.hexdigest()
+            found[entry.name] = self._sha256_of[entry.root]
+        return found
 
     # ------------------------------------------------------------ damage
 
@@ -166,8 +185,8 @@ class StoreIntegrity:
         if manifest is None:
             return f"its manifest {digest}.json is missing"
         for entry in manifest.files:
-            if not self._blob(entry.sha256).is_file():
-                return f"its {entry.name} (blob {entry.sha256}) is missing or quarantined"
+            if not self._blob(entry.root).is_file():
+                return f"its {entry.name} (blob {entry.root}) is missing or quarantined"
         return ""
 
     def _missing_store(self) -> StoreMissing:
@@ -202,14 +221,14 @@ class StoreIntegrity:
                 if stop is not None and stop.is_set():
                     return bad
                 try:
-                    before = _stamp(self._blob(entry.sha256))
-                    self._verify_file(self._blob(entry.sha256), entry, manifest, pace)
-                    if _stamp(self._blob(entry.sha256)) == before:
-                        self._verified_at[entry.sha256] = before
+                    before = _stamp(self._blob(entry.root))
+                    self._verify_file(self._blob(entry.root), entry, manifest, pace)
+                    if _stamp(self._blob(entry.root)) == before:
+                        self._verified_at[entry.root] = before
                 except FileNotFoundError:
                     continue  # unstaged while we scrubbed
                 except IntegrityError as exc:
-                    self._quarantine(entry.sha256, before)
+                    self._quarantine(entry.root, before)
                     bad += 1
                     if on_damage is not None:
                         on_damage(manifest.adapter_id, exc)

@@ -2,18 +2,14 @@
 
 A manifest is everything a node needs to decide, before moving a byte, whether
 an adapter fits (config, tensor index) and to verify every byte it receives
-(whole-file sha256 and one sha256 per chunk). A ``Manifest`` checks itself on
-construction, so one read from a peer or from disk that lies about a size, a
-digest or its content id never exists as an object.
+(one BLAKE3 per chunk, under each file's root). A ``Manifest`` checks itself
+on construction, so one read from a peer or from disk that lies about a size,
+a digest, a root or its content id never exists as an object.
 
-The adapter digest (the name of an adapter's content, on the wire and on disk)::
-
-    digest = sha256(b"adapter-fabric adapter digest v1\\0"
-                    + hex(sha256(adapter_config.json)) + b"\\0"
-                    + hex(sha256(adapter_model.safetensors))).hexdigest()
-
-with both file digests as 64 lowercase ASCII hex characters. Two adapters share
-a digest exactly when both files are byte-for-byte equal.
+The adapter digest (the name of an adapter's content, on the wire and on
+disk) is defined in ``fabric.store.digests``: BLAKE3 over both files' roots.
+Two adapters share a digest exactly when both files are byte-for-byte equal
+and chunked alike.
 """
 
 from __future__ import annotations
@@ -28,10 +24,11 @@ from pathlib import Path
 from fabric.format.adapter_tensors import lora_pairs
 from fabric.format.config import PeftAdapterConfig
 from fabric.format.content_id import content_id as compute_content_id
-from fabric.errors import IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
+from fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
 from fabric.store.digests import (  # re-exported: the manifest is where callers look for them
     CONFIG_FILE,
     DEFAULT_CHUNK_SIZE,
+    DIGEST_SCHEME,
     FILE_NAMES,
     MAX_CHUNK_SIZE,
     WEIGHTS_FILE,
@@ -39,6 +36,7 @@ from fabric.store.digests import (  # re-exported: the manifest is where callers
     FileHasher,
     adapter_digest,
     check_chunk_size,
+    check_scheme,
     hash_bytes,
     hash_file,
     iter_file,
@@ -50,11 +48,11 @@ from fabric.format.peft_fields import peft_fields_of
 from fabric.format.safetensors_index import MAX_HEADER_BYTES, SafetensorsIndex, TensorInfo, parse_header, read_index
 from fabric.v1 import fabric_pb2
 
-__all__ = ["CONFIG_FILE", "DEFAULT_CHUNK_SIZE", "FILE_NAMES", "MAX_CHUNK_SIZE", "WEIGHTS_FILE", "FileEntry", "FileHasher", "Manifest",
-           "adapter_digest", "build_manifest", "hash_bytes", "hash_file", "iter_file", "plan_chunks"]
+__all__ = ["CONFIG_FILE", "DEFAULT_CHUNK_SIZE", "DIGEST_SCHEME", "FILE_NAMES", "MAX_CHUNK_SIZE", "WEIGHTS_FILE", "FileEntry", "FileHasher", "Manifest",
+           "adapter_digest", "build_manifest", "hash_bytes", "hash_file", "iter_file", "manifest_of", "manifest_request", "plan_chunks"]
 
-#: the on-disk JSON form's version
-_JSON_FORMAT = 1
+#: the on-disk JSON form's version: 2 = digest scheme 2 (format 1 held scheme-1 sha256 digests)
+_JSON_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -88,13 +86,13 @@ class Manifest:
         if names != FILE_NAMES:
             raise InvalidAdapter(f"adapter {self.adapter_id!r}: files {list(names)} must be exactly {list(FILE_NAMES)}")
         self._check_config_file()
-        expected = adapter_digest(self.files[0].sha256, self.files[1].sha256)
+        expected = adapter_digest(self.files[0].root, self.files[1].root)
         if self.digest != expected:
             raise IntegrityError(f"adapter {self.adapter_id!r}: digest {self.digest} does not match its files (expected {expected})")
         pairs = lora_pairs(self.index, self.config)
         modules = tuple(sorted(pairs))
         object.__setattr__(self, "modules", modules)
-        cid = compute_content_id(self.weights.sha256, self.config, modules)
+        cid = compute_content_id(self.weights.root, self.config, modules)
         if self.content_id != cid:
             raise IntegrityError(f"adapter {self.adapter_id!r}: content_id {self.content_id} does not match its bytes and scaling (expected {cid})")
 
@@ -105,8 +103,8 @@ class Manifest:
         actual = hash_bytes(CONFIG_FILE, self.config_json, entry.chunk_size)
         if actual != entry:
             raise IntegrityError(
-                f"adapter {self.adapter_id!r}: {CONFIG_FILE} entry (size {entry.size}, sha256 {entry.sha256}) "
-                f"does not match config_json ({actual.size} bytes, sha256 {actual.sha256})"
+                f"adapter {self.adapter_id!r}: {CONFIG_FILE} entry (size {entry.size}, root {entry.root}) "
+                f"does not match config_json ({actual.size} bytes, root {actual.root})"
             )
 
     # ------------------------------------------------------------- views
@@ -157,11 +155,13 @@ class Manifest:
                 for t in self.tensors
             ],
             header_size=self.header_size,
+            digest_scheme=DIGEST_SCHEME,
         )
 
     @classmethod
     def from_proto(cls, pb: fabric_pb2.Manifest) -> "Manifest":
-        """A manifest from the wire, every claim checked (see the class docstring)."""
+        """A manifest from the wire, every claim checked (see the class docstring); another digest scheme is ``IncompatibleFormat``."""
+        check_scheme(pb.digest_scheme, f"the manifest of {pb.adapter_id[:200]!r}")
         manifest = cls(
             adapter_id=pb.adapter_id,
             digest=pb.digest,
@@ -200,6 +200,8 @@ class Manifest:
     def from_json(cls, data: bytes) -> "Manifest":
         try:
             raw = json.loads(data)
+            if raw.get("format") == 1:
+                raise IncompatibleFormat(f"manifest format 1 holds digest scheme 1 (sha256); this version reads format {_JSON_FORMAT} (scheme {DIGEST_SCHEME})")
             if raw.get("format") != _JSON_FORMAT:
                 raise ValueError(f"format {raw.get('format')!r} is not {_JSON_FORMAT}")
             files = tuple(FileEntry.from_dict(f) for f in raw["files"])
@@ -213,6 +215,11 @@ class Manifest:
             raise InvalidAdapter(f"manifest JSON is malformed: {exc}") from None
         adapter_id, digest, cid, header_size = fields
         return cls(adapter_id, digest, cid, files, config_json, tensors, header_size)
+
+
+def manifest_request(adapter_id: str, *, with_sha256: bool = False) -> fabric_pb2.GetManifestRequest:
+    """A GetManifest request that says this node's digest scheme (a node of another scheme refuses it by name)."""
+    return fabric_pb2.GetManifestRequest(adapter_id=adapter_id, digest_scheme=DIGEST_SCHEME, with_sha256=with_sha256)
 
 
 def _claimed_index(adapter_id: str, header_size: int, tensors: tuple[TensorInfo, ...], weights_size: int) -> SafetensorsIndex:
@@ -248,18 +255,23 @@ def build_manifest(
     check_chunk_size(chunk_size)
     config = PeftAdapterConfig.from_json_bytes(config_json)
     index = read_index(weights_path, max_header_bytes=max_header_bytes)
-    modules = tuple(sorted(lora_pairs(index, config)))
-    weights = hash_file(WEIGHTS_FILE, weights_path, chunk_size)
+    lora_pairs(index, config)  # a bad config, header or tensor set is refused before the weights are read
+    return manifest_of(adapter_id, config_json, hash_file(WEIGHTS_FILE, weights_path, chunk_size), index)
+
+
+def manifest_of(adapter_id: str, config_json: bytes, weights: FileEntry, index: SafetensorsIndex) -> Manifest:
+    """The manifest of a config and a weights file already hashed (``weights``) and indexed (``index``, its header)."""
+    config = PeftAdapterConfig.from_json_bytes(config_json)
     if weights.size != index.file_size:
-        raise IntegrityError(f"{weights_path}: {weights.size} bytes read, but its header describes {index.file_size}")
-    files = (hash_bytes(CONFIG_FILE, config_json, chunk_size), weights)
+        raise IntegrityError(f"{WEIGHTS_FILE}: {weights.size} bytes, but its header describes {index.file_size}")
+    modules = tuple(sorted(lora_pairs(index, config)))
+    files = (hash_bytes(CONFIG_FILE, config_json, weights.chunk_size), weights)
     return Manifest(
         adapter_id=adapter_id,
-        digest=adapter_digest(files[0].sha256, weights.sha256),
-        content_id=compute_content_id(weights.sha256, config, modules),
+        digest=adapter_digest(files[0].root, weights.root),
+        content_id=compute_content_id(weights.root, config, modules),
         files=files,
         config_json=bytes(config_json),
         tensors=index.tensors,
         header_size=index.header_size,
     )
-

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 import threading
@@ -11,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
-from fabric.store.files import COPY_BLOCK, WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback
+from fabric.store.digests import chunk_digest
+from fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback
 from fabric.store.ids import validate_adapter_id
-from fabric.store.manifest import WEIGHTS_FILE, Manifest
-from fabric.store.ordered_hash import DEFAULT_HOLD_BYTES, InOrderHasher
+from fabric.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from fabric.store.adapter_store import AdapterStore
@@ -68,35 +67,33 @@ class PartialDownload:
     Progress is the data itself: reopening re-hashes what is on disk, so a
     chunk counts as verified only if its bytes match. Chunks are therefore not
     synced one by one (measured: an fdatasync per 1 MiB chunk cost ~100 ms of
-    an 84 MB pull); their writeback is started as the file fills in order, so
-    the fdatasync at ``commit`` has little left; ``close`` syncs the progress
-    kept for a resume, and a chunk a power cut loses is simply fetched again.
-    Once committed (or when the digest was already committed on open), reads
-    come from the blob.
+    an 84 MB pull); their writeback is started as the verified prefix grows,
+    so the fdatasync at ``commit`` has little left; ``close`` syncs the
+    progress kept for a resume, and a chunk a power cut loses is simply
+    fetched again. Once committed (or when the digest was already committed on
+    open), reads come from the blob.
 
-    The whole-file sha256 (invariant 8) is computed as chunks land, in file
-    order (``InOrderHasher``), not by re-reading the file at commit. What it
-    covers: each chunk range exactly once, in order, from the bytes this
-    object wrote there (after verifying them), or read back from the file
-    (out-of-order chunks not held in memory, and what a reopen found verified).
-    Every chunk is written once and the size is fixed at open, so while only
-    this object writes the file (its directory is flock'ed) the digest is the
-    digest of the file on disk. A change by anyone else is caught:
+    The whole file is verified once every chunk is (digest scheme 2: the
+    manifest's root is built over the chunk digests), so commit re-reads
+    nothing, as long as only this object wrote the file (its directory is
+    flock'ed). A change by anyone else is caught:
 
     - at ``commit``, when the file's ctime, mtime or size differ from what
-      they were after this object's last write: the whole file is then
-      re-read and re-hashed (ctime cannot be set back from user space; a
-      change in the same timestamp tick as our last write is the one case
-      this misses, and kernels since 6.13 use fine-grained ctimes once
-      observed, which we do after every write);
+      they were after this object's last write: every chunk is then re-read
+      and re-verified (ctime cannot be set back from user space; a change in
+      the same timestamp tick as our last write is the one case this misses,
+      and kernels since 6.13 use fine-grained ctimes once observed, which we
+      do after every write);
     - always on a reopen (resume), which re-hashes every chunk on disk.
+
+    ``sink``: an object whose ``add(index, data)`` sees every chunk once it is
+    verified and written (from the same buffer), e.g. a slot row staged while
+    the bytes arrive (``fabric.serving.row_sink``); chunks verified before the
+    sink was attached are read back for it once, by ``attach``.
 
     Not covered, here or for committed blobs: the device corrupting bytes
     below the page cache (``AdapterStore.verify`` re-reads a blob).
     """
-
-    #: out-of-order chunks kept in memory for the running hash (the rest are read back from the page cache)
-    hold_bytes = DEFAULT_HOLD_BYTES
 
     def __init__(self, store: AdapterStore, manifest: Manifest, directory: Path | None, lock_fd: int | None = None) -> None:
         self.store = store
@@ -108,7 +105,7 @@ class PartialDownload:
         weights = manifest.weights
         self._verified = bytearray(weights.chunk_count)
         self._prefix = 0  # chunks [0, _prefix) are all verified
-        self._hasher = InOrderHasher(weights.chunk_count, self._verified.__getitem__, self._read_back, self.hold_bytes)
+        self._sinks: list = []
         self._written_stamp: tuple[int, int, int] | None = None  # (size, mtime, ctime) after our last write
         self._writeback_from = 0  # bytes [0, _writeback_from) have had their writeback started
         self._manifest_json = manifest.to_json() if directory is not None else b""  # once: reused at commit
@@ -134,10 +131,8 @@ class PartialDownload:
             offset, length = weights.chunk_span(index)
             if self._has_data(offset, length):
                 data = pread_exact(self._fd, length, offset, f"partial {self.manifest.digest}")
-                if hashlib.sha256(data).digest() == weights.chunk_sha256[index]:
+                if chunk_digest(data) == weights.chunk_digests[index]:
                     self._verified[index] = 1
-                    if index == self._hasher.next:  # the verified prefix: hashed now, while in hand
-                        self._hasher.add(index, data)
         self._advance()
         self._stamp()
 
@@ -191,12 +186,26 @@ class PartialDownload:
 
     # ------------------------------------------------------------ chunks
 
+    def attach(self, sink) -> None:
+        """Give ``sink.add(index, data)`` every verified chunk from now on, and the ones verified already (read back once)."""
+        with self._lock:
+            self._require_open()
+            for index in range(len(self._verified)):
+                if self._verified[index]:
+                    sink.add(index, self._read_back(index))
+            self._sinks.append(sink)
+
+    def detach(self, sink) -> None:
+        """Stop feeding ``sink`` (its pull ended)."""
+        with self._lock:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+
     def write_chunk(self, index: int, data: bytes | memoryview) -> None:
         """Verify chunk ``index`` against the manifest, then write it; a bad chunk writes nothing.
 
-        ``data`` is written as given (a memoryview is not copied) and, when it
-        is the next chunk in file order, folded into the whole-file sha256
-        straight from memory.
+        ``data`` is written as given (a memoryview is not copied), and handed
+        from the same buffer to the attached sinks.
         """
         self.manifest.weights.verify_chunk(index, data)  # outside the lock: workers verify in parallel
         with self._lock:
@@ -208,13 +217,15 @@ class PartialDownload:
             self._stamp()
             self._verified[index] = 1
             self._advance()
-            self._hasher.add(index, data)  # under the lock: in order, and the fd stays open for read-backs
             self._start_writeback()
+            sinks = tuple(self._sinks)
+        for sink in sinks:  # outside the lock: a row copy must not hold up other workers' writes
+            sink.add(index, data)
 
     def _start_writeback(self) -> None:
-        """Start writeback of what the in-order hash has passed, in runs of at least WRITEBACK_RUN bytes."""
+        """Start writeback of the verified prefix, in runs of at least WRITEBACK_RUN bytes."""
         weights = self.manifest.weights
-        end = min(weights.size, self._hasher.next * weights.chunk_size)
+        end = min(weights.size, self._prefix * weights.chunk_size)
         if end - self._writeback_from >= WRITEBACK_RUN or (end == weights.size and end > self._writeback_from):
             start_writeback(self._fd, self._writeback_from, end - self._writeback_from)
             self._writeback_from = end
@@ -228,7 +239,7 @@ class PartialDownload:
                 raise InvalidArgument(f"chunk {index} (offset {offset}) of {self.manifest.digest} is not verified here yet")
             self._require_open()  # a closed partial has no fd: say so, rather than a TypeError from pread
             if self._directory is None:
-                with open(self.store.blob_path(weights.sha256), "rb") as handle:
+                with open(self.store.blob_path(weights.root), "rb") as handle:
                     handle.seek(offset)
                     data = handle.read(length)
             else:
@@ -239,7 +250,7 @@ class PartialDownload:
     # ------------------------------------------------------------ finishing
 
     def commit(self, adapter_id: str) -> Manifest:
-        """Whole-file check, then blobs, manifest and ref; the partial is gone afterwards."""
+        """Whole-file check (cheap: see the class docstring), then blobs, manifest and ref; the partial is gone afterwards."""
         validate_adapter_id(adapter_id)
         manifest = self.manifest.with_id(adapter_id)
         with self._lock:
@@ -254,12 +265,12 @@ class PartialDownload:
                 raise
             os.fdatasync(self._fd)  # data and size; the rename into blobs/ is synced by _install_blob
             data_path = self._directory / "data"
-            sources = {manifest.files[0].sha256: self.store._temp_blob(manifest.config_json), manifest.weights.sha256: data_path}
+            sources = {manifest.files[0].root: self.store._temp_blob(manifest.config_json), manifest.weights.root: data_path}
             try:
                 same = manifest is self.manifest  # with_id returns self for the same id; to_json covers the id
                 self.store._commit(manifest, adapter_id, sources, manifest_json=self._manifest_json if same else None)
             finally:
-                sources[manifest.files[0].sha256].unlink(missing_ok=True)
+                sources[manifest.files[0].root].unlink(missing_ok=True)
             self._close_locked(remove=True)
         return manifest
 
@@ -282,27 +293,18 @@ class PartialDownload:
         )
 
     def _check_whole_file(self) -> None:
-        """The file's sha256 against the manifest: the running hash, or a full re-read if the file changed behind us."""
-        weights = self.manifest.weights
+        """Every chunk is verified, so the file is, unless someone else changed it since our last write: then re-verify each chunk."""
         st = os.fstat(self._fd)
-        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == self._written_stamp:
-            actual = self._hasher.finish()  # see the class docstring for what this covers
-        else:
-            actual = self._rehash()
-        if actual != weights.sha256:
-            raise IntegrityError(
-                f"partial download of {self.manifest.digest}: every chunk verified but the whole {WEIGHTS_FILE} "
-                f"has sha256 {actual}, not {weights.sha256} (the manifest's chunk digests disagree with it, "
-                f"or the file was changed on disk after its chunks were verified)"
-            )
+        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != self._written_stamp:
+            weights = self.manifest.weights
+            for index in range(weights.chunk_count):
+                try:
+                    weights.verify_chunk(index, self._read_back(index))
+                except IntegrityError as exc:
+                    raise IntegrityError(
+                        f"partial download of {self.manifest.digest}: the file was changed on disk after its chunks were verified: {exc}"
+                    ) from None
         check_header(self.manifest, self._directory / "data")
-
-    def _rehash(self) -> str:
-        weights = self.manifest.weights
-        digest = hashlib.sha256()
-        for offset in range(0, weights.size, COPY_BLOCK):
-            digest.update(pread_exact(self._fd, min(COPY_BLOCK, weights.size - offset), offset, f"partial {self.manifest.digest}"))
-        return digest.hexdigest()
 
     def _require_open(self) -> None:
         if self._directory is not None and self._fd is None:

@@ -27,7 +27,7 @@ class StoreQuota:
         return total
 
     def _missing_bytes(self, manifest: Manifest) -> int:
-        return sum(f.size for f in manifest.files if not self._blob(f.sha256).is_file())
+        return sum(f.size for f in manifest.files if not self._blob(f.root).is_file())
 
     def _check_adapter_size(self, size: int, what: str) -> None:
         if self.max_adapter_bytes is not None and size > self.max_adapter_bytes:

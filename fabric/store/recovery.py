@@ -6,16 +6,51 @@ import json
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
+from fabric.errors import IncompatibleFormat
+from fabric.store.digests import DIGEST_SCHEME
 from fabric.store.files import fsync_dir, remove_if_unheld, try_lock, writer_alive
 
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
+#: the store's on-disk format; one number with the digest scheme (format 1 = scheme 1, no ``format`` file)
+STORE_FORMAT = str(DIGEST_SCHEME)
+
+
 class StoreRecovery:
     """Mixed into ``AdapterStore``: runs under the store's lock."""
+
+    def _check_format(self) -> None:
+        """Refuse a store of another format by name, touching nothing in it; mark a new or empty root as ours."""
+        marker = self.root / "format"
+        try:
+            found = marker.read_text().strip()
+        except FileNotFoundError:
+            found = None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise IncompatibleFormat(f"store {self.root}: its format file is unreadable ({exc}); expected {STORE_FORMAT!r}") from None
+        if found is None and (self.root / "blobs" / "sha256").is_dir():
+            found = "1"
+        if found is not None and found != STORE_FORMAT:
+            raise IncompatibleFormat(
+                f"store {self.root} is format {found[:20]!r} (digest scheme {found[:20]}); this version reads and writes format "
+                f"{STORE_FORMAT} (BLAKE3 chunk trees): start this node on a new --store and re-stage or pull its adapters; "
+                f"nothing in {self.root} was changed"
+            )
+        if found is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            # Renamed into place: a crash never leaves a half-written marker; one temp name per writer (processes may race here).
+            temp = self.root / f"format.tmp-{os.getpid()}-{threading.get_ident()}"
+            with open(temp, "w") as f:
+                f.write(STORE_FORMAT + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, marker)
+            fsync_dir(self.root)
 
     def _recover(self) -> None:
         """After a crash or restart (under the lock): drop temp files and orphans, keep partials to resume."""
@@ -86,7 +121,7 @@ class StoreRecovery:
         # Raw JSON, not Manifest.from_json: collection must not depend on a manifest still validating.
         try:
             raw = json.loads(self._manifest_path(digest).read_bytes())
-            shas = [f["sha256"] for f in raw["files"]]
+            shas = [f["root"] for f in raw["files"]]
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return shas if all(isinstance(s, str) for s in shas) else None

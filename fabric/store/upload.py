@@ -1,4 +1,13 @@
-"""Client uploads: one safetensors file appended in order, resumable, committed atomically."""
+"""Client uploads: one safetensors file appended in order, resumable, committed atomically.
+
+An upload is keyed by its id and the plain BLAKE3 of the whole file the
+client declares (``StageBegin.safetensors_blake3``: chunk-size independent, so
+a client can compute it before it asks the node's chunk size). The client
+also declares the weights file's root at this store's chunk size
+(``weights_root``), which names the blob before any byte arrives (quota,
+signatures). Bytes are chunk-hashed as they are appended, once; commit checks
+the root the client declared against the one the bytes give.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from fabric.errors import Busy, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
 from fabric.format.config import PeftAdapterConfig
-from fabric.store.files import lock_held_dir, pwrite_all
+from fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, pwrite_all
 from fabric.store.ids import validate_adapter_id, validate_digest
-from fabric.format.safetensors_index import header_length
-from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest, hash_bytes
+from fabric.format.safetensors_index import header_length, read_index
+from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, hash_bytes, manifest_of
 
 if TYPE_CHECKING:
     from fabric.store.adapter_store import AdapterStore
@@ -24,54 +33,58 @@ if TYPE_CHECKING:
 class StoreUploads:
     """Mixed into ``AdapterStore``: opening client uploads and finding their offsets."""
 
-    def _upload_dir(self, adapter_id: str, sha256: str) -> Path:
-        key = hashlib.sha256(f"{adapter_id}\0{sha256}".encode()).hexdigest()
+    def _upload_dir(self, adapter_id: str, blake3: str) -> Path:
+        key = hashlib.sha256(f"{adapter_id}\0{blake3}".encode()).hexdigest()
         return self.uploads / key
 
-    def upload_offset(self, adapter_id: str, sha256: str) -> int:
-        """Bytes of an interrupted upload of (id, sha256) kept here; 0 when none."""
+    def upload_offset(self, adapter_id: str, blake3: str) -> int:
+        """Bytes of an interrupted upload of (id, whole-file BLAKE3) kept here; 0 when none."""
         validate_adapter_id(adapter_id)
-        validate_digest(sha256, f"{WEIGHTS_FILE} sha256")
+        validate_digest(blake3, f"{WEIGHTS_FILE} BLAKE3")
         with self._open_lock:
-            current = self._open_uploads.get(self._upload_dir(adapter_id, sha256).name)
+            current = self._open_uploads.get(self._upload_dir(adapter_id, blake3).name)
             if current is not None:
                 return current.offset
-        return self._kept_offset(self._upload_dir(adapter_id, sha256), adapter_id, sha256)
+        return self._kept_offset(self._upload_dir(adapter_id, blake3), adapter_id, blake3)
 
-    def _kept_offset(self, directory: Path, adapter_id: str, sha256: str) -> int:
+    def _kept_offset(self, directory: Path, adapter_id: str, blake3: str) -> int:
         """Bytes an interrupted upload left in ``directory`` that a resume keeps; 0 when none, or when it is damaged."""
         try:
             meta = json.loads((directory / "meta.json").read_bytes())
-            if meta.get("adapter_id") != adapter_id or meta.get("sha256") != sha256 or os.stat(directory / "data").st_size > meta.get("size", -1):
+            if meta.get("adapter_id") != adapter_id or meta.get("blake3") != blake3 or os.stat(directory / "data").st_size > meta.get("size", -1):
                 return 0  # damaged or not this upload's: it restarts from 0 (Upload truncates it)
             return os.stat(directory / "data").st_size
         except (OSError, ValueError, AttributeError, TypeError):
             return 0
 
-    def open_upload(self, adapter_id: str, config_json: bytes, size: int, sha256: str) -> "Upload":
-        """A client upload of a safetensors file; reopening the same (id, sha256) continues at ``offset``."""
+    def open_upload(self, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str) -> "Upload":
+        """A client upload of a safetensors file; reopening the same (id, whole-file BLAKE3) continues at ``offset``.
+
+        ``weights_root``: the root the client computed at this store's chunk size; checked at commit.
+        """
         validate_adapter_id(adapter_id)
-        validate_digest(sha256, f"{WEIGHTS_FILE} sha256")
+        validate_digest(blake3, f"{WEIGHTS_FILE} BLAKE3")
+        validate_digest(weights_root, f"{WEIGHTS_FILE} root")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InvalidArgument(f"upload of {adapter_id!r}: size {size!r} must be a non-negative integer")
         self._check_adapter_size(size + len(config_json), f"uploading {adapter_id!r}")
         PeftAdapterConfig.from_json_bytes(config_json)  # refuse a bad config before any byte moves
-        directory = self._upload_dir(adapter_id, sha256)
+        directory = self._upload_dir(adapter_id, blake3)
         with self._open_lock:
             if directory.name in self._open_uploads:
                 # Each stream owns its upload: a second writer never shares (and never closes) the first's.
                 raise Busy(
-                    f"an upload of {adapter_id!r} with these bytes (sha256 {sha256}) is being sent by another Stage stream; "
+                    f"an upload of {adapter_id!r} with these bytes (BLAKE3 {blake3}) is being sent by another Stage stream; "
                     f"retry when it ends"
                 )
             # Space is reserved now, for what is not committed already: two uploads opened together cannot pass the limit.
-            config_sha256 = hash_bytes(CONFIG_FILE, config_json, self.chunk_size).sha256
-            reserved = (0 if self._blob(sha256).is_file() else size) + (0 if self._blob(config_sha256).is_file() else len(config_json))
+            config_root = hash_bytes(CONFIG_FILE, config_json, self.chunk_size).root
+            reserved = (0 if self._blob(weights_root).is_file() else size) + (0 if self._blob(config_root).is_file() else len(config_json))
             # What a resumed upload holds on disk is counted already.
-            self._check_quota(max(0, reserved - self._kept_offset(directory, adapter_id, sha256)), f"uploading {adapter_id!r}")
-            lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (sha256 {sha256})")
+            self._check_quota(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")
+            lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (BLAKE3 {blake3})")
             try:
-                upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, sha256)
+                upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root)
             except BaseException:
                 os.close(lock_fd)
                 raise
@@ -88,13 +101,14 @@ class Upload:
     """A client's upload of a safetensors file, appended in order; nothing is committed until ``commit``."""
 
     def __init__(
-        self, store: AdapterStore, directory: Path, lock_fd: int, adapter_id: str, config_json: bytes, size: int, sha256: str
+        self, store: AdapterStore, directory: Path, lock_fd: int, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str
     ) -> None:
         self.store = store
         self.adapter_id = adapter_id
         self.config_json = config_json
         self.size = size
-        self.sha256 = sha256
+        self.blake3 = blake3
+        self.weights_root = weights_root
         #: after commit: True when the same content was already committed
         self.already_staged = False
         #: bytes of store quota this upload holds until it ends (its unwritten part counts as used)
@@ -102,7 +116,7 @@ class Upload:
         self._directory = directory
         self._lock_fd: int | None = lock_fd
         self._lock = threading.Lock()
-        meta = json.dumps({"adapter_id": adapter_id, "sha256": sha256, "size": size}, sort_keys=True).encode()
+        meta = json.dumps({"adapter_id": adapter_id, "blake3": blake3, "size": size}, sort_keys=True).encode()
         meta_path = directory / "meta.json"
         fresh = not meta_path.is_file() or meta_path.read_bytes() != meta
         self._fd: int | None = os.open(directory / "data", os.O_RDWR | os.O_CREAT, 0o644)
@@ -111,6 +125,14 @@ class Upload:
             os.fsync(self._fd)
             store._write_atomic(meta_path, meta)
         self._offset = os.fstat(self._fd).st_size
+        self._hasher = self._hash_kept(self._offset)
+
+    def _hash_kept(self, end: int) -> FileHasher:
+        """A chunk hasher fed the bytes [0, end) kept on disk (a resume), so every byte is hashed once in all."""
+        hasher = FileHasher(self.store.chunk_size)
+        for offset in range(0, end, COPY_BLOCK):
+            hasher.update(pread_exact(self._fd, min(COPY_BLOCK, end - offset), offset, f"upload of {self.adapter_id!r}"))
+        return hasher
 
     @property
     def offset(self) -> int:
@@ -135,11 +157,12 @@ class Upload:
                     raise
             pwrite_all(self._fd, data, offset)
             os.fdatasync(self._fd)
+            self._hasher.update(data)
             self._offset += len(data)
 
     def rewind(self, offset: int) -> None:
         """Resume from ``offset`` below what is held: a client that read the offset while its previous stream was
-        still landing bytes sends them again (the same bytes, by the upload's sha256), so the rest is dropped."""
+        still landing bytes sends them again (the same bytes, by the upload's BLAKE3), so the rest is dropped."""
         with self._lock:
             self._require_open()
             if not 0 <= offset <= self._offset:
@@ -150,9 +173,10 @@ class Upload:
             os.ftruncate(self._fd, offset)
             os.fsync(self._fd)
             self._offset = offset
+            self._hasher = self._hash_kept(offset)
 
     def commit(self) -> Manifest:
-        """Check size, sha256, config, header and tensors, then commit; any failure commits nothing and drops the upload."""
+        """Check size, root, config, header and tensors, then commit; any failure commits nothing and drops the upload."""
         with self._lock:
             self._require_open()
             if self._offset != self.size:
@@ -160,17 +184,17 @@ class Upload:
             data_path = self._directory / "data"
             try:
                 os.fsync(self._fd)
-                manifest = build_manifest(
-                    self.adapter_id, self.config_json, data_path, self.store.chunk_size, max_header_bytes=self.store.max_header_bytes
-                )
-                if manifest.weights.sha256 != self.sha256:
+                weights = self._hasher.entry(WEIGHTS_FILE)
+                if weights.root != self.weights_root:
                     raise IntegrityError(
-                        f"upload of {self.adapter_id!r}: received {self.size} bytes with sha256 {manifest.weights.sha256}, "
-                        f"declared {self.sha256}"
+                        f"upload of {self.adapter_id!r}: received {self.size} bytes with root {weights.root}, "
+                        f"declared {self.weights_root} (the file changed while it was sent, or the client hashed it at another chunk size)"
                     )
+                index = read_index(data_path, max_header_bytes=self.store.max_header_bytes)
+                manifest = manifest_of(self.adapter_id, self.config_json, weights, index)
                 config_blob = self.store._temp_blob(self.config_json)
                 try:
-                    sources = {manifest.files[0].sha256: config_blob, manifest.weights.sha256: data_path}
+                    sources = {manifest.files[0].root: config_blob, manifest.weights.root: data_path}
                     self.already_staged = self.store._commit(manifest, self.adapter_id, sources)
                 finally:
                     config_blob.unlink(missing_ok=True)

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import grpc
 
@@ -33,19 +33,24 @@ from fabric.errors import AdapterNotFound, FabricError, IntegrityError, PeerUnav
 from fabric.rpc.status import error_from_rpc
 from fabric.store import AdapterStore
 from fabric.store.ids import validate_adapter_id
-from fabric.store.manifest import Manifest
+from fabric.store.manifest import Manifest, manifest_request
 from fabric.transport import swarm
 from fabric.transport.channels import PeerChannels
 from fabric.transport.rate import TokenBucket
 from fabric.transport.swarm_pull import AVAILABILITY_TIMEOUT_S, STALL_TIMEOUT_S, PullStats, SwarmPull
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
-__all__ = ["PeerChannels", "PeerPuller", "PullStats", "STALL_TIMEOUT_S"]
+__all__ = ["ManifestCheck", "SinkFor", "PeerChannels", "PeerPuller", "PullStats", "STALL_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
 #: seconds for a manifest call; a dead peer answers UNAVAILABLE long before this
 MANIFEST_TIMEOUT_S = 10.0
+
+#: sees a peer's manifest and its signature (b"" when unsigned) before any byte moves; raises to refuse the pull
+ManifestCheck = Callable[[Manifest, bytes], None]
+#: after the check: an object whose ``add(index, data)`` sees each verified chunk as it lands (``PartialDownload.attach``), or None
+SinkFor = Callable[[Manifest], Any]
 
 
 class PeerPuller:
@@ -76,8 +81,8 @@ class PeerPuller:
 
     # ------------------------------------------------------------ manifest
 
-    def manifest(self, peers: Sequence[str], adapter_id: str) -> tuple[Manifest, str]:
-        """The manifest from the first peer that has it, and that peer's address."""
+    def manifest(self, peers: Sequence[str], adapter_id: str) -> tuple[Manifest, str, bytes]:
+        """The manifest from the first peer that has it, that peer's address, and the signature it carries (b"" if none)."""
         validate_adapter_id(adapter_id)
         if not peers:
             raise PeerUnavailable(f"no peer to pull {adapter_id!r} from: give a peer address")
@@ -86,7 +91,7 @@ class PeerPuller:
         for peer in peers:
             stub = fabric_pb2_grpc.FabricStub(self.channels.get(peer))
             try:
-                reply = stub.GetManifest(fabric_pb2.GetManifestRequest(adapter_id=adapter_id), timeout=MANIFEST_TIMEOUT_S)
+                reply = stub.GetManifest(manifest_request(adapter_id), timeout=MANIFEST_TIMEOUT_S)
             except grpc.RpcError as exc:
                 error = error_from_rpc(exc, peer=peer)
                 if isinstance(error, AdapterNotFound):
@@ -94,10 +99,10 @@ class PeerPuller:
                 else:
                     failures.append(f"{peer}: {error}")
                 continue
-            manifest = Manifest.from_proto(reply)  # checks that the manifest is self-consistent
+            manifest = Manifest.from_proto(reply)  # self-consistent, and of this digest scheme (else IncompatibleFormat)
             if manifest.adapter_id != adapter_id:
                 raise IntegrityError(f"peer {peer} answered for {manifest.adapter_id!r} when asked for {adapter_id!r}")
-            return manifest, peer
+            return manifest, peer, bytes(reply.signature)
         if missing and not failures:
             raise AdapterNotFound(f"adapter {adapter_id!r} is not staged on {', '.join(missing)}: stage it there first, or name a peer that has it")
         raise PeerUnavailable(f"no peer could serve the manifest of {adapter_id!r}: " + "; ".join(failures + [f"{p}: not staged" for p in missing]))
@@ -140,22 +145,28 @@ class PeerPuller:
         self,
         peers: Sequence[str],
         adapter_id: str,
-        check: Callable[[Manifest], None] | None = None,
+        check: ManifestCheck | None = None,
+        sink_for: SinkFor | None = None,
     ) -> tuple[Manifest, PullStats]:
         """Fetch ``adapter_id`` from ``peers`` (in order of preference) and commit it under that id.
 
         The manifest comes from the first peer that has the adapter; the
         chunks from every peer that holds them. ``check`` sees the manifest
-        before any bytes move (model compatibility, the caller's PEFT fields);
-        an error it raises ends the pull with nothing written.
+        and its signature before any bytes move (trust, model compatibility,
+        the caller's PEFT fields); an error it raises ends the pull with
+        nothing written. ``sink_for(manifest)`` may give a sink that sees every
+        verified chunk of this download as it lands (a slot row staged while
+        receiving); a pull that moves no bytes (they are here already, or
+        another caller's download is joined) feeds it nothing.
         """
-        manifest, first = self.manifest(peers, adapter_id)
+        manifest, first, signature = self.manifest(peers, adapter_id)
         if check is not None:
-            check(manifest)
+            check(manifest, signature)
+        sink = sink_for(manifest) if sink_for is not None else None
         ordered = [first] + [p for p in dict.fromkeys(peers) if p != first]
-        return self._single_flight(manifest, ordered)
+        return self._single_flight(manifest, ordered, sink)
 
-    def _single_flight(self, manifest: Manifest, peers: list[str]) -> tuple[Manifest, PullStats]:
+    def _single_flight(self, manifest: Manifest, peers: list[str], sink: Any = None) -> tuple[Manifest, PullStats]:
         with self._lock:
             future = self._inflight.get(manifest.digest)
             leader = future is None
@@ -167,7 +178,7 @@ class PeerPuller:
             joined = PullStats(digest=stats.digest, source_peers=list(stats.source_peers), shared=True)
             return self.store.get(manifest.adapter_id) if self._has_ref(manifest) else self._commit_existing(manifest), joined
         try:
-            result = self._download(manifest, peers)
+            result = self._download(manifest, peers, sink)
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -188,7 +199,7 @@ class PeerPuller:
         partial = self.store.open_partial(manifest)
         return partial.commit(manifest.adapter_id)
 
-    def _download(self, manifest: Manifest, peers: list[str]) -> tuple[Manifest, PullStats]:
+    def _download(self, manifest: Manifest, peers: list[str], sink: Any = None) -> tuple[Manifest, PullStats]:
         """``peers[0]`` served the manifest, so it holds every chunk; the others say what they hold."""
         stats = PullStats(digest=manifest.digest)
         if self.store.by_digest(manifest.digest) is not None:
@@ -197,8 +208,15 @@ class PeerPuller:
         started = time.monotonic()
         partial = self.store.open_partial(manifest)
         stats.resumed_from = partial.verified_offset
-        if not partial.complete:
-            SwarmPull(self, manifest, partial, peers, stats).run()
-        committed = partial.commit(manifest.adapter_id)
+        fed = sink is not None and not partial.committed
+        if fed:
+            partial.attach(sink)  # chunks a resume found verified are read back for it once
+        try:
+            if not partial.complete:
+                SwarmPull(self, manifest, partial, peers, stats).run()
+            committed = partial.commit(manifest.adapter_id)
+        finally:
+            if fed:
+                partial.detach(sink)
         stats.pull_seconds = time.monotonic() - started
         return committed, stats

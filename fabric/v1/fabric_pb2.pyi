@@ -1,10 +1,20 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class DigestScheme(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DIGEST_SCHEME_UNSPECIFIED: _ClassVar[DigestScheme]
+    DIGEST_SCHEME_SHA256: _ClassVar[DigestScheme]
+    DIGEST_SCHEME_BLAKE3_CHUNKS: _ClassVar[DigestScheme]
+DIGEST_SCHEME_UNSPECIFIED: DigestScheme
+DIGEST_SCHEME_SHA256: DigestScheme
+DIGEST_SCHEME_BLAKE3_CHUNKS: DigestScheme
 
 class PeftFields(_message.Message):
     __slots__ = ("r", "lora_alpha", "use_rslora", "target_modules", "rank_pattern", "alpha_pattern", "target_modules_pattern")
@@ -39,18 +49,18 @@ class PeftFields(_message.Message):
     def __init__(self, r: _Optional[int] = ..., lora_alpha: _Optional[float] = ..., use_rslora: _Optional[bool] = ..., target_modules: _Optional[_Iterable[str]] = ..., rank_pattern: _Optional[_Mapping[str, int]] = ..., alpha_pattern: _Optional[_Mapping[str, float]] = ..., target_modules_pattern: _Optional[str] = ...) -> None: ...
 
 class FileEntry(_message.Message):
-    __slots__ = ("name", "size", "sha256", "chunk_size", "chunk_sha256")
+    __slots__ = ("name", "size", "chunk_size", "root", "chunk_digests")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
-    SHA256_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: int
-    sha256: str
     chunk_size: int
-    chunk_sha256: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., chunk_size: _Optional[int] = ..., chunk_sha256: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    root: str
+    chunk_digests: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., chunk_size: _Optional[int] = ..., root: _Optional[str] = ..., chunk_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class TensorEntry(_message.Message):
     __slots__ = ("name", "dtype", "shape", "begin", "end")
@@ -67,7 +77,14 @@ class TensorEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Manifest(_message.Message):
-    __slots__ = ("adapter_id", "digest", "content_id", "files", "config_json", "peft", "tensors", "header_size", "signature")
+    __slots__ = ("adapter_id", "digest", "content_id", "files", "config_json", "peft", "tensors", "header_size", "signature", "digest_scheme", "file_sha256")
+    class FileSha256Entry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +94,8 @@ class Manifest(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     HEADER_SIZE_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    FILE_SHA256_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     digest: str
     content_id: int
@@ -86,23 +105,29 @@ class Manifest(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[TensorEntry]
     header_size: int
     signature: bytes
-    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., config_json: _Optional[bytes] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., header_size: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    digest_scheme: DigestScheme
+    file_sha256: _containers.ScalarMap[str, str]
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., config_json: _Optional[bytes] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., header_size: _Optional[int] = ..., signature: _Optional[bytes] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ..., file_sha256: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StageBegin(_message.Message):
-    __slots__ = ("adapter_id", "config_json", "safetensors_size", "safetensors_sha256", "offset", "signature")
+    __slots__ = ("adapter_id", "config_json", "safetensors_size", "offset", "safetensors_blake3", "weights_root", "digest_scheme", "signature")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     SAFETENSORS_SIZE_FIELD_NUMBER: _ClassVar[int]
-    SAFETENSORS_SHA256_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SAFETENSORS_BLAKE3_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_ROOT_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_SCHEME_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     config_json: bytes
     safetensors_size: int
-    safetensors_sha256: str
     offset: int
+    safetensors_blake3: str
+    weights_root: str
+    digest_scheme: DigestScheme
     signature: bytes
-    def __init__(self, adapter_id: _Optional[str] = ..., config_json: _Optional[bytes] = ..., safetensors_size: _Optional[int] = ..., safetensors_sha256: _Optional[str] = ..., offset: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, adapter_id: _Optional[str] = ..., config_json: _Optional[bytes] = ..., safetensors_size: _Optional[int] = ..., offset: _Optional[int] = ..., safetensors_blake3: _Optional[str] = ..., weights_root: _Optional[str] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class StageData(_message.Message):
     __slots__ = ("offset", "data")
@@ -135,24 +160,32 @@ class StageResponse(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., bytes_received: _Optional[int] = ..., already_staged: _Optional[bool] = ...) -> None: ...
 
 class UploadOffsetRequest(_message.Message):
-    __slots__ = ("adapter_id", "safetensors_sha256")
+    __slots__ = ("adapter_id", "safetensors_blake3")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
-    SAFETENSORS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SAFETENSORS_BLAKE3_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
-    safetensors_sha256: str
-    def __init__(self, adapter_id: _Optional[str] = ..., safetensors_sha256: _Optional[str] = ...) -> None: ...
+    safetensors_blake3: str
+    def __init__(self, adapter_id: _Optional[str] = ..., safetensors_blake3: _Optional[str] = ...) -> None: ...
 
 class UploadOffsetResponse(_message.Message):
-    __slots__ = ("offset",)
+    __slots__ = ("offset", "chunk_size", "digest_scheme")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_SCHEME_FIELD_NUMBER: _ClassVar[int]
     offset: int
-    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+    chunk_size: int
+    digest_scheme: DigestScheme
+    def __init__(self, offset: _Optional[int] = ..., chunk_size: _Optional[int] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ...) -> None: ...
 
 class GetManifestRequest(_message.Message):
-    __slots__ = ("adapter_id",)
+    __slots__ = ("adapter_id", "digest_scheme", "with_sha256")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    WITH_SHA256_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
-    def __init__(self, adapter_id: _Optional[str] = ...) -> None: ...
+    digest_scheme: DigestScheme
+    with_sha256: bool
+    def __init__(self, adapter_id: _Optional[str] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ..., with_sha256: _Optional[bool] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("adapter_id", "digest", "file", "offset", "length", "accept_bitmap")

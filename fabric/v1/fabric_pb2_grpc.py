@@ -128,6 +128,10 @@ class FabricServicer:
 
     def Fetch(self, request, context):
         """Stream a byte range of a staged file, in chunks aligned to the manifest.
+        A node still receiving the adapter ends each stream with trailing
+        metadata "fabric-verified-bin" (its verified_bitmap, as Availability
+        answers), or "fabric-complete: 1" once it holds every chunk, so a swarm
+        puller learns what it holds without polling Availability.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -9,9 +9,10 @@ relayed to UPSTREAM), so the receiving node sees a real peer on the wire:
 - digest: the adapter digest is changed (it no longer matches the file digests);
 - content_id: the content id is off by one;
 - other_id: the manifest answers for another adapter id;
-- chunks: a consistent lie that no single field gives away: the first chunk's
-  bytes are altered and the manifest carries their sha256, so every chunk
-  verifies, but the whole file no longer has the sha256 the digest is made of.
+- chunks: the first chunk's bytes are altered and the manifest carries their
+  digest, so every chunk would verify; but the weights root is built over the
+  chunk digests (digest scheme 2), so the manifest itself gives the lie away
+  before a byte moves.
 
 It prints "listening on HOST:PORT" when ready.
 """
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 
 import grpc
+from blake3 import blake3
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -60,7 +62,7 @@ class LyingRelay(fabric_pb2_grpc.FabricServicer):
             manifest.adapter_id = manifest.adapter_id + "-other"
         elif self.mode == "chunks":
             first = next(iter(self.fetch(fabric_pb2.FetchRequest(digest=manifest.digest, file=weights.name, length=weights.chunk_size))))
-            weights.chunk_sha256[0] = hashlib.sha256(_tamper(first[1])).digest()
+            weights.chunk_digests[0] = blake3(_tamper(first[1])).digest()
         return manifest
 
     def Fetch(self, request, context):

@@ -1,0 +1,175 @@
+"""Staging a slot row while a pull receives it: each verified chunk lands in the store file and in the row.
+
+A promote from a peer used to pull the whole file, commit it, then map the
+blob and stage the slot row from it (``PoolAdapters.prepare_verified``): one
+more pass over the bytes after the last chunk arrived. A ``RowSink`` is
+attached to the pull's partial download instead (``PartialDownload.attach``):
+every chunk, once verified and written, is also copied from the same buffer
+into the host row, at the place of each tensor piece it carries (``lora_A``
+as it is, ``lora_B`` transposed into B^T). When the pull commits, the row is
+complete and the promote is the slot commit alone.
+
+The row is laid out by ``SlotPool.blank_row`` (everything the adapter does
+not write is zero: invariant 4), so only tensor bytes are copied here.
+Chunks arrive on several worker threads at once; they write disjoint parts
+of the row, and only the byte count is shared (under a lock).
+
+A sink is only made when every tensor starts at a multiple of its element
+size in the file (safetensors writers align them), so a chunk boundary
+never splits an element; otherwise ``RowSink.build`` answers None and the
+promote stages from the committed blob as before.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from fabric.errors import InvalidArgument, InvalidTensors
+from fabric.format.adapter_tensors import LoraPair
+from fabric.format.tensor_file import TORCH_DTYPES, has_non_finite
+from fabric.serving.host_copy import host_array
+from fabric.serving.pool import SlotPool
+from fabric.serving.slot_records import StagedAdapter
+from fabric.store.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One tensor's bytes in the file and where they go in the row."""
+
+    start: int  # file offset of its first byte
+    end: int
+    name: str
+    dtype: torch.dtype
+    offset: int  # row element where the tensor's region starts (A, or B^T)
+    rank: int
+    out_features: int
+    transposed: bool  # lora_B: stored [out, r], written as B^T [r, out]
+
+
+class RowSink:
+    """A host slot row filled from a pull's verified chunks; ``finish`` hands it over as a ``StagedAdapter``."""
+
+    def __init__(self, pool: SlotPool, manifest: Manifest, pieces: list[_Piece], staged: StagedAdapter) -> None:
+        self._pool = pool
+        self._manifest = manifest
+        self._pieces = pieces
+        self._starts = [p.start for p in pieces]
+        self._staged = staged
+        self._row = host_array(staged.row)  # integer view of the row's bytes: numpy copies, one thread, no dtype conversion
+        self._expected = sum(p.end - p.start for p in pieces)
+        self._landed = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def build(cls, pool: SlotPool, manifest: Manifest, pairs: Mapping[str, LoraPair], scalings: Mapping[str, float]) -> "RowSink | None":
+        """A sink for ``manifest``'s weights, already checked against the pool (``check_compatible``); None when unaligned."""
+        base = manifest.index.data_offset
+        chunk = manifest.weights.chunk_size
+        pieces = []
+        for module, pair in pairs.items():
+            span = pool.span(module)
+            for info, offset, transposed in ((pair.a, span.a_off, False), (pair.b, span.bt_off, True)):
+                dtype = TORCH_DTYPES[info.dtype]
+                if (base + info.begin) % dtype.itemsize or chunk % dtype.itemsize:
+                    return None  # a chunk boundary could split an element
+                pieces.append(_Piece(base + info.begin, base + info.end, info.name, dtype, offset, pair.rank, pair.out_features, transposed))
+        pieces.sort(key=lambda p: p.start)
+        staged = pool.blank_row({m: p.rank for m, p in pairs.items()}, scalings)
+        return cls(pool, manifest, pieces, staged)
+
+    # ------------------------------------------------------------ receiving
+
+    def add(self, index: int, data: bytes | memoryview) -> None:
+        """Copy the tensor bytes of verified chunk ``index`` into the row (called once per chunk, from any thread)."""
+        begin = index * self._manifest.weights.chunk_size
+        end = begin + len(data)
+        landed = 0
+        first = max(0, bisect.bisect_right(self._starts, begin) - 1)
+        for piece in self._pieces[first:]:
+            if piece.start >= end:
+                break
+            lo, hi = max(begin, piece.start), min(end, piece.end)
+            if lo < hi:
+                self._place(piece, data, lo - begin, lo - piece.start, hi - lo)
+                landed += hi - lo
+        with self._lock:
+            self._landed += landed
+
+    def _place(self, piece: _Piece, data: bytes | memoryview, at: int, into: int, length: int) -> None:
+        """Bytes ``data[at:at+length]``, which sit ``into`` bytes into ``piece``, to their place in the row."""
+        itemsize = piece.dtype.itemsize
+        src = self._source(piece, data, at, length)
+        first, count = into // itemsize, length // itemsize
+        if not piece.transposed:  # lora_A [r, in] is row-major like the row's A region
+            np.copyto(self._row[piece.offset + first : piece.offset + first + count], src)
+            return
+        # lora_B [out, r] -> B^T [r, out]: element e = o * r + j lands at row position (j, o).
+        rank, out = piece.rank, piece.out_features
+        bt = self._row[piece.offset : piece.offset + self._pool.max_rank * out].reshape(self._pool.max_rank, out)
+        o, j, k = first // rank, first % rank, 0
+        if j:  # the end of a B row that started in the previous chunk
+            take = min(rank - j, count)
+            np.copyto(bt[j : j + take, o], src[:take])
+            k, o = take, o + 1
+        whole = (count - k) // rank
+        if whole:
+            np.copyto(bt[:rank, o : o + whole], src[k : k + whole * rank].reshape(whole, rank).T)
+            k, o = k + whole * rank, o + whole
+        if k < count:  # the start of a B row that ends in the next chunk
+            np.copyto(bt[: count - k, o], src[k:count])
+
+    def _source(self, piece: _Piece, data: bytes | memoryview, at: int, length: int) -> np.ndarray:
+        """The piece's elements as the row's integer type (converted first when the file's dtype is not the pool's)."""
+        if piece.dtype == self._pool.dtype:
+            return np.frombuffer(data, dtype=self._row.dtype, count=length // piece.dtype.itemsize, offset=at)
+        values = torch.frombuffer(bytearray(memoryview(data)[at : at + length]), dtype=piece.dtype).to(self._pool.dtype)
+        return host_array(values)
+
+    # ------------------------------------------------------------ handing over
+
+    @property
+    def digest(self) -> str:
+        """The adapter digest whose chunks this row is staged from."""
+        return self._manifest.digest
+
+    @property
+    def complete(self) -> bool:
+        """Every tensor byte has landed in the row."""
+        with self._lock:
+            return self._landed == self._expected
+
+    def finish(self) -> StagedAdapter:
+        """The complete row, checked for non-finite values (``InvalidTensors`` naming the tensor); the sink is spent."""
+        if not self.complete:
+            raise InvalidArgument(
+                f"the row of {self._manifest.digest} holds {self._landed} of {self._expected} tensor bytes: its pull did not finish"
+            )
+        staged, self._staged = self._staged, None
+        if has_non_finite(staged.row):
+            message = self._non_finite_message(staged)
+            self._pool.recycle(staged)
+            raise InvalidTensors(message)
+        return staged
+
+    def abandon(self) -> None:
+        """Give the row back to the pool (the pull failed, or the promote went another way)."""
+        if self._staged is not None:
+            self._pool.recycle(self._staged)
+            self._staged = None
+
+    def _non_finite_message(self, staged: StagedAdapter) -> str:
+        row = staged.row
+        for piece in self._pieces:
+            width = piece.out_features if piece.transposed else (piece.end - piece.start) // piece.dtype.itemsize // piece.rank
+            region = row[piece.offset : piece.offset + piece.rank * width]
+            bad = int((~torch.isfinite(region)).sum())
+            if bad:
+                return f"tensor {piece.name!r} holds {bad} non-finite value(s) in {self._pool.dtype}"
+        return "the adapter holds non-finite values"

@@ -1,0 +1,115 @@
+"""Staging, off every lock: an adapter laid out as one host slot row before its commit (``SlotPool``'s first half).
+
+A mixin of ``SlotPool`` (uses its spans, modules, dtype and device). A staged
+row is shaped exactly like one slot row, zero padding included, and pinned on
+CUDA, so the commit at the quiescent point is one contiguous copy; writing the
+whole row is what zeroes the slot (invariant 4).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from fabric.errors import IncompatibleAdapter
+from fabric.serving.host_copy import host_array, host_copy
+from fabric.serving.slot_records import Span, StagedAdapter
+
+#: host staging rows kept for reuse by ``recycle`` (each is one slot row: 84 MB for Llama-3-8B at r=16)
+SPARE_STAGING_ROWS = 2
+
+
+class StagingRows:
+    """``stage``, ``blank_row``, ``span`` and ``recycle``, mixed into ``SlotPool``."""
+
+    def stage(self, pairs: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scalings: Mapping[str, float]) -> StagedAdapter:
+        """Check an adapter against the pool and lay it out as one host slot row.
+
+        ``pairs`` maps module -> (A ``[r, in]``, B ``[out, r]``) as PEFT stores
+        them. Refuses (``IncompatibleAdapter``) a module the pool does not hold,
+        a rank above ``max_rank`` and shapes that differ from the pool's.
+        """
+        if not pairs:
+            raise IncompatibleAdapter("the adapter has no LoRA modules: nothing to load")
+        for module, (a, b) in pairs.items():
+            if module not in self._spans:
+                raise IncompatibleAdapter(
+                    f"module {module} is not held by the slot pool ({len(self.modules)} adapted modules); "
+                    "build the model with it in target_modules"
+                )
+            fan_in, fan_out = self.shape_of(module)
+            if a.dim() != 2 or b.dim() != 2:
+                raise IncompatibleAdapter(f"module {module}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} must be 2-D")
+            rank = a.shape[0]
+            if rank > self.max_rank:
+                raise IncompatibleAdapter(f"module {module}: rank {rank} is above the pool's max_rank {self.max_rank}")
+            if a.shape[1] != fan_in:
+                raise IncompatibleAdapter(f"module {module}: lora_A has in_features {a.shape[1]}, the model's linear has {fan_in}")
+            if tuple(b.shape) != (fan_out, rank):
+                raise IncompatibleAdapter(
+                    f"module {module}: lora_B is {tuple(b.shape)}, expected ({fan_out}, {rank}) for out_features "
+                    f"{fan_out} and rank {rank}"
+                )
+            if module not in scalings:
+                raise IncompatibleAdapter(f"module {module}: no scaling given")
+        staged = self.blank_row({module: a.shape[0] for module, (a, _) in pairs.items()}, scalings)
+        row = staged.row
+        for module, (a, b) in pairs.items():
+            span, rank = self._spans[module], a.shape[0]
+            host_copy(row[span.a_off : span.a_off + rank * span.in_features].view(rank, span.in_features), a)
+            host_copy(row[span.bt_off : span.bt_off + rank * span.out_features].view(rank, span.out_features), b.t())
+        return staged
+
+    def span(self, module: str) -> Span:
+        """Where a module's A and B^T start in a slot row (elements), and its shape."""
+        return self._spans[module]
+
+    def blank_row(self, ranks: Mapping[str, int], scalings: Mapping[str, float]) -> StagedAdapter:
+        """A staging row for an adapter of these module ranks, zero wherever it will not write; its scaling set.
+
+        The caller copies each module's A (``[rank, in]``) and B^T (``[rank, out]``) to the start of its
+        regions (``span``). Zeroing the rest here is the slot's zeroing (invariant 4): untouched modules and
+        rank padding hold no byte of a previous tenant once the row is committed.
+        """
+        row, scaling = self._staging_buffers()
+        flat = host_array(row)
+        factors = [0.0] * len(self.modules)  # zero for modules the adapter does not touch
+        for module, span in self._spans.items():
+            a_end, bt_end = span.a_off + self.max_rank * span.in_features, span.bt_off + self.max_rank * span.out_features
+            rank = ranks.get(module, 0)
+            if rank == 0:
+                flat[span.a_off : bt_end] = 0
+                continue
+            if rank < self.max_rank:  # rank padding
+                flat[span.a_off + rank * span.in_features : a_end] = 0
+                flat[span.bt_off + rank * span.out_features : bt_end] = 0
+            factors[self.module_index[module]] = float(scalings[module])
+        scaling.copy_(torch.tensor(factors, dtype=torch.float32))
+        used = {m: r for m, r in ranks.items() if r}
+        return StagedAdapter(row=row, scaling=scaling, ranks=used, rank=max(used.values()), nbytes=row.numel() * row.element_size())
+
+    def _staging_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A host row and scaling vector to stage into: a recycled pair, or new ones (pinned on CUDA).
+
+        Every byte is overwritten by ``stage``, so a recycled row needs no zeroing first;
+        reuse saves the page faults of a fresh slot-sized allocation (and, on CUDA, a pinned one).
+        """
+        with self.lock:
+            if self._spare:
+                return self._spare.pop()
+        pin = self.device.type == "cuda"
+        return (
+            torch.empty(self.slot_numel, dtype=self.dtype, pin_memory=pin),
+            torch.empty(len(self.modules), dtype=torch.float32, pin_memory=pin),
+        )
+
+    def recycle(self, staged: StagedAdapter) -> None:
+        """Hand a committed (or abandoned) staged adapter's buffers back for the next ``stage``; it cannot be committed again."""
+        if staged.row is None:
+            return
+        row, scaling = staged.row, staged.scaling
+        staged.row = staged.scaling = None
+        with self.lock:
+            if len(self._spare) < SPARE_STAGING_ROWS:
+                self._spare.append((row, scaling))

@@ -1,0 +1,155 @@
+"""Promote, in the servicer: pull an adapter (or find it here), verify it, and land it in a slot.
+
+A mixin of ``FabricServicer`` (uses its store, puller, model, thread pools and
+trust checks). The order is the design's (docs/ARCHITECTURE.md): the peer's
+manifest is checked against the caller's PEFT fields, this model and pool,
+and the trusted signers before a byte moves; the slot row is staged while the
+verified chunks land (``fabric.serving.row_sink``); the commit at the
+quiescent point is a memory copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from fabric.errors import IntegrityError, InvalidArgument
+from fabric.format.adapter_tensors import lora_pairs
+from fabric.format.peft_fields import check_agrees
+from fabric.rpc.status import rpc_errors
+from fabric.store.ids import validate_adapter_id, validate_name
+from fabric.store.manifest import Manifest
+from fabric.transport.pull import PullStats
+from fabric.v1 import fabric_pb2
+
+log = logging.getLogger("fabric.node")
+
+
+class Promotes:
+    """Promote (into a slot, or ``stage_only`` into the store), mixed into ``FabricServicer``."""
+
+    @rpc_errors
+    async def Promote(self, request: fabric_pb2.PromoteRequest, context) -> fabric_pb2.PromoteResponse:
+        if request.stage_only:
+            return await self._pull_only(request)
+        model = self._require_model("promote adapters")
+        adapter_id = validate_adapter_id(request.adapter_id)
+        name = validate_name(request.name or adapter_id)  # before any byte moves
+        requested = request.peft if request.HasField("peft") else None
+
+        def check(manifest: Manifest) -> None:
+            # Before any byte moves: the caller's PEFT fields, then this model and pool.
+            check_agrees(requested, manifest.config, adapter_id)
+            model.check_compatible(lora_pairs(manifest.index, manifest.config))
+
+        sinks: list = []
+
+        def sink_for(manifest: Manifest):
+            # The slot row is staged as the pull's verified chunks land (fabric.serving.row_sink).
+            sink = model.row_sink(manifest)
+            sinks.extend([sink] if sink is not None else [])
+            return sink
+
+        try:
+            manifest, stats, blob = await self._verified(request, adapter_id, check, sink_for)
+            staged = next((s for s in reversed(sinks) if s.digest == manifest.digest and s.complete), None)
+            if staged is not None:
+                prepared = model.prepared_from(staged, manifest, blob, name)  # the pull staged it: no pass over the bytes
+            else:
+                # Bytes that were here already (or a shared download): map the verified blob and stage it, off the model worker.
+                prepared = await self._io(model.prepare_verified, manifest, blob, name)
+        finally:
+            for sink in sinks:
+                sink.abandon()  # a no-op for the one handed over
+        try:
+            # The memory copy, at the quiescent point; a pin past the limit is refused before anything is evicted.
+            slot, evicted = await self._on_model(model.commit, prepared, pin=request.pin)
+        finally:
+            model.recycle(prepared)
+        resident = {info["name"] for info in model.slots_info()}
+        self._slot_digests = {k: v for k, v in self._slot_digests.items() if k[0] in resident and k[0] != name}
+        self._slot_digests[(name, prepared.content_id)] = manifest.digest
+        log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved, %s)", adapter_id, name, slot, evicted, stats.bytes_transferred,
+                 "row staged while receiving" if staged is not None else "row staged from the store")
+        return fabric_pb2.PromoteResponse(
+            slot=slot,
+            evicted_name=evicted or "",
+            content_id=model.adapter_id_for(slot),
+            digest=manifest.digest,
+            bytes_transferred=stats.bytes_transferred,
+            source_peer=",".join(stats.source_peers),
+            pull_seconds=stats.pull_seconds,
+        )
+
+    async def _verified(self, request: fabric_pb2.PromoteRequest, adapter_id: str, check: Callable[[Manifest], None], sink_for=None):
+        """``(manifest, stats, weights path)``: the adapter pulled (or found here), its bytes verified since last written.
+
+        ``sink_for``: as ``PeerPuller.pull``'s, for a pull (a slot row staged while receiving).
+
+        Bytes that fail (or a damaged manifest) are quarantined by the store and pulled again from the
+        named peer or the known ones, when there are any (fabric.store.integrity).
+        """
+        stats = PullStats()
+        try:
+            if request.peer:
+                manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check, sink_for)
+            else:
+                manifest = await self._io(self.store.get, adapter_id)
+                self._check_stored(manifest)
+                check(manifest)
+            return manifest, stats, await self._io(self.store.verified_weights, manifest)
+        except IntegrityError as exc:
+            peers = await self._pull_peers(request) if request.peer else await self._known_peers()
+            if not peers:
+                raise
+            log.warning("%s; pulling it again from %s", exc, ",".join(peers))
+            manifest, stats = await self._signed_pull(peers, adapter_id, check, sink_for)
+            return manifest, stats, await self._io(self.store.verified_weights, manifest)
+
+    async def _signed_pull(self, peers: list[str], adapter_id: str, check, sink_for=None) -> tuple[Manifest, PullStats]:
+        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
+        seen: list[str] = []
+        committed = False
+        try:
+            manifest, stats = await self._io(self.puller.pull, peers, adapter_id, self._signed_pull_check(adapter_id, check, seen), sink_for)
+            committed = True
+            return manifest, stats
+        finally:
+            if seen:
+                await self._io(self._keep_pulled_signature, seen[0], committed)
+
+    async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
+        """The named peer first, then every known one (unless the caller asked for the named one alone)."""
+        _check_peer_address(request.peer)
+        if request.named_peer_only:
+            return [request.peer]
+        return [request.peer, *await self._known_peers()]
+
+    async def _pull_only(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
+        """Promote with stage_only: bring the bytes into the store (and serve them on), load no slot."""
+        adapter_id = validate_adapter_id(request.adapter_id)
+        requested = request.peft if request.HasField("peft") else None
+        stats = PullStats()
+        if request.peer:
+            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
+        else:
+            manifest = await self._io(self.store.get, adapter_id)
+            self._check_stored(manifest)
+            check_agrees(requested, manifest.config, adapter_id)
+        await self._io(self.store.verified_weights, manifest)
+        log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
+        return fabric_pb2.PromoteResponse(
+            slot=-1,
+            content_id=manifest.content_id,
+            digest=manifest.digest,
+            bytes_transferred=stats.bytes_transferred,
+            source_peer=",".join(stats.source_peers),
+            pull_seconds=stats.pull_seconds,
+        )
+
+
+def _check_peer_address(address: str) -> None:
+    """A peer is ``host:port`` over TCP: a ``unix:`` path or any other scheme would reach into this machine."""
+    host, _, port = address.rpartition(":")
+    if not host or "/" in address or not port.isdigit() or not 0 < int(port) < 65536 or host.lower().startswith(("unix", "vsock")):
+        raise InvalidArgument(f"peer address {address[:100]!r} is not host:port (a TCP peer; unix sockets and other schemes are refused)")
