@@ -91,6 +91,10 @@ class Busy(FabricError):
     retryable = True
 
 
+class StoreMissing(FabricError):
+    """The store's directory, or one of its parts, is gone from under the running node (deleted by hand, an unmounted volume)."""
+
+
 class QuotaExceeded(FabricError):
     """Accepting this would pass a configured limit (store bytes, adapter size, streams)."""
 

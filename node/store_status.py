@@ -21,7 +21,8 @@ class StoreStatusRpc:
                 adapters=len(self.store.list()),
                 expire_after_seconds=self.expire_after,
             )
-            # damaged stays empty until the store's verification reports entries (its own issue).
+            for damaged in self.store.damaged():  # ids listed apart from adapters: fabric.store.integrity
+                reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))
             for item in leftovers(self.store):
                 entry = fabric_pb2.StoreLeftover(
                     adapter_id=item.adapter_id, digest=item.digest, bytes=item.bytes, age_seconds=item.age_seconds, in_use=item.in_use

@@ -18,6 +18,7 @@ EXPECTED = {
     errors.SlotBusy: grpc.StatusCode.FAILED_PRECONDITION,
     errors.IncompatibleAdapter: grpc.StatusCode.FAILED_PRECONDITION,
     errors.AdaptersUnsupported: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.StoreMissing: grpc.StatusCode.FAILED_PRECONDITION,
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.InvalidAdapterId: grpc.StatusCode.INVALID_ARGUMENT,
     errors.InvalidConfig: grpc.StatusCode.INVALID_ARGUMENT,

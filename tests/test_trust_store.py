@@ -284,3 +284,56 @@ def test_a_damaged_upload_is_restarted_not_resumed(tmp_path, adapters) -> None:
             c.promote("a")
     finally:
         node.stop()
+
+
+# ---------------------------------------------------------------- the export directory follows the quarantine
+
+
+def exported(export: Path) -> list[str]:
+    """The export directory's entries (removed ones wait out their grace period under a %old- name)."""
+    return sorted(p.name for p in export.iterdir() if not p.name.startswith("%"))
+
+
+def holds_files_of(entry: Path, adapter: Path) -> bool:
+    return all((entry / name).read_bytes() == (adapter / name).read_bytes() for name in ("adapter_config.json", "adapter_model.safetensors"))
+
+
+@pytest.mark.parametrize("trigger", ["promote", "restart-scrub"])
+def test_a_quarantined_blob_takes_its_export_entry_until_it_is_pulled_again(tmp_path, adapters, trigger) -> None:
+    """The export entry's hard links share the blob's inode: an engine reading it would load the corrupt bytes."""
+    export, port = tmp_path / "export", free_port()
+    seed = node_at(tmp_path / "seed", free_port()).start()
+
+    def start() -> LocalNode:  # no known peers: nothing repairs the blob behind the test's back
+        return LocalNode(tmp_path / "n", port=port, slots=2, extra_args=["--chunk-size", "4096", "--export-dir", str(export)]).start()
+
+    node = start()
+    try:
+        with seed.client() as s, node.client() as c:
+            s.stage(adapters["a"], "a")
+            s.stage(adapters["b"], "b")
+            c.pull("a", peer=seed.address)
+            c.pull("b", peer=seed.address)
+        assert exported(export) == ["a", "b"] and holds_files_of(export / "a", adapters["a"])
+        if trigger == "promote":
+            flip_byte(weights_blob(node.store, "a"), -1)  # while it runs: the promote re-verifies
+            with node.client() as c, pytest.raises(IntegrityError, match="quarantined"):
+                c.promote("a")
+        else:
+            node.stop()
+            flip_byte(weights_blob(node.store, "a"), -1)
+            node = start()  # the start-up scrub finds it
+            with node.client() as c:
+                wait_for(lambda: "quarantined" in staged(c)["a"], "the start-up scrub to quarantine the blob")
+        assert exported(export) == ["b"], "the export entry of the quarantined blob is still readable"
+        node.stop()
+        node = start()  # a restart neither fails on the quarantined blob nor exports it again
+        assert exported(export) == ["b"] and holds_files_of(export / "b", adapters["b"])
+        with node.client() as c:
+            c.pull("a", peer=seed.address)  # the repair
+            assert staged(c) == {"a": "", "b": ""}
+        assert exported(export) == ["a", "b"]
+        assert holds_files_of(export / "a", adapters["a"]) and holds_files_of(export / "b", adapters["b"])
+    finally:
+        node.stop()
+        seed.stop()

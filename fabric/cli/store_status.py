@@ -29,7 +29,7 @@ def cmd_store_status(args: argparse.Namespace) -> None:
             state = "in use" if item.in_use else f"idle {item.age_seconds:.0f}s"
             lines.append(f"  {kind:8} {item.adapter_id or '?':30} {_size(item.bytes):>10}  {state}  {item.digest[:16]}")
     for entry in reply.damaged:
-        lines.append(f"  damaged  {entry.adapter_id or '?':30} {entry.digest[:16]}  {entry.reason}")
+        lines.append(f"  damaged  {entry.adapter_id or '?':30} {entry.digest[:16] or '-':16}  {entry.reason}")
     payload = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     emit(args.json, payload, "\n".join(lines))
 

@@ -44,6 +44,7 @@ _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
     (errors.IncompatibleAdapter, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.IncompatibleFormat, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.AdaptersUnsupported, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.StoreMissing, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.IntegrityError, grpc.StatusCode.DATA_LOSS),
     (errors.PeerUnavailable, grpc.StatusCode.UNAVAILABLE),

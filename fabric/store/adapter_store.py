@@ -96,7 +96,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
             self._recover()
             if export_dir is not None:
                 self.exports = ExportDir(export_dir, self._blob, self._lock_path)
-                self.exports.sync(self.list())
+                # Only whole adapters: a blob quarantined before the restart has nothing to link to.
+                self.exports.sync(m for m in self.list() if self._complete(m.digest) is not None)
 
     # ------------------------------------------------------------ locking and temp files
 
@@ -166,7 +167,11 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
 
     def _refs(self) -> dict[str, str]:
         found: dict[str, str] = {}
-        for entry in os.scandir(self.refs):
+        try:
+            entries = list(os.scandir(self.refs))
+        except FileNotFoundError:
+            raise self._missing_store() from None
+        for entry in entries:
             adapter_id = decode_id(entry.name)
             try:
                 validate_adapter_id(adapter_id)
@@ -374,6 +379,7 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
             manifest = self._load_manifest(digest)
             if manifest is not None:
                 self.exports.export(adapter_id, manifest)
+            self._restore_exports()  # a commit may have brought a quarantined blob back
 
     def unstage(self, adapter_id: str) -> bool:
         """Remove an id; True when its bytes were removed too (no other id refers to its digest)."""

@@ -6,6 +6,9 @@ copy; the export directory must be on the store's filesystem). ``<name>`` is
 the adapter id with each ``/`` written ``%2F`` (``team-a/support-v3`` ->
 ``team-a%2Fsupport-v3``): ``%`` is outside the id alphabet, so the mapping is
 reversible and never nests directories. This is the store's own ref naming.
+A blob the store quarantines (``fabric.store.integrity``) takes every entry
+linking to it away the same way; the entry comes back once its bytes are
+committed again (a pull or a re-stage).
 
 An entry appears atomically: it is built under a ``%tmp-`` name (never a valid
 name) and renamed into place, so a reader such as vLLM's filesystem resolver
@@ -92,6 +95,26 @@ class ExportDir:
         """Take an id's directory away in one step (renamed aside, then deleted)."""
         self._set_aside(self.path_of(adapter_id))
         fsync_dir(self.root)
+
+    def withdraw(self, blob: os.stat_result) -> list[str]:
+        """Remove, each in one step as ``remove`` does, every entry holding a hard link to ``blob``; the ids removed.
+
+        A quarantined blob's links here share its corrupt inode: an engine reading them would load the corrupt bytes.
+        """
+        removed = []
+        for entry in self.root.iterdir():
+            if entry.name.startswith("%"):
+                continue
+            try:
+                linked = any(os.path.samestat(os.stat(f), blob) for f in entry.iterdir())
+            except OSError:  # not a directory, or removed meanwhile
+                continue
+            if linked:
+                self._set_aside(entry)
+                removed.append(adapter_id_of(entry.name))
+        if removed:
+            fsync_dir(self.root)
+        return removed
 
     def sync(self, staged: Iterable[Manifest]) -> None:
         """Export every staged manifest and remove entries of ids that are not staged (at node start)."""

@@ -13,7 +13,9 @@ stamps, at a bounded rate.
 A blob that fails is moved out of ``blobs/`` into ``quarantine/`` (never
 deleted: it is evidence), so no later read can serve it; its adapters are
 then reported by ``damaged()`` until the bytes are committed again (a pull
-from a peer repairs them: ``_install_blob`` takes the blob back).
+from a peer repairs them: ``_install_blob`` takes the blob back). Export
+directory entries linking to it are withdrawn with it (they share its inode)
+and exported again with the repair.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fabric.errors import FabricError, IntegrityError
+from fabric.errors import FabricError, IntegrityError, StoreMissing
 from fabric.store.files import COPY_BLOCK, check_header, fsync_dir, pread_exact
 from fabric.store.ids import validate_digest
 from fabric.store.manifest import FileEntry, Manifest
@@ -57,6 +59,7 @@ class StoreIntegrity:
         self._verified_at: dict[str, Stamp] = {}  # blob root -> stamp when its bytes last verified
         self._verify_lock = threading.Lock()
         self._sha256_of: dict[str, str] = {}  # blob root -> its sha256 (file_sha256)
+        self._withdrawn: set[str] = set()  # ids whose export entries went with a quarantined blob, until it is committed again
 
     # ------------------------------------------------------------ verified reads
 
@@ -120,9 +123,22 @@ class StoreIntegrity:
                     return  # rewritten since we read it: the next read verifies it again
             except FileNotFoundError:
                 return
-            os.replace(path, self.quarantine / f"{root}-{time.time_ns()}")
+            moved = self.quarantine / f"{root}-{time.time_ns()}"
+            os.replace(path, moved)
             fsync_dir(path.parent)
             fsync_dir(self.quarantine)
+            if self.exports is not None:  # its hard links there share the corrupt inode
+                self._withdrawn.update(self.exports.withdraw(os.stat(moved)))
+
+    def _restore_exports(self) -> None:
+        """Export again the ids withdrawn with a quarantined blob once all their bytes are committed again (under the lock)."""
+        for adapter_id in sorted(self._withdrawn):
+            digest = self._read_ref(adapter_id)
+            manifest = self._complete(digest) if digest is not None and _is_digest(digest) else None
+            if manifest is not None:
+                self.exports.export(adapter_id, manifest)
+            if digest is None or manifest is not None:  # unstaged, or back: nothing more to restore
+                self._withdrawn.discard(adapter_id)
 
     def _release_quarantine(self, root: str) -> None:
         """The bytes of ``root`` are committed again: drop the quarantined copies."""
@@ -172,6 +188,15 @@ class StoreIntegrity:
             if not self._blob(entry.root).is_file():
                 return f"its {entry.name} (blob {entry.root}) is missing or quarantined"
         return ""
+
+    def _missing_store(self) -> StoreMissing:
+        """The error for a store whose directory (or a part of it) was removed while this process uses it."""
+        gone = next((d for d in (self.root, self.refs, self.manifests, self.blobs) if not d.is_dir()), self.refs)
+        what = "is missing" if gone == self.root else f"is missing its {gone.relative_to(self.root)}/ directory"
+        return StoreMissing(
+            f"the adapter store {self.root} {what} (removed while the node runs): "
+            "restore it, or restart the node to start an empty store there and pull adapters from peers again"
+        )
 
     # ------------------------------------------------------------ scrub
 

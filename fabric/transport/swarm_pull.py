@@ -117,6 +117,7 @@ class SwarmPull:
         self.polling: set[str] = set()
         self.last_poll: dict[str, float] = {}
         self.failures: dict[str, str] = {}
+        self.refused: dict[str, tuple[str, str]] = {}  # peer -> (kind, why) of its last refusal (missing, busy): named if the pull gives up
         self.corrupt: dict[str, int] = {}
         self.delivered: dict[str, int] = {}
         self._count_lock = threading.Lock()
@@ -174,11 +175,17 @@ class SwarmPull:
         except OSError as exc:
             log.warning("pull trace not written to %s: %s", path, exc)
 
-    def _stopped(self, why: str = "") -> PeerUnavailable:
+    def _stopped(self, why: str = "") -> AdapterNotFound | PeerUnavailable:
         weights = self.weights
         have = sum(weights.chunk_span(i)[1] for i in self.done)
-        reasons = [f"{p}: {msg}" for p, msg in self.failures.items()] + ([why] if why else [])
-        return PeerUnavailable(
+        reasons = [f"{p}: {msg}" for p, msg in self.failures.items()]
+        reasons += [f"{p}: {msg}" for p, (_, msg) in self.refused.items() if p not in self.failures]
+        reasons += [why] if why else []
+        # Not found only when every peer says so: none failed otherwise, none is busy, none announces a needed chunk.
+        holders = [p for p in swarm.live_peers(self.plan) if p.complete or p.have & self.plan.needed]
+        gone = bool(self.refused) and all(kind == "missing" for kind, _ in self.refused.values())
+        error = AdapterNotFound if gone and not self.failures and not holders else PeerUnavailable
+        return error(
             f"pull of {self.manifest.adapter_id!r} stopped at {have} of {weights.size} bytes (kept for resume): "
             + ("; ".join(reasons) or "no peer held the missing chunks")
         )
@@ -213,6 +220,7 @@ class SwarmPull:
             if self.trace is not None:
                 self.trace.append([now - self.t0, "chunk", subject.peer, [detail]])
             swarm.chunk_verified(plan, detail)
+            self.refused.pop(subject.peer, None)  # it serves again: an earlier refusal explains nothing now
             return True
         if kind == "picked":
             swarm.retarget(plan, subject, detail)
@@ -253,9 +261,14 @@ class SwarmPull:
                 self._drop(peer, f"kept sending corrupt bytes ({detail})")
         elif kind == "missing":
             # It announced chunks it no longer has (or never had): ask it again after its next announcement.
+            if self.refused.get(peer, ("",))[0] != "missing":  # its first refusal says most (it held the whole adapter then)
+                what = f"no longer holds {self.manifest.adapter_id!r} (NOT_FOUND): it was unstaged or lost there" if plan.peers[peer].complete else (
+                    f"no longer serves chunks of {self.manifest.adapter_id!r} it announced (NOT_FOUND)")
+                self.refused[peer] = ("missing", f"{what} ({detail})")
             swarm.forget_chunks(plan, peer, [c for c in request.chunks if c in plan.needed])
             self.last_poll[peer] = now - POLL_S / 2
         elif kind == "busy":  # it limits streams per peer: back off, ask the others meanwhile
+            self.refused[peer] = ("busy", f"refused the stream as busy (RESOURCE_EXHAUSTED): {detail}")
             plan.peers[peer].resume_at = now + BUSY_BACKOFF_S
         elif kind == "broken":
             log.warning("fetch from %s failed: %s", peer, detail)

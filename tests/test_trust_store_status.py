@@ -1,0 +1,84 @@
+"""Issue 13: StoreStatus (and ``fabric store-status``) reports damaged entries; a store deleted under a running node is a named error.
+
+Real node processes; the CLI runs as its own process, as an operator runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fabric.errors import StoreMissing
+from fabric.harness.cluster import LocalNode, free_port
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory) -> dict[str, Path]:
+    root, base = tmp_path_factory.mktemp("status-adapters"), build_tiny_model()
+    return {name: make_peft_adapter(root / name, base_model=base, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], seed=seed) for name, seed in (("a", 51), ("b", 52))}
+
+
+def store_status_cli(address: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fabric.cli", "store-status", address, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_store_status_and_the_cli_name_an_adapter_whose_manifest_is_truncated(tmp_path, adapters) -> None:
+    port = free_port()
+    node = LocalNode(tmp_path / "n", model="none", port=port).start()
+    with node.client() as c:
+        c.stage(adapters["a"], "a")
+        c.stage(adapters["b"], "b")
+    node.stop()
+    digest = (node.store / "refs" / "a").read_text().strip()
+    manifest = node.store / "manifests" / f"{digest}.json"
+    manifest.write_bytes(manifest.read_bytes()[:100])
+    node = LocalNode(tmp_path / "n", model="none", port=port).start()
+    try:
+        with node.client() as c:
+            reply = c.store_status()
+        assert [(d.adapter_id, d.digest) for d in reply.damaged] == [("a", digest)]
+        assert "manifest" in reply.damaged[0].reason, reply.damaged[0].reason
+        assert reply.adapters == 1  # b is sound; a is counted as damaged, not as an adapter
+        text = store_status_cli(node.address)
+        assert text.returncode == 0, text.stderr
+        line = next((l for l in text.stdout.splitlines() if l.split()[:1] == ["damaged"]), None)
+        assert line is not None, text.stdout
+        assert line.split()[1] == "a" and digest[:16] in line and "manifest" in line, line
+        as_json = store_status_cli(node.address, "--json")
+        assert as_json.returncode == 0, as_json.stderr
+        damaged = json.loads(as_json.stdout)["damaged"]
+        assert [(d["adapter_id"], d["digest"]) for d in damaged] == [("a", digest)] and "manifest" in damaged[0]["reason"]
+    finally:
+        node.stop()
+
+
+def test_a_store_deleted_under_a_running_node_is_a_named_error(tmp_path, adapters) -> None:
+    node = LocalNode(tmp_path / "n", model="none", port=free_port()).start()
+    try:
+        with node.client() as c:
+            c.stage(adapters["a"], "a")
+        shutil.rmtree(node.store)
+        with grpc.insecure_channel(node.address) as channel:
+            with pytest.raises(grpc.RpcError) as caught:
+                fabric_pb2_grpc.FabricStub(channel).StoreStatus(fabric_pb2.StoreStatusRequest(), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value
+        assert str(node.store) in caught.value.details() and "missing" in caught.value.details(), caught.value.details()
+        with node.client() as c:
+            with pytest.raises(StoreMissing, match="missing"):  # the client re-raises the type
+                c.store_status()
+            with pytest.raises(StoreMissing):  # listing reads the same store
+                c.list()
+        text = store_status_cli(node.address)
+        assert text.returncode != 0 and str(node.store) in text.stderr and "Traceback" not in text.stderr, text.stderr
+    finally:
+        node.stop()
