@@ -15,7 +15,7 @@ from fabric.errors import AdapterNotFound, InvalidArgument, QuotaExceeded
 from fabric.observability.metrics import SERVED_BYTES
 from fabric.rpc.status import rpc_errors
 from fabric.store.manifest import Manifest
-from fabric.transport import swarm, wire
+from fabric.transport import fetch_metadata, swarm, wire
 from fabric.v1 import fabric_pb2
 
 log = logging.getLogger("fabric.node")
@@ -56,7 +56,7 @@ class PeerReads:
                 data = await self._io(os.pread, f.fileno(), length, offset)
                 SERVED_BYTES.inc(len(data))
                 yield wire.encode_chunk(offset, data)
-        context.set_trailing_metadata(((wire.COMPLETE_KEY, "1"),))
+        context.set_trailing_metadata(fetch_metadata.complete())
 
     async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
         """A swarm request to a node holding the whole adapter: super-seeding.
@@ -82,7 +82,7 @@ class PeerReads:
         first_inflight.update(firsts)
         served: set[int] = set()
         try:
-            await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
+            await context.send_initial_metadata(fetch_metadata.picked(chunks))
             with open(await self._io(self.store.verified_weights, manifest), "rb") as f:
                 for index in chunks:
                     offset, length = weights.chunk_span(index)
@@ -92,7 +92,7 @@ class PeerReads:
                     SERVED_BYTES.inc(len(data))
                     served.add(index)  # handed to gRPC: a caller that cuts the stream after it may hold it already
                     yield wire.encode_chunk(offset, data)
-            context.set_trailing_metadata(((wire.COMPLETE_KEY, "1"),))
+            context.set_trailing_metadata(fetch_metadata.complete())
         finally:
             first_inflight.difference_update(firsts)
             for index in chunks:
@@ -135,7 +135,7 @@ class PeerReads:
                 f"ask Availability again, or fetch it from another peer"
             )
         if request.accept_bitmap:
-            await context.send_initial_metadata(((wire.PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),))
+            await context.send_initial_metadata(fetch_metadata.picked(chunks))
         for index in chunks:
             if self._upload_limit is not None:
                 await self._upload_limit.acquire(min(weights.chunk_span(index)[1], self._upload_limit.max_rate))
@@ -146,7 +146,7 @@ class PeerReads:
             SERVED_BYTES.inc(len(data))
             yield wire.encode_chunk(index * weights.chunk_size, data)
         # What it holds by now, so a swarm puller need not poll Availability (fabric.transport.swarm_pull).
-        held = ((wire.COMPLETE_KEY, "1"),) if partial.committed else ((wire.VERIFIED_KEY, partial.verified_bitmap),)
+        held = fetch_metadata.complete() if partial.committed else fetch_metadata.verified(partial.verified_bitmap)
         context.set_trailing_metadata(held)
 
     @rpc_errors

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
+from fabric.errors import AdapterNotFound, IncompatibleAdapter, IntegrityError, InvalidArgument
 from fabric.serving.multi_lora import MultiLoraModel
 from fabric.serving.shape_only import ShapeOnlyModel
 from fabric.store import AdapterStore
@@ -63,3 +63,16 @@ def test_recycled_staging_cannot_be_committed_and_reused_rows_hold_no_old_bytes(
     fresh = ShapeOnlyModel(shapes_of_tiny(), slots=2, max_rank=8, device="cpu", dtype=torch.float32)
     reused, clean = shaped.prepare(adapter, "x"), fresh.prepare(adapter, "x")
     assert torch.equal(reused.staged.row, clean.staged.row)
+
+
+def test_a_blob_that_left_the_store_between_verification_and_mapping_is_not_found(adapter, tmp_path) -> None:
+    """An unstage racing a promote (seen in the soak): a named AdapterNotFound, not a FileNotFoundError traceback."""
+    store = AdapterStore(tmp_path / "store")
+    manifest = store.stage(adapter, "a")
+    blob = store.verified_weights(manifest)
+    store.unstage("a")
+    shaped = ShapeOnlyModel(shapes_of_tiny(), slots=2, max_rank=8, device="cpu", dtype=torch.float32)
+    with pytest.raises(AdapterNotFound, match="'a' left the store while it was being promoted"):
+        shaped.prepare_verified(manifest, blob, "x")
+    with pytest.raises((AdapterNotFound, IntegrityError), match="'a'"):  # named either way, never a FileNotFoundError
+        store.file_sha256(manifest)

@@ -472,3 +472,19 @@ def test_a_download_that_fits_the_quota_when_opened_commits(tmp_path: Path, adap
     assert partial.commit("c").digest == manifest.digest
     assert store.partial_for(manifest.digest) is None
     assert store.usage() == manifest.total_size
+
+
+def test_a_pull_that_finds_its_bytes_gone_before_referring_to_them_says_not_found_and_leaves_nothing(tmp_path: Path, adapters, manifests) -> None:
+    """A joined download whose bytes an unstage removed before the joiner's reference (seen in the soak)."""
+    from fabric.transport.pull import PeerPuller
+
+    store = _store(tmp_path)
+    store.stage(adapters["a"], "a")
+    store.unstage("a")
+    puller = PeerPuller(store)
+    try:
+        with pytest.raises(AdapterNotFound, match="left this store .* before 'again' could refer to them; pull again"):
+            puller._commit_existing(manifests["a"].with_id("again"))
+    finally:
+        puller.channels.close()
+    assert list((tmp_path / "partial").iterdir()) == [] and store.list() == []

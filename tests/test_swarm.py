@@ -15,7 +15,7 @@ import pytest
 
 from fabric.transport import swarm
 
-from fabric.transport import wire
+from fabric.transport import fetch_metadata, wire
 from fabric.client.node_client import NodeClient
 from fabric.harness.cluster import LocalNode, free_port
 from fabric.transport.discovery import PeerSource, resolve
@@ -294,12 +294,12 @@ def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> No
             # The stream's trailer says what the node holds by now: a puller need not poll Availability for it.
             call = fetch(fabric_pb2.FetchRequest(digest=staged.digest, offset=served[0] * weights.chunk_size, length=weights.chunk_size), timeout=30)
             assert len(list(call)) == 1
-            bitmap, complete = wire.holding_trailer(call.trailing_metadata())
+            bitmap, complete = fetch_metadata.holding(call.trailing_metadata())
             assert not complete and bitmap is not None and set(served) <= swarm.bitmap_to_chunks(bitmap, count)
             with grpc.insecure_channel(seed.address) as seed_channel:
                 from_seed = wire.fetch_stub(seed_channel)(fabric_pb2.FetchRequest(digest=staged.digest, length=weights.chunk_size), timeout=30)
                 assert len(list(from_seed)) == 1
-                assert wire.holding_trailer(from_seed.trailing_metadata()) == (None, True)
+                assert fetch_metadata.holding(from_seed.trailing_metadata()) == (None, True)
             # A range reaching past the verified chunks is refused whole, before a byte is sent.
             with pytest.raises(grpc.RpcError) as whole:
                 list(fetch(fabric_pb2.FetchRequest(digest=staged.digest), timeout=30))

@@ -35,7 +35,7 @@ from fabric.format.adapter_tensors import LoraPair, lora_pairs
 from fabric.serving.adapters import ModelAdapters
 from fabric.format.config import PeftAdapterConfig
 from fabric.format.content_id import content_id
-from fabric.errors import AdaptersUnsupported, IncompatibleAdapter, InvalidAdapter, InvalidTensors
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, IncompatibleAdapter, InvalidAdapter, InvalidTensors
 from fabric.store.digests import DEFAULT_CHUNK_SIZE, hash_bytes
 from fabric.store.manifest import Manifest
 from fabric.store.ids import validate_name
@@ -158,7 +158,10 @@ class PoolAdapters(ModelAdapters):
         config, index = manifest.config, manifest.index
         pairs = lora_pairs(index, config)
         self.check_compatible(pairs)  # before any byte is read
-        mapped = map_immutable(weights_path, manifest.weights.size)
+        try:
+            mapped = map_immutable(weights_path, manifest.weights.size)
+        except FileNotFoundError:  # verified a moment ago: unstaged (or quarantined) since
+            raise AdapterNotFound(f"adapter {manifest.adapter_id!r} left the store while it was being promoted; stage or pull it again") from None
         staged = self._stage(mapped, index, pairs, config)
         return PreparedAdapter(name, config, manifest.weights.root, manifest.content_id, staged, weights_path)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fabric.errors import FabricError, IntegrityError, StoreMissing
+from fabric.errors import AdapterNotFound, FabricError, IntegrityError, StoreMissing
 from fabric.store.files import COPY_BLOCK, check_header, fsync_dir, pread_exact
 from fabric.store.ids import validate_digest
 from fabric.store.manifest import FileEntry, Manifest
@@ -156,9 +156,12 @@ class StoreIntegrity:
         for entry in manifest.files:
             if entry.root not in self._sha256_of:
                 digest = hashlib.sha256()
-                with open(self.verified_blob(manifest, entry), "rb") as f:
-                    while block := f.read(COPY_BLOCK):
-                        digest.update(block)
+                try:
+                    with open(self.verified_blob(manifest, entry), "rb") as f:
+                        while block := f.read(COPY_BLOCK):
+                            digest.update(block)
+                except FileNotFoundError:  # verified a moment ago: unstaged since
+                    raise AdapterNotFound(f"adapter {manifest.adapter_id!r} left the store while its sha256 was read") from None
                 self._sha256_of[entry.root] = digest.hexdigest()
             found[entry.name] = self._sha256_of[entry.root]
         return found

@@ -166,7 +166,7 @@ class PeerPuller:
         ordered = [first] + [p for p in dict.fromkeys(peers) if p != first]
         return self._single_flight(manifest, ordered, sink)
 
-    def _single_flight(self, manifest: Manifest, peers: list[str], sink: Any = None) -> tuple[Manifest, PullStats]:
+    def _single_flight(self, manifest: Manifest, peers: list[str], sink: Any = None, attempts: int = 2) -> tuple[Manifest, PullStats]:
         with self._lock:
             future = self._inflight.get(manifest.digest)
             leader = future is None
@@ -176,7 +176,15 @@ class PeerPuller:
         if not leader:
             committed, stats = future.result()
             joined = PullStats(digest=stats.digest, source_peers=list(stats.source_peers), shared=True)
-            return self.store.get(manifest.adapter_id) if self._has_ref(manifest) else self._commit_existing(manifest), joined
+            if self._has_ref(manifest):
+                return self.store.get(manifest.adapter_id), joined
+            try:
+                return self._commit_existing(manifest), joined
+            except AdapterNotFound:
+                if attempts <= 1:
+                    raise
+            # The bytes left between that download's commit and this caller's reference (an unstage raced it): again.
+            return self._single_flight(manifest, peers, sink, attempts - 1)
         try:
             result = self._download(manifest, peers, sink)
         except BaseException as exc:
@@ -196,7 +204,12 @@ class PeerPuller:
             return False
 
     def _commit_existing(self, manifest: Manifest) -> Manifest:
+        """A reference to bytes found committed here; ``AdapterNotFound`` when they left meanwhile (nothing is changed)."""
         partial = self.store.open_partial(manifest)
+        if not partial.committed:
+            # The digest is no longer committed here: leave no trace, but what a later pull may resume from.
+            partial.close() if partial.verified_chunks else partial.discard()
+            raise AdapterNotFound(f"the bytes of {manifest.digest} left this store (unstaged) before {manifest.adapter_id!r} could refer to them; pull again")
         return partial.commit(manifest.adapter_id)
 
     def _download(self, manifest: Manifest, peers: list[str], sink: Any = None) -> tuple[Manifest, PullStats]:

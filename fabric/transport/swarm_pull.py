@@ -21,7 +21,7 @@ import grpc
 from fabric.errors import AdapterNotFound, FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
 from fabric.rpc.status import error_from_rpc
 from fabric.store.manifest import Manifest
-from fabric.transport import swarm, wire
+from fabric.transport import fetch_metadata, swarm, wire
 from fabric.v1 import fabric_pb2
 
 if TYPE_CHECKING:
@@ -335,7 +335,7 @@ class SwarmPull:
         position = 0
         try:
             if request.accept:
-                picked = _picked(call.initial_metadata())
+                picked = fetch_metadata.picked_chunks(call.initial_metadata())
                 if picked is not None:
                     expected = picked
                     self.events.put(("picked", request, picked))
@@ -376,28 +376,16 @@ class SwarmPull:
                 raise _Refused("cancelled", None)
             raise _Refused("broken", PeerUnavailable(f"{peer} ended the stream at chunk {expected[position] if position < len(expected) else end}"))
 
-
     def _report_holding(self, peer: str, call) -> None:
-        """Pass on what a finished stream's trailer says its peer holds (``wire.holding_trailer``)."""
+        """Pass on what a finished stream's trailer says its peer holds (``fetch_metadata.holding``)."""
         try:
-            bitmap, complete = wire.holding_trailer(call.trailing_metadata())
+            bitmap, complete = fetch_metadata.holding(call.trailing_metadata())
         except grpc.RpcError:
             return
         if complete:
             self.events.put(("held", peer, ((), True)))
         elif bitmap is not None:
             self.events.put(("held", peer, (swarm.bitmap_to_chunks(bitmap, self.weights.chunk_count), False)))
-
-
-def _picked(metadata) -> list[int] | None:
-    """The chunks a serving node announced it will send (wire.PICKED_CHUNKS_KEY); None when it did not say."""
-    for key, value in metadata or ():
-        if key == wire.PICKED_CHUNKS_KEY:
-            try:
-                return [int(c) for c in value.split(",") if c]
-            except ValueError:
-                raise IntegrityError(f"malformed {key} metadata {value!r}") from None
-    return None
 
 
 class _Refused(Exception):

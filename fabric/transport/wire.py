@@ -78,25 +78,6 @@ MAX_MESSAGE_BYTES = 64 << 20
 
 FETCH_METHOD = "/fabric.v1.Fabric/Fetch"
 
-#: Fetch initial metadata: the chunk indexes (comma-separated) a node serving
-#: a request with ``accept_bitmap`` will send, so the caller knows before the
-#: bytes arrive (and asks no one else for them meanwhile)
-PICKED_CHUNKS_KEY = "fabric-picked-chunks"
-#: Fetch trailing metadata of a node still receiving the adapter: its verified_bitmap (as Availability answers)
-VERIFIED_KEY = "fabric-verified-bin"
-#: Fetch trailing metadata of a node holding every chunk: "1"
-COMPLETE_KEY = "fabric-complete"
-
-
-def holding_trailer(metadata) -> tuple[bytes | None, bool]:
-    """``(verified bitmap or None, complete)`` from a Fetch's trailing metadata; ``(None, False)`` when it says neither."""
-    bitmap, complete = None, False
-    for key, value in metadata or ():
-        if key == VERIFIED_KEY:
-            bitmap = bytes(value)
-        elif key == COMPLETE_KEY:
-            complete = value == "1"
-    return bitmap, complete
 
 _U64_MAX = (1 << 64) - 1
 _MAX_FIELD = (1 << 29) - 1  # protobuf's largest field number

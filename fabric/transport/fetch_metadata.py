@@ -1,0 +1,58 @@
+"""What a Fetch stream's metadata says beside its chunks: the chunks a serving node picked, and what it holds.
+
+Initial metadata ``fabric-picked-chunks``: the chunk indexes (comma-separated)
+a node serving a request with ``accept_bitmap`` will send, so the caller knows
+before the bytes arrive (and asks no one else for them meanwhile).
+
+Trailing metadata, on a stream that ended well: ``fabric-complete: 1`` from a
+node holding every chunk, or ``fabric-verified-bin`` (its verified_bitmap, as
+Availability answers) from one still receiving the adapter, so a swarm
+puller learns what its source holds without polling Availability.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fabric.errors import IntegrityError
+
+PICKED_CHUNKS_KEY = "fabric-picked-chunks"
+VERIFIED_KEY = "fabric-verified-bin"
+COMPLETE_KEY = "fabric-complete"
+
+
+def picked(chunks: list[int]) -> tuple[tuple[str, str], ...]:
+    """Initial metadata announcing the chunks a serving node will send."""
+    return ((PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),)
+
+
+def picked_chunks(metadata: Any) -> list[int] | None:
+    """The chunks a serving node announced it will send; None when it did not say."""
+    for key, value in metadata or ():
+        if key == PICKED_CHUNKS_KEY:
+            try:
+                return [int(c) for c in value.split(",") if c]
+            except ValueError:
+                raise IntegrityError(f"malformed {key} metadata {value[:100]!r}") from None
+    return None
+
+
+def complete() -> tuple[tuple[str, str], ...]:
+    """Trailing metadata of a node holding every chunk."""
+    return ((COMPLETE_KEY, "1"),)
+
+
+def verified(bitmap: bytes) -> tuple[tuple[str, bytes], ...]:
+    """Trailing metadata of a node still receiving: the chunks it holds verified."""
+    return ((VERIFIED_KEY, bitmap),)
+
+
+def holding(metadata: Any) -> tuple[bytes | None, bool]:
+    """``(verified bitmap or None, complete)`` from a Fetch's trailing metadata; ``(None, False)`` when it says neither."""
+    bitmap, whole = None, False
+    for key, value in metadata or ():
+        if key == VERIFIED_KEY:
+            bitmap = bytes(value)
+        elif key == COMPLETE_KEY:
+            whole = value == "1"
+    return bitmap, whole
