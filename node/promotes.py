@@ -14,7 +14,6 @@ import logging
 from typing import Callable
 
 from fabric.errors import IntegrityError, InvalidArgument
-from fabric.format.adapter_tensors import lora_pairs
 from fabric.format.peft_fields import check_agrees
 from fabric.rpc.status import rpc_errors
 from fabric.store.ids import validate_adapter_id, validate_name
@@ -40,7 +39,7 @@ class Promotes:
         def check(manifest: Manifest) -> None:
             # Before any byte moves: the caller's PEFT fields, then this model and pool.
             check_agrees(requested, manifest.config, adapter_id)
-            model.check_compatible(lora_pairs(manifest.index, manifest.config))
+            model.check_compatible(manifest.pairs)
 
         sinks: list = []
 

@@ -56,7 +56,6 @@ import torch  # noqa: E402
 
 from bench_transfer import Path_, ServerProcess, run_client  # noqa: E402
 from fabric.transport import wire  # noqa: E402
-from fabric.format.adapter_tensors import lora_pairs  # noqa: E402
 from fabric.harness.cluster import LocalNode  # noqa: E402
 from fabric.serving.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes  # noqa: E402
 from fabric.store import AdapterStore, PartialDownload  # noqa: E402
@@ -104,11 +103,11 @@ class Receiver:
         self.rounds += 1
         root = self.workdir / f"store-{self.rounds}"
         store = AdapterStore(root)
-        puller = PeerPuller(store)
+        puller = PeerPuller(store, window=int(os.environ.get("BENCH_WINDOW", "1")))
         model = self.model
         try:
             def check(manifest, signature: bytes) -> None:
-                model.check_compatible(lora_pairs(manifest.index, manifest.config))
+                model.check_compatible(manifest.pairs)
 
             sinks: list = []
 

@@ -7,7 +7,7 @@ transformers architecture works unchanged. Three paths:
 * every row base: the plain linear;
 * every row the same slot: two small matmuls on that slot's buffers
   (sliced to its rank, so a low-rank adapter does not pay for padding);
-* a mix: gather each row's A and B^T (base rows gather the all-zero slot) and
+* a mix: gather each row's A and B (base rows gather the all-zero slot) and
   ``bmm``; one kernel pair per module whatever the number of adapters, where
   PEFT's ``adapter_names=`` loops over sub-batches.
 
@@ -71,7 +71,7 @@ class LoraLinear(nn.Module):
         self.module_name = module
         # Plain attributes (not submodules or buffers): the pool owns the memory.
         self._a = pool.a(module)
-        self._bt = pool.bt(module)
+        self._b = pool.b(module)  # [slots + 1, out, max_rank]: the GEMMs read it transposed, without a copy
         self._scaling = pool.scaling[pool.module_index[module]]
 
     @property
@@ -98,11 +98,11 @@ class LoraLinear(nn.Module):
             s = routing.slot
             # Scale the rank-r activations (the small tensor) and fuse "+ delta" into the GEMM.
             h = (x @ self._a[s, :r].t()) * self._scaling[s]
-            return result.view(-1, result.shape[-1]).addmm_(h.view(-1, r), self._bt[s, :r]).view(result.shape)
+            return result.view(-1, result.shape[-1]).addmm_(h.view(-1, r), self._b[s, :, :r].t()).view(result.shape)
         rows = routing.rows
         a = self._a[:, :r].index_select(0, rows)  # [batch, r, in]
-        bt = self._bt[:, :r].index_select(0, rows)  # [batch, r, out]
+        b = self._b[:, :, :r].index_select(0, rows)  # [batch, out, r]
         scale = self._scaling.index_select(0, rows).view(-1, 1, 1)  # [batch, 1, 1]
         batch = x.shape[0]
         h = torch.bmm(x.reshape(batch, -1, x.shape[-1]), a.transpose(1, 2)) * scale
-        return result.view(batch, -1, result.shape[-1]).baddbmm_(h, bt).view(result.shape)
+        return result.view(batch, -1, result.shape[-1]).baddbmm_(h, b.transpose(1, 2)).view(result.shape)

@@ -1,9 +1,11 @@
 """The slot pool: preallocated device buffers for ``slots`` LoRA adapters.
 
 Layout. One flat device tensor ``storage[slots + 1, slot_numel]``: row ``s``
-holds every adapted module's A (``[max_rank, in]``) and B transposed
-(``[max_rank, out]``) for slot ``s``; each module's buffers are strided views
-into it. The extra last row is the *zero slot* that base-model rows of a mixed
+holds every adapted module's A (``[max_rank, in]``) and B (``[out, max_rank]``)
+for slot ``s``, each laid out as PEFT stores it, so staging a full-rank
+adapter is two plain copies per module (the forward reads B through a
+transposed view, which the GEMMs take as it is); each module's buffers are
+strided views into it. The extra last row is the *zero slot* that base-model rows of a mixed
 batch gather from. Per-slot per-module scaling lives in ``scaling[modules,
 slots + 1]`` (zero in the zero slot and for modules an adapter does not touch).
 
@@ -70,7 +72,7 @@ class SlotPool(StagingRows):
         self.storage = torch.zeros(slots + 1, offset, device=self.device, dtype=dtype)
         self.scaling = torch.zeros(len(self.modules), slots + 1, device=self.device, dtype=dtype)
         self._a = {m: self._view(m, a=True) for m in self.modules}
-        self._bt = {m: self._view(m, a=False) for m in self.modules}
+        self._b = {m: self._view(m, a=False) for m in self.modules}
         self._meta = [SlotMeta() for _ in range(slots)]
         self._names: dict[str, int] = {}
         self._active: int | None = None
@@ -82,17 +84,21 @@ class SlotPool(StagingRows):
 
     def _view(self, module: str, a: bool) -> torch.Tensor:
         span = self._spans[module]
-        width = span.in_features if a else span.out_features
-        start = span.a_off if a else span.bt_off
-        return self.storage[:, start : start + self.max_rank * width].view(self.slots + 1, self.max_rank, width)
+        if a:
+            return self.storage[:, span.a_off : span.a_off + self.max_rank * span.in_features].view(self.slots + 1, self.max_rank, span.in_features)
+        return self.storage[:, span.b_off : span.b_off + self.max_rank * span.out_features].view(self.slots + 1, span.out_features, self.max_rank)
 
     def a(self, module: str) -> torch.Tensor:
         """``[slots + 1, max_rank, in]`` view of the module's A buffers."""
         return self._a[module]
 
+    def b(self, module: str) -> torch.Tensor:
+        """``[slots + 1, out, max_rank]`` view of the module's B buffers (PEFT's lora_B layout, rank padded)."""
+        return self._b[module]
+
     def bt(self, module: str) -> torch.Tensor:
-        """``[slots + 1, max_rank, out]`` view of the module's B buffers, transposed."""
-        return self._bt[module]
+        """``[slots + 1, max_rank, out]``: B transposed (a strided view of ``b``)."""
+        return self._b[module].transpose(1, 2)
 
     def shape_of(self, module: str) -> tuple[int, int]:
         """``(in_features, out_features)`` of an adapted module."""
@@ -101,7 +107,7 @@ class SlotPool(StagingRows):
 
     @property
     def slot_nbytes(self) -> int:
-        """Bytes of one slot row (every module's A and B^T at ``max_rank``)."""
+        """Bytes of one slot row (every module's A and B at ``max_rank``)."""
         return self.slot_numel * self.storage.element_size()
 
     # ------------------------------------------------------------ commit (quiescent point)

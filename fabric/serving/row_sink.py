@@ -5,9 +5,10 @@ blob and stage the slot row from it (``PoolAdapters.prepare_verified``): one
 more pass over the bytes after the last chunk arrived. A ``RowSink`` is
 attached to the pull's partial download instead (``PartialDownload.attach``):
 every chunk, once verified and written, is also copied from the same buffer
-into the host row, at the place of each tensor piece it carries (``lora_A``
-as it is, ``lora_B`` transposed into B^T). When the pull commits, the row is
-complete and the promote is the slot commit alone.
+into the host row, at the place of each tensor piece it carries (the row
+keeps PEFT's layouts, so a full-rank piece is one contiguous copy; below
+``max_rank``, lora_B's rows of ``r`` land in rows of ``max_rank``). When the
+pull commits, the row is complete and the promote is the slot commit alone.
 
 The row is laid out by ``SlotPool.blank_row`` (everything the adapter does
 not write is zero: invariant 4), so only tensor bytes are copied here.
@@ -47,10 +48,10 @@ class _Piece:
     end: int
     name: str
     dtype: torch.dtype
-    offset: int  # row element where the tensor's region starts (A, or B^T)
+    offset: int  # row element where the tensor's region starts (A, or B)
     rank: int
-    out_features: int
-    transposed: bool  # lora_B: stored [out, r], written as B^T [r, out]
+    width: int  # elements per stored row: in_features for lora_A, the rank for lora_B
+    padded: bool  # lora_B below max_rank: its rows of ``rank`` land in rows of max_rank
 
 
 class RowSink:
@@ -75,11 +76,11 @@ class RowSink:
         pieces = []
         for module, pair in pairs.items():
             span = pool.span(module)
-            for info, offset, transposed in ((pair.a, span.a_off, False), (pair.b, span.bt_off, True)):
+            for info, offset, width, padded in ((pair.a, span.a_off, pair.in_features, False), (pair.b, span.b_off, pair.rank, pair.rank < pool.max_rank)):
                 dtype = TORCH_DTYPES[info.dtype]
                 if (base + info.begin) % dtype.itemsize or chunk % dtype.itemsize:
                     return None  # a chunk boundary could split an element
-                pieces.append(_Piece(base + info.begin, base + info.end, info.name, dtype, offset, pair.rank, pair.out_features, transposed))
+                pieces.append(_Piece(base + info.begin, base + info.end, info.name, dtype, offset, pair.rank, width, padded))
         pieces.sort(key=lambda p: p.start)
         staged = pool.blank_row({m: p.rank for m, p in pairs.items()}, scalings)
         return cls(pool, manifest, pieces, staged)
@@ -107,23 +108,25 @@ class RowSink:
         itemsize = piece.dtype.itemsize
         src = self._source(piece, data, at, length)
         first, count = into // itemsize, length // itemsize
-        if not piece.transposed:  # lora_A [r, in] is row-major like the row's A region
+        if not piece.padded:  # lora_A [r, in], or lora_B [out, r] at max_rank: laid out in the row as in the file
             np.copyto(self._row[piece.offset + first : piece.offset + first + count], src)
             return
-        # lora_B [out, r] -> B^T [r, out]: element e = o * r + j lands at row position (j, o).
-        rank, out = piece.rank, piece.out_features
-        bt = self._row[piece.offset : piece.offset + self._pool.max_rank * out].reshape(self._pool.max_rank, out)
+        # lora_B [out, r] into B [out, max_rank]: element e = o * r + j lands at row position (o, j).
+        rank, stride = piece.rank, self._pool.max_rank
         o, j, k = first // rank, first % rank, 0
         if j:  # the end of a B row that started in the previous chunk
             take = min(rank - j, count)
-            np.copyto(bt[j : j + take, o], src[:take])
+            start = piece.offset + o * stride + j
+            np.copyto(self._row[start : start + take], src[:take])
             k, o = take, o + 1
         whole = (count - k) // rank
         if whole:
-            np.copyto(bt[:rank, o : o + whole], src[k : k + whole * rank].reshape(whole, rank).T)
+            rows = self._row[piece.offset + o * stride : piece.offset + (o + whole) * stride].reshape(whole, stride)
+            np.copyto(rows[:, :rank], src[k : k + whole * rank].reshape(whole, rank))
             k, o = k + whole * rank, o + whole
         if k < count:  # the start of a B row that ends in the next chunk
-            np.copyto(bt[: count - k, o], src[k:count])
+            start = piece.offset + o * stride
+            np.copyto(self._row[start : start + count - k], src[k:count])
 
     def _source(self, piece: _Piece, data: bytes | memoryview, at: int, length: int) -> np.ndarray:
         """The piece's elements as the row's integer type (converted first when the file's dtype is not the pool's)."""
@@ -167,9 +170,10 @@ class RowSink:
     def _non_finite_message(self, staged: StagedAdapter) -> str:
         row = staged.row
         for piece in self._pieces:
-            width = piece.out_features if piece.transposed else (piece.end - piece.start) // piece.dtype.itemsize // piece.rank
-            region = row[piece.offset : piece.offset + piece.rank * width]
-            bad = int((~torch.isfinite(region)).sum())
+            stored = (piece.end - piece.start) // piece.dtype.itemsize  # elements of the tensor
+            rows = stored // piece.width
+            region = row[piece.offset : piece.offset + rows * (self._pool.max_rank if piece.padded else piece.width)]
+            bad = int((~torch.isfinite(region)).sum())  # padding is zeros: it never counts
             if bad:
                 return f"tensor {piece.name!r} holds {bad} non-finite value(s) in {self._pool.dtype}"
         return "the adapter holds non-finite values"

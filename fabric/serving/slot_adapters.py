@@ -155,8 +155,7 @@ class PoolAdapters(ModelAdapters):
         """
         _check_name(name)
         weights_path = Path(weights_path)
-        config, index = manifest.config, manifest.index
-        pairs = lora_pairs(index, config)
+        config, index, pairs = manifest.config, manifest.index, manifest.pairs
         self.check_compatible(pairs)  # before any byte is read
         try:
             mapped = map_immutable(weights_path, manifest.weights.size)
@@ -168,8 +167,7 @@ class PoolAdapters(ModelAdapters):
     def row_sink(self, manifest: Manifest) -> RowSink | None:
         """A slot row to stage while ``manifest``'s weights are pulled (``PeerPuller.pull(sink_for=...)``); None when the
         file's layout does not allow it (``fabric.serving.row_sink``). Call after ``check_compatible``."""
-        config = manifest.config
-        pairs = lora_pairs(manifest.index, config)
+        config, pairs = manifest.config, manifest.pairs
         self.check_compatible(pairs)
         return RowSink.build(self.pool, manifest, pairs, {m: config.scaling_for(m) for m in pairs})
 

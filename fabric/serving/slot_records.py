@@ -32,7 +32,9 @@ class StagedAdapter:
 
 @dataclass(frozen=True)
 class Span:
+    """Where one module's buffers start in a slot row (elements): A ``[max_rank, in]``, then B ``[out, max_rank]``."""
+
     a_off: int
-    bt_off: int
+    b_off: int
     in_features: int
     out_features: int

@@ -58,32 +58,32 @@ class StagingRows:
         for module, (a, b) in pairs.items():
             span, rank = self._spans[module], a.shape[0]
             host_copy(row[span.a_off : span.a_off + rank * span.in_features].view(rank, span.in_features), a)
-            host_copy(row[span.bt_off : span.bt_off + rank * span.out_features].view(rank, span.out_features), b.t())
+            host_copy(row[span.b_off : span.b_off + self.max_rank * span.out_features].view(span.out_features, self.max_rank)[:, :rank], b)
         return staged
 
     def span(self, module: str) -> Span:
-        """Where a module's A and B^T start in a slot row (elements), and its shape."""
+        """Where a module's A and B start in a slot row (elements), and its shape."""
         return self._spans[module]
 
     def blank_row(self, ranks: Mapping[str, int], scalings: Mapping[str, float]) -> StagedAdapter:
         """A staging row for an adapter of these module ranks, zero wherever it will not write; its scaling set.
 
-        The caller copies each module's A (``[rank, in]``) and B^T (``[rank, out]``) to the start of its
-        regions (``span``). Zeroing the rest here is the slot's zeroing (invariant 4): untouched modules and
+        The caller copies each module's A (``[rank, in]``) to the start of its A region and B (``[out, rank]``)
+        to the first ``rank`` columns of its B region (``[out, max_rank]``; see ``span``). Zeroing the rest here is the slot's zeroing (invariant 4): untouched modules and
         rank padding hold no byte of a previous tenant once the row is committed.
         """
         row, scaling = self._staging_buffers()
         flat = host_array(row)
         factors = [0.0] * len(self.modules)  # zero for modules the adapter does not touch
         for module, span in self._spans.items():
-            a_end, bt_end = span.a_off + self.max_rank * span.in_features, span.bt_off + self.max_rank * span.out_features
+            a_end, b_end = span.a_off + self.max_rank * span.in_features, span.b_off + self.max_rank * span.out_features
             rank = ranks.get(module, 0)
             if rank == 0:
-                flat[span.a_off : bt_end] = 0
+                flat[span.a_off : b_end] = 0
                 continue
-            if rank < self.max_rank:  # rank padding
+            if rank < self.max_rank:  # rank padding: A's last rows, B's last columns
                 flat[span.a_off + rank * span.in_features : a_end] = 0
-                flat[span.bt_off + rank * span.out_features : bt_end] = 0
+                flat[span.b_off : b_end].reshape(span.out_features, self.max_rank)[:, rank:] = 0
             factors[self.module_index[module]] = float(scalings[module])
         scaling.copy_(torch.tensor(factors, dtype=torch.float32))
         used = {m: r for m, r in ranks.items() if r}

@@ -15,13 +15,16 @@ and chunked alike.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
 
-from fabric.format.adapter_tensors import lora_pairs
+from fabric.format.adapter_tensors import LoraPair, lora_pairs
 from fabric.format.config import PeftAdapterConfig
 from fabric.format.content_id import content_id as compute_content_id
 from fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
@@ -75,6 +78,7 @@ class Manifest:
     header_size: int
     # Derived in __post_init__ (kept off repr/eq: they follow from the fields).
     modules: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    pairs: Mapping[str, LoraPair] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_adapter_id(self.adapter_id)
@@ -92,6 +96,7 @@ class Manifest:
         pairs = lora_pairs(self.index, self.config)
         modules = tuple(sorted(pairs))
         object.__setattr__(self, "modules", modules)
+        object.__setattr__(self, "pairs", MappingProxyType(pairs))  # the LoRA pairs, checked once (every promote reads them)
         cid = compute_content_id(self.weights.root, self.config, modules)
         if self.content_id != cid:
             raise IntegrityError(f"adapter {self.adapter_id!r}: content_id {self.content_id} does not match its bytes and scaling (expected {cid})")
@@ -136,8 +141,12 @@ class Manifest:
         raise InvalidArgument(f"adapter {self.adapter_id!r} has no file {name!r} (files: {', '.join(FILE_NAMES)})")
 
     def with_id(self, adapter_id: str) -> "Manifest":
-        """The same manifest under another adapter id (the digest does not depend on the id)."""
-        return self if adapter_id == self.adapter_id else replace(self, adapter_id=adapter_id)
+        """The same manifest under another adapter id (the digest does not depend on the id: nothing else is re-checked)."""
+        if adapter_id == self.adapter_id:
+            return self
+        renamed = copy.copy(self)
+        object.__setattr__(renamed, "adapter_id", validate_adapter_id(adapter_id))
+        return renamed
 
     # ------------------------------------------------------------- proto
 

@@ -107,7 +107,10 @@ class PartialDownload:
         self._prefix = 0  # chunks [0, _prefix) are all verified
         self._sinks: list = []
         self._written_stamp: tuple[int, int, int] | None = None  # (size, mtime, ctime) after our last write
-        self._writeback_from = 0  # bytes [0, _writeback_from) have had their writeback started
+        # Writeback is started per WRITEBACK_RUN-aligned block once all its chunks are verified: chunks land in
+        # any order (a swarm plan starts its runs at random chunks), so the verified prefix may stay short.
+        self._block_chunks = max(1, WRITEBACK_RUN // weights.chunk_size)
+        self._block_missing = [min(self._block_chunks, weights.chunk_count - b) for b in range(0, weights.chunk_count, self._block_chunks)]
         self._manifest_json = manifest.to_json() if directory is not None else b""  # once: reused at commit
         if directory is None:
             self._verified[:] = b"\1" * weights.chunk_count
@@ -133,6 +136,7 @@ class PartialDownload:
                 data = pread_exact(self._fd, length, offset, f"partial {self.manifest.digest}")
                 if chunk_digest(data) == weights.chunk_digests[index]:
                     self._verified[index] = 1
+                    self._block_missing[index // self._block_chunks] -= 1  # on disk already: no writeback to start
         self._advance()
         self._stamp()
 
@@ -217,18 +221,19 @@ class PartialDownload:
             self._stamp()
             self._verified[index] = 1
             self._advance()
-            self._start_writeback()
+            self._start_writeback(index)
             sinks = tuple(self._sinks)
         for sink in sinks:  # outside the lock: a row copy must not hold up other workers' writes
             sink.add(index, data)
 
-    def _start_writeback(self) -> None:
-        """Start writeback of the verified prefix, in runs of at least WRITEBACK_RUN bytes."""
-        weights = self.manifest.weights
-        end = min(weights.size, self._prefix * weights.chunk_size)
-        if end - self._writeback_from >= WRITEBACK_RUN or (end == weights.size and end > self._writeback_from):
-            start_writeback(self._fd, self._writeback_from, end - self._writeback_from)
-            self._writeback_from = end
+    def _start_writeback(self, index: int) -> None:
+        """Chunk ``index`` was just written: start writeback of its block once every chunk of the block is in."""
+        block = index // self._block_chunks
+        self._block_missing[block] -= 1
+        if self._block_missing[block] == 0:
+            weights = self.manifest.weights
+            begin = block * self._block_chunks * weights.chunk_size
+            start_writeback(self._fd, begin, min(weights.size, begin + self._block_chunks * weights.chunk_size) - begin)
 
     def read_chunk(self, index: int) -> bytes:
         """A verified chunk (re-checked on read: it may be served to other peers)."""
