@@ -67,6 +67,10 @@ class RowSink:
         self._expected = sum(p.end - p.start for p in pieces)
         self._landed = 0
         self._lock = threading.Lock()
+        # The non-finite check over the whole row starts once its last byte lands, on a thread of its own: it then
+        # overlaps the store's commit instead of following it (torch's aminmax releases the GIL).
+        self._finite_check: threading.Thread | None = None
+        self._non_finite = False
 
     @classmethod
     def build(cls, pool: SlotPool, manifest: Manifest, pairs: Mapping[str, LoraPair], scalings: Mapping[str, float]) -> "RowSink | None":
@@ -102,6 +106,13 @@ class RowSink:
                 landed += hi - lo
         with self._lock:
             self._landed += landed
+            done = landed and self._landed == self._expected
+        if done:
+            self._finite_check = threading.Thread(target=self._check_finite, name="row-finite-check", daemon=True)
+            self._finite_check.start()
+
+    def _check_finite(self) -> None:
+        self._non_finite = has_non_finite(self._staged.row)
 
     def _place(self, piece: _Piece, data: bytes | memoryview, at: int, into: int, length: int) -> None:
         """Bytes ``data[at:at+length]``, which sit ``into`` bytes into ``piece``, to their place in the row."""
@@ -154,8 +165,13 @@ class RowSink:
             raise InvalidArgument(
                 f"the row of {self._manifest.digest} holds {self._landed} of {self._expected} tensor bytes: its pull did not finish"
             )
+        if self._finite_check is not None:
+            self._finite_check.join()
+            non_finite = self._non_finite
+        else:  # no tensor bytes at all: nothing ran
+            non_finite = has_non_finite(self._staged.row)
         staged, self._staged = self._staged, None
-        if has_non_finite(staged.row):
+        if non_finite:
             message = self._non_finite_message(staged)
             self._pool.recycle(staged)
             raise InvalidTensors(message)
@@ -163,6 +179,8 @@ class RowSink:
 
     def abandon(self) -> None:
         """Give the row back to the pool (the pull failed, or the promote went another way)."""
+        if self._finite_check is not None:
+            self._finite_check.join()  # it reads the row: never recycle it under the check
         if self._staged is not None:
             self._pool.recycle(self._staged)
             self._staged = None
