@@ -15,10 +15,13 @@ not write is zero: invariant 4), so only tensor bytes are copied here.
 Chunks arrive on several worker threads at once; they write disjoint parts
 of the row, and only the byte count is shared (under a lock).
 
-A sink is only made when every tensor starts at a multiple of its element
-size in the file (safetensors writers align them), so a chunk boundary
-never splits an element; otherwise ``RowSink.build`` answers None and the
-promote stages from the committed blob as before.
+A sink fed chunks is only made when every tensor starts at a multiple of
+its element size in the file (safetensors writers align them), so a chunk
+boundary never splits an element; otherwise ``RowSink.build`` answers None
+and the promote stages from the committed blob. Fed a whole file as one
+chunk (``chunk_size=None``: a directory or a blob already at hand), a sink
+is how every adapter is staged: a numpy copy per tensor piece, no tensor
+objects in between.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from fabric.format.adapter_tensors import LoraPair
 from fabric.format.tensor_file import TORCH_DTYPES, has_non_finite
 from fabric.serving.host_copy import host_array
 from fabric.serving.pool import SlotPool
+from fabric.format.safetensors_index import SafetensorsIndex
 from fabric.serving.slot_records import StagedAdapter
-from fabric.store.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,10 @@ class _Piece:
 class RowSink:
     """A host slot row filled from a pull's verified chunks; ``finish`` hands it over as a ``StagedAdapter``."""
 
-    def __init__(self, pool: SlotPool, manifest: Manifest, pieces: list[_Piece], staged: StagedAdapter) -> None:
+    def __init__(self, pool: SlotPool, pieces: list[_Piece], staged: StagedAdapter, chunk_size: int | None, digest: str) -> None:
         self._pool = pool
-        self._manifest = manifest
+        self._chunk_size = chunk_size
+        self._digest = digest
         self._pieces = pieces
         self._starts = [p.start for p in pieces]
         self._staged = staged
@@ -73,27 +77,33 @@ class RowSink:
         self._non_finite = False
 
     @classmethod
-    def build(cls, pool: SlotPool, manifest: Manifest, pairs: Mapping[str, LoraPair], scalings: Mapping[str, float]) -> "RowSink | None":
-        """A sink for ``manifest``'s weights, already checked against the pool (``check_compatible``); None when unaligned."""
-        base = manifest.index.data_offset
-        chunk = manifest.weights.chunk_size
+    def build(
+        cls, pool: SlotPool, index: SafetensorsIndex, pairs: Mapping[str, LoraPair], scalings: Mapping[str, float],
+        chunk_size: int | None = None, digest: str = "",
+    ) -> "RowSink | None":
+        """A sink for a weights file of header ``index``, its pairs already checked against the pool (``check_compatible``).
+
+        ``chunk_size``: the chunks it will be fed (None: the whole file at once); None is answered when a chunk
+        boundary could split an element. ``digest``: the adapter's, for ``digest`` and messages.
+        """
+        base = index.data_offset
         pieces = []
         for module, pair in pairs.items():
             span = pool.span(module)
             for info, offset, width, padded in ((pair.a, span.a_off, pair.in_features, False), (pair.b, span.b_off, pair.rank, pair.rank < pool.max_rank)):
                 dtype = TORCH_DTYPES[info.dtype]
-                if (base + info.begin) % dtype.itemsize or chunk % dtype.itemsize:
+                if chunk_size and ((base + info.begin) % dtype.itemsize or chunk_size % dtype.itemsize):
                     return None  # a chunk boundary could split an element
                 pieces.append(_Piece(base + info.begin, base + info.end, info.name, dtype, offset, pair.rank, width, padded))
         pieces.sort(key=lambda p: p.start)
         staged = pool.blank_row({m: p.rank for m, p in pairs.items()}, scalings)
-        return cls(pool, manifest, pieces, staged)
+        return cls(pool, pieces, staged, chunk_size, digest)
 
     # ------------------------------------------------------------ receiving
 
     def add(self, index: int, data: bytes | memoryview) -> None:
         """Copy the tensor bytes of verified chunk ``index`` into the row (called once per chunk, from any thread)."""
-        begin = index * self._manifest.weights.chunk_size
+        begin = index * self._chunk_size if self._chunk_size else 0
         end = begin + len(data)
         landed = 0
         first = max(0, bisect.bisect_right(self._starts, begin) - 1)
@@ -107,7 +117,7 @@ class RowSink:
         with self._lock:
             self._landed += landed
             done = landed and self._landed == self._expected
-        if done:
+        if done and self._chunk_size:  # fed whole, the row is checked in ``finish``: no overlap to win
             self._finite_check = threading.Thread(target=self._check_finite, name="row-finite-check", daemon=True)
             self._finite_check.start()
 
@@ -150,8 +160,8 @@ class RowSink:
 
     @property
     def digest(self) -> str:
-        """The adapter digest whose chunks this row is staged from."""
-        return self._manifest.digest
+        """The adapter digest whose chunks this row is staged from ("" when not given)."""
+        return self._digest
 
     @property
     def complete(self) -> bool:
@@ -163,7 +173,7 @@ class RowSink:
         """The complete row, checked for non-finite values (``InvalidTensors`` naming the tensor); the sink is spent."""
         if not self.complete:
             raise InvalidArgument(
-                f"the row of {self._manifest.digest} holds {self._landed} of {self._expected} tensor bytes: its pull did not finish"
+                f"the row of {self._digest or 'an adapter'} holds {self._landed} of {self._expected} tensor bytes: its pull did not finish"
             )
         if self._finite_check is not None:
             self._finite_check.join()

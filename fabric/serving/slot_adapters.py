@@ -29,20 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-import torch
-
 from fabric.format.adapter_tensors import LoraPair, lora_pairs
 from fabric.serving.adapters import ModelAdapters
 from fabric.format.config import PeftAdapterConfig
 from fabric.format.content_id import content_id
-from fabric.errors import AdapterNotFound, AdaptersUnsupported, IncompatibleAdapter, InvalidAdapter, InvalidTensors
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, IncompatibleAdapter, IntegrityError, InvalidAdapter
 from fabric.store.digests import DEFAULT_CHUNK_SIZE, hash_bytes
 from fabric.store.manifest import Manifest
 from fabric.store.ids import validate_name
 from fabric.serving.pool import ACTIVE, SlotPool, StagedAdapter
 from fabric.serving.row_sink import RowSink
 from fabric.format.safetensors_index import parse_header
-from fabric.format.tensor_file import has_non_finite, lora_views, map_immutable, read_private
+from fabric.format.tensor_file import map_immutable, read_private
 
 SAFETENSORS_FILE = "adapter_model.safetensors"
 
@@ -140,9 +138,9 @@ class PoolAdapters(ModelAdapters):
         index = parse_header(data, len(data))
         pairs = lora_pairs(index, config)
         staged = self._stage(data, index, pairs, config)
-        # BLAKE3 at several GB/s per core: cheaper inline than a helper thread's hand-off (sha256 once ran on one).
-        root = hash_bytes(SAFETENSORS_FILE, data, DEFAULT_CHUNK_SIZE).root
-        return PreparedAdapter(name, config, root, content_id(root, config, pairs), staged, adapter_dir)
+        # BLAKE3 at several GB/s per core, inline: on a helper thread it measured no faster (the header checks hold the GIL).
+        digest = hash_bytes(SAFETENSORS_FILE, data, DEFAULT_CHUNK_SIZE).root
+        return PreparedAdapter(name, config, digest, content_id(digest, config, pairs), staged, adapter_dir)
 
     def prepare_verified(self, manifest: Manifest, weights_path: str | Path, name: str) -> PreparedAdapter:
         """Stage a store blob whose bytes were verified against ``manifest`` (``AdapterStore.verified_weights``).
@@ -169,7 +167,7 @@ class PoolAdapters(ModelAdapters):
         file's layout does not allow it (``fabric.serving.row_sink``). Call after ``check_compatible``."""
         config, pairs = manifest.config, manifest.pairs
         self.check_compatible(pairs)
-        return RowSink.build(self.pool, manifest, pairs, {m: config.scaling_for(m) for m in pairs})
+        return RowSink.build(self.pool, manifest.index, pairs, _scalings(config, pairs), manifest.weights.chunk_size, manifest.digest)
 
     def prepared_from(self, sink: RowSink, manifest: Manifest, weights_path: str | Path, name: str) -> PreparedAdapter:
         """The adapter whose row ``sink`` staged during its pull (complete, and committed to the store as ``weights_path``)."""
@@ -177,16 +175,14 @@ class PoolAdapters(ModelAdapters):
         return PreparedAdapter(name, manifest.config, manifest.weights.root, manifest.content_id, sink.finish(), Path(weights_path))
 
     def _stage(self, buffer, index, pairs: Mapping[str, LoraPair], config: PeftAdapterConfig) -> StagedAdapter:
+        """Lay a whole file's tensors out as a host slot row (a ``RowSink`` fed the file as one chunk)."""
         self.check_compatible(pairs)
-        weights = lora_views(buffer, index, pairs)
-        staged = self.pool.stage(weights, {m: config.scaling_for(m) for m in pairs})
-        # NaN/inf anywhere (or fp32 -> fp16 overflow): one aminmax over the staged row, then
-        # the exact per-tensor check, which names the tensor.
-        if has_non_finite(staged.row):
-            message = _non_finite_message(weights, pairs, self.dtype)
-            self.pool.recycle(staged)
-            raise InvalidTensors(message)
-        return staged
+        if len(buffer) != index.file_size:
+            raise IntegrityError(f"the safetensors bytes are {len(buffer)} long, their header describes {index.file_size}")
+        sink = RowSink.build(self.pool, index, pairs, _scalings(config, pairs))
+        sink.add(0, memoryview(buffer))
+        # NaN/inf anywhere (or fp32 -> fp16 overflow): one aminmax over the row, then the tensor named.
+        return sink.finish()
 
     def commit(self, prepared: PreparedAdapter, *, slot: int | None = None, make_active: bool = True, pin: bool = False) -> tuple[int, str | None]:
         """Land a prepared adapter at the quiescent point; ``(slot, evicted_name or None)``; ``pin``: pinned too (limit checked first).
@@ -259,10 +255,5 @@ def _check_name(name: str) -> None:
     validate_name(name)  # the grammar of names, "base" reserved (fabric.store.ids)
 
 
-def _non_finite_message(weights: Mapping[str, tuple[torch.Tensor, torch.Tensor]], pairs: Mapping[str, Any], dtype: torch.dtype) -> str:
-    for module, (a, b) in weights.items():
-        for tensor, info in ((a, pairs[module].a), (b, pairs[module].b)):
-            bad = int((~torch.isfinite(tensor.to(dtype))).sum())
-            if bad:
-                return f"module {module}: tensor {info.name!r} holds {bad} non-finite value(s) in {dtype}"
-    return "the adapter holds non-finite values"
+def _scalings(config: PeftAdapterConfig, pairs: Mapping[str, LoraPair]) -> dict[str, float]:
+    return {module: config.scaling_for(module) for module in pairs}
