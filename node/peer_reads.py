@@ -29,6 +29,9 @@ class PeerReads:
 
     @rpc_errors
     async def Fetch(self, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
+        holder = fetch_metadata.holder_of(context.invocation_metadata(), context.peer())
+        if holder is not None and request.digest:
+            self.puller.hint(request.digest, *holder)  # the caller pulls it too: news for our own pull of it
         partial = self.store.partial_for(request.digest) if request.digest and self.store.by_digest(request.digest) is None else None
         if partial is not None:
             async for message in self._fetch_partial(partial, request, context):

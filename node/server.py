@@ -151,7 +151,8 @@ async def serve(settings: NodeSettings) -> None:
     options = [*wire.CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", settings.peer_tls_name)] if settings.peer_tls_name else [])]
     channels = PeerChannels(options, credentials=tls.channel_credentials() if tls.enabled else None, token=token)
     puller = ObservedPuller(
-        store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers
+        store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers,
+        listen_port=port,
     )
     servicer = FabricServicer(
         store=store, model=model, puller=puller, peers=settings.peers, upload_rate=settings.upload_rate, peer_source=peer_source,

@@ -161,10 +161,14 @@ def analyse_traces(trace_dir: Path, seed: str) -> dict:
     first_seen: dict[int, float] = {}
     peer_chunks = idle = 0
     idles, first_peer, ends, kinds = [], [], [], {}
+    news = {"poll": 0, "held": 0, "hint": 0}  # Availability polls, and holdings learnt for free (Fetch trailers, request hints)
     for pull in pulls:
         outstanding, since, idle = 0, 0.0, 0.0
         first = None
         for t, kind, peer, chunks in pull["events"]:
+            if kind in news:
+                news[kind] += 1
+                continue
             if kind == "chunk":
                 if peer == seed:
                     from_seed.append(chunks[0])
@@ -193,6 +197,8 @@ def analyse_traces(trace_dir: Path, seed: str) -> dict:
     total = len(from_seed) + peer_chunks
     return {
         "pulls": len(pulls),
+        "polls": news["poll"],
+        "free_news": news["held"] + news["hint"],
         "seed_chunks": len(from_seed),
         "seed_dups": len(from_seed) - len(set(from_seed)),
         "peer_share": peer_chunks / total if total else 0.0,
@@ -207,7 +213,7 @@ def format_trace(t: dict) -> str:
     return (
         f"seed sent {t['seed_chunks']} chunks ({t['seed_dups']} repeats, all out at {t['seed_done_s']:.1f} s); "
         f"{100 * t['peer_share']:.0f}% from peers; first peer chunk at {t['first_peer_s']:.1f} s; "
-        f"seed link idle {t['seed_idle_s']:.1f} s per pull; request ends {t['ends']}"
+        f"seed link idle {t['seed_idle_s']:.1f} s per pull; request ends {t['ends']}; {t['polls']} Availability polls, {t['free_news']} holdings learnt from Fetch metadata"
     )
 
 

@@ -326,8 +326,11 @@ def test_rollout_cli_forms_a_pipeline_and_locate_finds_holders(tmp_path, big_ada
     seed = store_node(tmp_path, "seed", rate=32 << 10)
     ports = [free_port() for _ in range(3)]
     addresses = [f"127.0.0.1:{p}" for p in ports]
+    traces = tmp_path / "traces"
+    traces.mkdir()
     nodes = [
-        LocalNode(tmp_path / f"n{i}", model="none", port=port, peers=[a for a in addresses if a != addresses[i]], extra_args=SMALL_CHUNK)
+        LocalNode(tmp_path / f"n{i}", model="none", port=port, peers=[a for a in addresses if a != addresses[i]], extra_args=SMALL_CHUNK,
+                  env={"FABRIC_PULL_TRACE": str(traces)})
         for i, port in enumerate(ports)
     ]
     start_all([seed, *nodes])
@@ -349,6 +352,11 @@ def test_rollout_cli_forms_a_pipeline_and_locate_finds_holders(tmp_path, big_ada
         assert report["slowest_seconds"] == max(r["seconds"] for r in report["nodes"])
         # A pipeline, not a star: some node received chunks from another node than the seed.
         assert any(set(r["source_peers"]) - {seed.address} for r in report["nodes"]), report
+        # Nodes pulling it together learnt what each other held from their Fetch exchanges: a peer's request
+        # to a node carried the peer's holdings ("hint"), a stream's trailer the server's ("held").
+        events = [e for trace in traces.glob("pull-*.json") for e in json.loads(trace.read_text())["events"]]
+        assert any(kind == "hint" and peer in addresses for _, kind, peer, _ in events), "no request carried its sender's holdings"
+        assert any(kind == "held" and peer in addresses for _, kind, peer, _ in events), "no trailer told a puller what its peer held"
         with NodeClient(addresses[0]) as client:
             located = client.locate("big")
         assert located.digest == digest

@@ -382,3 +382,23 @@ def test_sync_server_and_channel_also_work() -> None:
                 list(wire.fetch_stub(channel)(fabric_pb2.FetchRequest(file="broken")))
     finally:
         server.stop(None)
+
+
+def test_fetch_metadata_holder_hints_parse_bounded_and_refuse_junk() -> None:
+    """What a pulling peer says it holds rides on its Fetch request; junk is ignored (a hint is advisory), never raised."""
+    from fabric.transport import fetch_metadata
+
+    sent = fetch_metadata.holder(50051, b"\x05")
+    assert fetch_metadata.holder_of(sent, "ipv4:10.0.0.7:41234") == ("10.0.0.7", 50051, b"\x05")
+    assert fetch_metadata.holder_of(sent, "ipv6:[::1]:41234") == ("::1", 50051, b"\x05")
+    for metadata, peer in [
+        ((), "ipv4:10.0.0.7:1"),
+        (((fetch_metadata.HOLDER_PORT_KEY, "70000"), (fetch_metadata.HOLDER_BITMAP_KEY, b"\x01")), "ipv4:10.0.0.7:1"),
+        (((fetch_metadata.HOLDER_PORT_KEY, "-1"), (fetch_metadata.HOLDER_BITMAP_KEY, b"\x01")), "ipv4:10.0.0.7:1"),
+        (((fetch_metadata.HOLDER_PORT_KEY, "50051"),), "ipv4:10.0.0.7:1"),
+        (sent, "unix:/tmp/sock"),
+    ]:
+        assert fetch_metadata.holder_of(metadata, peer) is None
+    assert fetch_metadata.holding(fetch_metadata.verified(b"\x03")) == (b"\x03", False)
+    assert fetch_metadata.holding(fetch_metadata.complete()) == (None, True)
+    assert fetch_metadata.picked_chunks(fetch_metadata.picked([3, 1])) == [3, 1]

@@ -8,6 +8,14 @@ Trailing metadata, on a stream that ended well: ``fabric-complete: 1`` from a
 node holding every chunk, or ``fabric-verified-bin`` (its verified_bitmap, as
 Availability answers) from one still receiving the adapter, so a swarm
 puller learns what its source holds without polling Availability.
+
+Request metadata of a node that is itself pulling the adapter (BitTorrent's
+HAVE, riding on the request): ``fabric-holder-port`` (the port it serves on)
+and ``fabric-holder-bin`` (its verified_bitmap). The serving node, when it
+pulls the same adapter, takes that as an Availability answer from the peer
+at the connection's address and that port, so every Fetch informs both ends
+and polls are left for the peers a node exchanges nothing with. Hints are
+advisory: a peer that lies is asked for chunks it lacks and dropped as usual.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from fabric.errors import IntegrityError
 PICKED_CHUNKS_KEY = "fabric-picked-chunks"
 VERIFIED_KEY = "fabric-verified-bin"
 COMPLETE_KEY = "fabric-complete"
+HOLDER_PORT_KEY = "fabric-holder-port"
+HOLDER_BITMAP_KEY = "fabric-holder-bin"
 
 
 def picked(chunks: list[int]) -> tuple[tuple[str, str], ...]:
@@ -56,3 +66,23 @@ def holding(metadata: Any) -> tuple[bytes | None, bool]:
         elif key == COMPLETE_KEY:
             whole = value == "1"
     return bitmap, whole
+
+
+def holder(port: int, bitmap: bytes) -> tuple[tuple[str, str | bytes], ...]:
+    """Request metadata of a puller serving on ``port`` that holds ``bitmap`` of the adapter it asks for."""
+    return ((HOLDER_PORT_KEY, str(port)), (HOLDER_BITMAP_KEY, bitmap))
+
+
+def holder_of(metadata: Any, peer: str) -> tuple[str, int, bytes] | None:
+    """``(host, port, bitmap)`` of a requesting puller (``peer``: gRPC's ``ipv4:H:P`` / ``ipv6:[H]:P``); None when not said."""
+    port = bitmap = None
+    for key, value in metadata or ():
+        if key == HOLDER_PORT_KEY and isinstance(value, str) and value.isdigit() and 0 < int(value) < 65536:
+            port = int(value)
+        elif key == HOLDER_BITMAP_KEY and isinstance(value, bytes):
+            bitmap = value
+    kind, _, address = peer.partition(":")
+    if port is None or bitmap is None or kind not in ("ipv4", "ipv6"):
+        return None
+    host = address.rpartition(":")[0]
+    return (host[1:-1] if host.startswith("[") else host), port, bitmap

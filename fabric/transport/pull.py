@@ -69,8 +69,12 @@ class PeerPuller:
         stall_timeout: float = STALL_TIMEOUT_S,
         download_rate: int = 0,
         window: int = swarm.WINDOW,
+        listen_port: int = 0,
     ) -> None:
         self.store = store
+        #: the port this node serves on, sent with each Fetch so the serving peer learns what this node holds (0: not a node)
+        self.listen_port = listen_port
+        self._pulls: dict[str, SwarmPull] = {}  # downloads in progress, by digest (for hints from peers that fetch from us)
         self.channels = channels or PeerChannels()
         self.stall_timeout = stall_timeout
         self.window = window
@@ -197,6 +201,13 @@ class PeerPuller:
             with self._lock:
                 self._inflight.pop(manifest.digest, None)
 
+    def hint(self, digest: str, host: str, port: int, bitmap: bytes) -> None:
+        """A peer at ``host:port`` that fetches from this node holds ``bitmap`` of ``digest``: news for our own pull of it, if any."""
+        with self._lock:
+            download = self._pulls.get(digest)
+        if download is not None:
+            download.hint(host, port, bitmap)
+
     def _has_ref(self, manifest: Manifest) -> bool:
         try:
             return self.store.get(manifest.adapter_id).digest == manifest.digest
@@ -226,7 +237,14 @@ class PeerPuller:
             partial.attach(sink)  # chunks a resume found verified are read back for it once
         try:
             if not partial.complete:
-                SwarmPull(self, manifest, partial, peers, stats).run()
+                download = SwarmPull(self, manifest, partial, peers, stats)
+                with self._lock:
+                    self._pulls[manifest.digest] = download
+                try:
+                    download.run()
+                finally:
+                    with self._lock:
+                        self._pulls.pop(manifest.digest, None)
             committed = partial.commit(manifest.adapter_id)
         finally:
             if fed:

@@ -39,6 +39,8 @@ STALL_TIMEOUT_S = 10.0
 AVAILABILITY_TIMEOUT_S = 5.0
 #: how often a pull asks a peer that holds part of the adapter what it has now
 POLL_S = 0.5
+#: a peer whose answers bring nothing this pull needs is asked half as often each time, down to once per this
+POLL_MAX_S = 2.0
 #: the coordinator's tick when no worker reports (stall checks, polls)
 TICK_S = 0.1
 #: seconds before asking again a peer that refused a stream as busy (RESOURCE_EXHAUSTED)
@@ -116,6 +118,7 @@ class SwarmPull:
         self.active: dict[int, _Active] = {}
         self.polling: set[str] = set()
         self.last_poll: dict[str, float] = {}
+        self.poll_gap: dict[str, float] = {}  # seconds between polls of a peer (POLL_S, backed off while it brings nothing)
         self.failures: dict[str, str] = {}
         self.refused: dict[str, tuple[str, str]] = {}  # peer -> (kind, why) of its last refusal (missing, busy): named if the pull gives up
         self.corrupt: dict[str, int] = {}
@@ -123,6 +126,7 @@ class SwarmPull:
         self._count_lock = threading.Lock()
         self.trace: list[list] | None = [] if os.environ.get(TRACE_ENV) else None
         self.t0 = time.monotonic()
+        self._by_host_port = {_host_port(address): address for address in self.plan.peers}  # to place hints
         workers = len(peers) * puller.window + len(peers)
         self.pool = ThreadPoolExecutor(max_workers=min(MAX_PULL_THREADS, workers), thread_name_prefix="pull")
 
@@ -202,7 +206,7 @@ class SwarmPull:
     def _poll_due(self, now: float) -> None:
         for peer in swarm.live_peers(self.plan):
             address = peer.address
-            if peer.complete or address in self.polling or now - self.last_poll.get(address, -POLL_S) < POLL_S:
+            if peer.complete or address in self.polling or now - self.last_poll.get(address, -POLL_S) < self.poll_gap.get(address, POLL_S):
                 continue
             self.polling.add(address)
             self.pool.submit(self._poll, address)
@@ -229,14 +233,20 @@ class SwarmPull:
             if self.trace is not None:
                 self.trace.append([now - self.t0, "dup", subject.peer, [detail]])
             return False
+        if kind in ("poll", "held", "hint") and self.trace is not None:
+            self.trace.append([now - self.t0, kind, subject, []])
         if kind == "poll":
             self.polling.discard(subject)
             self.last_poll[subject] = now
-            if not plan.peers[subject].dead:
+            view = plan.peers[subject]
+            if not view.dead:
                 have, complete = detail
+                before = view.have
                 swarm.set_holding(plan, subject, have, complete)
+                useful = complete or bool((view.have - before) & plan.needed)
+                self.poll_gap[subject] = POLL_S if useful else min(POLL_MAX_S, 2 * self.poll_gap.get(subject, POLL_S))
             return False
-        if kind == "held":  # a Fetch's trailer said what its peer holds: as good as a poll, and it cost nothing
+        if kind in ("held", "hint"):  # a Fetch's trailer, or a peer's request to us, said what it holds: a free poll
             self.last_poll[subject] = now
             if not plan.peers[subject].dead and not plan.peers[subject].complete:
                 have, complete = detail
@@ -329,7 +339,9 @@ class SwarmPull:
             self.puller.download_limit.acquire(end - offset)
         fetch = wire.fetch_stub(self.puller.channels.get(peer))
         accept = swarm.chunks_to_bitmap(request.accept, weights.chunk_count) if request.accept else b""
-        call = fetch(fabric_pb2.FetchRequest(digest=self.manifest.digest, file=weights.name, offset=offset, length=end - offset, accept_bitmap=accept))
+        request_pb = fabric_pb2.FetchRequest(digest=self.manifest.digest, file=weights.name, offset=offset, length=end - offset, accept_bitmap=accept)
+        holding = fetch_metadata.holder(self.puller.listen_port, self.partial.verified_bitmap) if self.puller.listen_port else ()
+        call = fetch(request_pb, metadata=holding)  # what we hold rides on the request: the peer need not poll us
         handle.attach(call)
         expected = request.chunks
         position = 0
@@ -376,6 +388,12 @@ class SwarmPull:
                 raise _Refused("cancelled", None)
             raise _Refused("broken", PeerUnavailable(f"{peer} ended the stream at chunk {expected[position] if position < len(expected) else end}"))
 
+    def hint(self, host: str, port: int, bitmap: bytes) -> None:
+        """A peer fetching from this node said what it holds (``fetch_metadata.holder``): as good as a poll of it (any thread)."""
+        address = self._by_host_port.get((host, port))
+        if address is not None:
+            self.events.put(("hint", address, (swarm.bitmap_to_chunks(bitmap, self.weights.chunk_count), False)))
+
     def _report_holding(self, peer: str, call) -> None:
         """Pass on what a finished stream's trailer says its peer holds (``fetch_metadata.holding``)."""
         try:
@@ -386,6 +404,11 @@ class SwarmPull:
             self.events.put(("held", peer, ((), True)))
         elif bitmap is not None:
             self.events.put(("held", peer, (swarm.bitmap_to_chunks(bitmap, self.weights.chunk_count), False)))
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return (host[1:-1] if host.startswith("[") else host), int(port) if port.isdigit() else -1
 
 
 class _Refused(Exception):
