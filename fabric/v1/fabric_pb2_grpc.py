@@ -131,7 +131,11 @@ class FabricServicer:
         A node still receiving the adapter ends each stream with trailing
         metadata "fabric-verified-bin" (its verified_bitmap, as Availability
         answers), or "fabric-complete: 1" once it holds every chunk, so a swarm
-        puller learns what it holds without polling Availability.
+        puller learns what it holds without polling Availability. A caller that
+        is itself pulling the adapter may send request metadata
+        "fabric-holder-port" (the port it serves on) and "fabric-holder-bin" (its
+        verified_bitmap): the serving node, pulling it too, learns the same of the
+        caller. Both are advisory (fabric/transport/fetch_metadata.py).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
