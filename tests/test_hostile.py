@@ -435,3 +435,22 @@ def test_stage_stream_that_ends_early_commits_nothing_then_resumes(corpus, nodes
     assert reply.bytes_received == len(data) - half
     assert "stream/early" in {s.adapter_id for s in stub.ListAdapters(fabric_pb2.ListAdaptersRequest(), timeout=30).staged}
     stub.Unstage(fabric_pb2.UnstageRequest(adapter_id="stream/early"), timeout=30)
+
+
+# ---------------------------------------------------------------- callers of another digest scheme
+
+
+def test_callers_of_digest_scheme_1_are_refused_by_name_and_change_nothing(corpus, nodes, stub) -> None:
+    """What a scheme-1 client or peer sends (no digest_scheme, no BLAKE3 key): FAILED_PRECONDITION naming both schemes."""
+    node = nodes[1]
+    state = node_state(stub, node)
+    calls = {
+        "GetManifest": lambda: stub.GetManifest(fabric_pb2.GetManifestRequest(adapter_id="good"), timeout=30),
+        "UploadOffset": lambda: stub.UploadOffset(fabric_pb2.UploadOffsetRequest(adapter_id="good"), timeout=30),
+        "Stage": lambda: stub.Stage(iter([begin_for(corpus["good"], "old/client", digest_scheme=0)]), timeout=30),
+    }
+    for method, call in calls.items():
+        code, error = refused(call)
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, method
+        assert isinstance(error, IncompatibleFormat) and re.search(r"scheme 1 .*scheme 2", str(error)), f"{method}: {error}"
+    assert node_state(stub, node) == state

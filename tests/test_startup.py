@@ -100,6 +100,26 @@ def test_an_unusable_store_path_is_named(tmp_path) -> None:
     one_line_failure(run_node(["--model", "none", "--store", "/dev/null/x", "--listen", "127.0.0.1:0"]), "--store", "/dev/null/x", "Not a directory")
 
 
+def test_a_store_of_digest_scheme_1_is_refused_by_name_and_left_as_it_was(tmp_path) -> None:
+    """A store an older node wrote (sha256 blobs, no format file): one line naming both formats; not a file touched."""
+    old = tmp_path / "old"
+    (old / "blobs" / "sha256" / "ab").mkdir(parents=True)
+    (old / "blobs" / "sha256" / "ab" / ("ab" * 32)).write_bytes(b"weights")
+    (old / "refs").mkdir()
+    (old / "refs" / "team-a%2Fx").write_text("cd" * 32)
+    before = sorted((p.relative_to(old), p.read_bytes() if p.is_file() else None) for p in old.rglob("*"))
+    one_line_failure(run_node(["--model", "none", "--store", str(old), "--listen", "127.0.0.1:0"]), "--store", "format '1'", "format 2", "new --store")
+    assert sorted((p.relative_to(old), p.read_bytes() if p.is_file() else None) for p in old.rglob("*")) == before
+    (tmp_path / "future").mkdir()
+    (tmp_path / "future" / "format").write_text("3\n")
+    one_line_failure(run_node(["--model", "none", "--store", str(tmp_path / "future"), "--listen", "127.0.0.1:0"]), "format '3'")
+
+
+@pytest.mark.parametrize("size", ["1", "4095", str((4 << 20) + 1)])
+def test_a_chunk_size_outside_its_bounds_is_one_line(tmp_path, size) -> None:
+    one_line_failure(run_node(store_only(tmp_path, "--chunk-size", size)), "--chunk-size", "4096 to 4194304")
+
+
 # ---------------------------------------------------------------- environment
 
 

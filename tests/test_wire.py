@@ -402,3 +402,30 @@ def test_fetch_metadata_holder_hints_parse_bounded_and_refuse_junk() -> None:
     assert fetch_metadata.holding(fetch_metadata.verified(b"\x03")) == (b"\x03", False)
     assert fetch_metadata.holding(fetch_metadata.complete()) == (None, True)
     assert fetch_metadata.picked_chunks(fetch_metadata.picked([3, 1])) == [3, 1]
+
+
+class _SchemeOneNode(fabric_pb2_grpc.FabricServicer):
+    """Answers UploadOffset the way a node of digest scheme 1 does: no chunk size, no scheme."""
+
+    async def UploadOffset(self, request, context):
+        return fabric_pb2.UploadOffsetResponse(offset=0)
+
+
+async def test_a_client_meeting_a_node_of_digest_scheme_1_says_so_before_sending_a_byte(tmp_path) -> None:
+    import asyncio
+
+    from fabric.client.node_client import NodeClient
+    from fabric.errors import IncompatibleFormat
+    from fabric.serving.tiny import make_peft_adapter
+
+    adapter = make_peft_adapter(tmp_path / "a", r=2)
+    server, address = await _start(_SchemeOneNode(), use_wire=False)
+    try:
+        def stage() -> None:
+            with NodeClient(address) as client:
+                client.stage(adapter, "old/node")
+
+        with pytest.raises(IncompatibleFormat, match=r"node 127\.0\.0\.1:\d+ uses digest scheme 1 .*scheme 2"):
+            await asyncio.to_thread(stage)
+    finally:
+        await server.stop(None)
