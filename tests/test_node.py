@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -271,3 +272,19 @@ def test_invariant_7_generate_keeps_answering_while_a_pull_runs(tmp_path, adapte
     finally:
         seeder.stop()
         puller.stop()
+
+
+def test_a_files_sha256_is_there_for_who_asks_and_only_then(cluster, clients, adapters) -> None:
+    """sha256 is off every transfer's path (digest scheme 2), but a person comparing with a hub's listing can ask for it."""
+    import hashlib
+
+    a = clients[0]
+    a.stage(adapters["alpha"], "sha/alpha")
+    assert dict(a.manifest_proto("sha/alpha").file_sha256) == {}
+    answered = dict(a.manifest_proto("sha/alpha", with_sha256=True).file_sha256)
+    assert answered == {name: hashlib.sha256((adapters["alpha"] / name).read_bytes()).hexdigest()
+                        for name in ("adapter_config.json", "adapter_model.safetensors")}
+    out = subprocess.run([sys.executable, "-m", "fabric.cli", "inspect", cluster.nodes[0].address, "--id", "sha/alpha", "--sha256", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert {f["name"]: f["sha256"] for f in json.loads(out.stdout)["files"]} == answered
