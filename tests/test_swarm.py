@@ -76,8 +76,9 @@ def test_runs_are_consecutive_chunks_the_peer_holds() -> None:
 
 
 def test_run_length_spreads_small_adapters_and_caps_large_ones() -> None:
-    assert swarm.run_length(4096, 33, peers=3, window=2) == 2  # 33 chunks over 6 slots: short runs
-    assert swarm.run_length(1 << 20, 64, peers=16) == 2  # 64 chunks over 16 peers: every window gets work twice over
+    assert swarm.run_length(4096, 60, peers=3, window=2) == 2  # 60 chunks over 6 slots, each four times over: short runs
+    assert swarm.run_length(1 << 20, 64, peers=16) == 1  # a rollout's first copies spread one chunk at a time
+    assert swarm.run_length(1 << 20, 81, peers=1) == 32  # one peer: runs of RUN_BYTES (3 calls, not 81)
     assert swarm.run_length(4096, 100_000, peers=1) == swarm.RUN_BYTES // 4096  # one peer: capped by bytes
 
 
