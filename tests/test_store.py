@@ -488,3 +488,24 @@ def test_a_pull_that_finds_its_bytes_gone_before_referring_to_them_says_not_foun
     finally:
         puller.channels.close()
     assert list((tmp_path / "partial").iterdir()) == [] and store.list() == []
+
+
+def test_a_quarantined_blob_takes_its_materialized_views_with_it(tmp_path: Path, adapters) -> None:
+    """A view's hard links share the blob's inode: once the blob is found corrupt, the view goes too (seen in the soak review)."""
+    store = _store(tmp_path)
+    manifest = store.stage(adapters["a"], "a")
+    view = store.materialize("a")
+    blob = store.blob_path(manifest.weights.root)
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(IntegrityError, match="quarantined"):
+        store.verify("a")
+    assert not view.exists(), "a view of corrupt bytes must not stay where a loader finds it"
+    with pytest.raises(IntegrityError, match="missing or quarantined"):
+        store.materialize("a")
+    store.stage(adapters["a"], "a")  # the same bytes again: the view can be built again, from good bytes
+    assert (store.materialize("a") / WEIGHTS_FILE).read_bytes() == (adapters["a"] / WEIGHTS_FILE).read_bytes()

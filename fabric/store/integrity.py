@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Callable
 from fabric.errors import AdapterNotFound, FabricError, IntegrityError, StoreMissing
 from fabric.store.files import COPY_BLOCK, check_header, fsync_dir, pread_exact
 from fabric.store.ids import validate_digest
-from fabric.store.manifest import FileEntry, Manifest
+from fabric.store.manifest import FILE_NAMES, FileEntry, Manifest
 
 Stamp = tuple[int, int, int, int]
 
@@ -127,8 +128,25 @@ class StoreIntegrity:
             os.replace(path, moved)
             fsync_dir(path.parent)
             fsync_dir(self.quarantine)
+            evidence = os.stat(moved)
+            self._drop_views_of(evidence)
             if self.exports is not None:  # its hard links there share the corrupt inode
-                self._withdrawn.update(self.exports.withdraw(os.stat(moved)))
+                self._withdrawn.update(self.exports.withdraw(evidence))
+
+    def _drop_views_of(self, evidence: os.stat_result) -> None:
+        """Remove every materialized view (``views/<digest>/``) holding a hard link to a quarantined blob (under the lock).
+
+        ``materialize`` builds a view again from verified blobs when it is next asked for one.
+        """
+        for view in os.scandir(self.views):
+            for name in FILE_NAMES:
+                try:
+                    st = os.stat(os.path.join(view.path, name))
+                except FileNotFoundError:
+                    continue
+                if (st.st_ino, st.st_dev) == (evidence.st_ino, evidence.st_dev):
+                    shutil.rmtree(view.path, ignore_errors=True)
+                    break
 
     def _restore_exports(self) -> None:
         """Export again the ids withdrawn with a quarantined blob once all their bytes are committed again (under the lock)."""
