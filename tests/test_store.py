@@ -15,7 +15,7 @@ import pytest
 
 from blake3 import blake3
 
-from _store_helpers import SMALL_CHUNK, blake3_of, make_adapters, snapshot
+from _store_helpers import SMALL_CHUNK, blake3_of, flip_byte, make_adapters, snapshot
 from fabric.errors import (
     AdapterNotFound,
     IntegrityError,
@@ -495,13 +495,7 @@ def test_a_quarantined_blob_takes_its_materialized_views_with_it(tmp_path: Path,
     store = _store(tmp_path)
     manifest = store.stage(adapters["a"], "a")
     view = store.materialize("a")
-    blob = store.blob_path(manifest.weights.root)
-    os.chmod(blob, 0o644)
-    with open(blob, "r+b") as f:
-        f.seek(-1, 2)
-        last = f.read(1)
-        f.seek(-1, 2)
-        f.write(bytes([last[0] ^ 1]))
+    flip_byte(store.blob_path(manifest.weights.root), -1)
     with pytest.raises(IntegrityError, match="quarantined"):
         store.verify("a")
     assert not view.exists(), "a view of corrupt bytes must not stay where a loader finds it"

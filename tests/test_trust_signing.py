@@ -13,6 +13,7 @@ from fabric.cli.main import run as cli
 from fabric.errors import FabricError, Untrusted
 from fabric.harness.cluster import LocalNode, free_port
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from _store_helpers import flip_byte
 from fabric.trust.signing import TrustedSigners, keygen, sign_digest
 
 pytestmark = pytest.mark.timeout(300)
@@ -122,13 +123,7 @@ def test_tampered_bytes_of_a_signed_adapter_are_refused(tmp_path, keys, adapters
         with seed.client() as s, node.client() as c:
             s.stage(adapters["x"], "x", sign_key=keys["author"].read_bytes())
             root = json.loads((seed.store / "manifests" / f"{s.manifest_proto('x').digest}.json").read_bytes())["files"][1]["root"]
-            blob = seed.store / "blobs" / "blake3" / root[:2] / root
-            os.chmod(blob, 0o644)
-            with open(blob, "r+b") as f:
-                f.seek(-1, 2)
-                last = f.read(1)
-                f.seek(-1, 2)
-                f.write(bytes([last[0] ^ 1]))
+            flip_byte(seed.store / "blobs" / "blake3" / root[:2] / root, -1)
             before = store_files(node.store)
             with pytest.raises(FabricError):
                 c.promote("x", peer=seed.address, named_peer_only=True)

@@ -20,6 +20,7 @@ from blake3 import blake3
 from fabric.errors import FabricError, IntegrityError
 from fabric.harness.cluster import LocalNode, free_port
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from _store_helpers import flip_byte
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,18 +50,6 @@ def manifest_file(store: Path, adapter_id: str) -> Path:
 def weights_blob(store: Path, adapter_id: str) -> Path:
     root = json.loads(manifest_file(store, adapter_id).read_bytes())["files"][1]["root"]
     return store / "blobs" / "blake3" / root[:2] / root
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    """Flip one bit of the byte at ``offset`` (-1: the last byte, inside the last tensor)."""
-    os.chmod(path, 0o644)
-    offset = path.stat().st_size - 1 if offset == -1 else offset
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x01]))
-    os.chmod(path, 0o444)
 
 
 def staged(client) -> dict[str, str]:
