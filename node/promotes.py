@@ -115,7 +115,7 @@ class Promotes:
             return manifest, stats
         finally:
             if seen:
-                await self._io(self._keep_pulled_signature, seen[0], committed)
+                await self._io_cleanup(self._keep_pulled_signature, seen[0], committed)
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone)."""

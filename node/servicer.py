@@ -51,7 +51,7 @@ DEFAULT_MAX_NEW_TOKENS = 256
 #: seconds between two scrubs of the whole store (the first runs at start)
 SCRUB_INTERVAL_S = 6 * 3600.0
 #: How long a Stage waits for an earlier stream of the same upload to let go before refusing it as Busy.
-UPLOAD_RELEASE_WAIT_S = 10.0
+UPLOAD_RELEASE_WAIT_S = 3.0
 
 
 class FabricServicer(Promotes, PeerReads, SignedAdapters, StoreStatusRpc, fabric_pb2_grpc.FabricServicer):
@@ -91,6 +91,11 @@ class FabricServicer(Promotes, PeerReads, SignedAdapters, StoreStatusRpc, fabric
 
     async def _io(self, fn: Callable[..., T], *args, **kwargs) -> T:
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _io_cleanup(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """``_io`` for clean-up that must happen: a cancel of the caller's RPC (a client cut its stream) meanwhile
+        would otherwise withdraw the job before a thread took it, leaving, say, an upload held for good."""
+        return await asyncio.shield(self._io(fn, *args, **kwargs))
 
     async def _on_model(self, fn: Callable[..., T], *args, **kwargs) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._model_worker, partial(fn, *args, **kwargs))
@@ -145,7 +150,7 @@ class FabricServicer(Promotes, PeerReads, SignedAdapters, StoreStatusRpc, fabric
         except BaseException:
             if upload is not None:
                 # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume.
-                await self._io(upload.close)
+                await self._io_cleanup(upload.close)
             raise
         log.info("staged %s digest=%s (%d bytes received)", manifest.adapter_id, manifest.digest[:12], received)
         return fabric_pb2.StageResponse(
