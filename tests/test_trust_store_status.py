@@ -78,6 +78,8 @@ def test_a_store_deleted_under_a_running_node_is_a_named_error(tmp_path, adapter
                 c.store_status()
             with pytest.raises(StoreMissing):  # listing reads the same store
                 c.list()
+            with pytest.raises(StoreMissing):  # and a manifest asked for by id: not "not staged"
+                c.manifest("a")
         text = store_status_cli(node.address)
         assert text.returncode != 0 and str(node.store) in text.stderr and "Traceback" not in text.stderr, text.stderr
     finally:

@@ -163,6 +163,8 @@ class AdapterStore(StoreQuota, StoreRecovery, StoreIntegrity, StoreSignatures, S
             # Damaged text is returned as it is (never raised here): ``damaged()`` reports it.
             return self._ref_path(adapter_id).read_bytes().decode("ascii", "replace").strip()
         except FileNotFoundError:
+            if not self.refs.is_dir():  # not "not staged": the store itself went (checked only on a miss)
+                raise self._missing_store() from None
             return None
 
     def _refs(self) -> dict[str, str]:
