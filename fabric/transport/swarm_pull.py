@@ -150,7 +150,8 @@ class SwarmPull:
                     if not swarm.live_peers(plan):
                         raise self._stopped()
                     if now - last_progress > self.puller.stall_timeout:
-                        raise self._stopped(f"no live peer announced the missing chunks for {self.puller.stall_timeout:g}s")
+                        # The peers' own refusals (busy, no longer holding it) say more than the silence does.
+                        raise self._stopped("" if self.refused else f"no live peer announced the missing chunks for {self.puller.stall_timeout:g}s")
                 try:
                     event = self.events.get(timeout=TICK_S)
                 except queue.Empty:
