@@ -154,7 +154,7 @@ def test_no_tensors(default_adapter: Path, tmp_path: Path) -> None:
 )
 def test_unexpected_tensor_name(default_adapter: Path, tmp_path: Path, extra: str) -> None:
     message = _refused(default_adapter, tmp_path, lambda t: t.__setitem__(extra, torch.zeros(4)))
-    assert f"1 tensor(s) are not PEFT LoRA weights" in message
+    assert "1 tensor(s) are not PEFT LoRA weights" in message
     assert repr(extra) in message
 
 

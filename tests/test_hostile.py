@@ -38,7 +38,7 @@ from fabric.store import AdapterStore
 from fabric.serving.tiny import build_tiny_model
 from fabric.transport.pull import PeerPuller
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
-from hostile.corpus import ALL_ADAPTER_CASES, BAD_IDS, CASES_BY_NAME, CONFIG, WEIGHTS, AdapterCase, build_adapters
+from hostile.corpus import ALL_ADAPTER_CASES, BAD_IDS, CASES_BY_NAME, WEIGHTS, AdapterCase, build_adapters
 
 pytestmark = pytest.mark.timeout(180)
 

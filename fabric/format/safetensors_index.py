@@ -19,7 +19,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from fabric.errors import InvalidHeader
 
