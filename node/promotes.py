@@ -107,15 +107,7 @@ class Promotes:
 
     async def _signed_pull(self, peers: list[str], adapter_id: str, check, sink_for=None) -> tuple[Manifest, PullStats]:
         """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
-        seen: list[str] = []
-        committed = False
-        try:
-            manifest, stats = await self._io(self.puller.pull, peers, adapter_id, self._signed_pull_check(adapter_id, check, seen), sink_for)
-            committed = True
-            return manifest, stats
-        finally:
-            if seen:
-                await self._io_cleanup(self._keep_pulled_signature, seen[0], committed)
+        return await self._io(self._pull_signed, peers, adapter_id, check, sink_for)
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone)."""

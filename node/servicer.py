@@ -23,7 +23,7 @@ from typing import AsyncIterator, Callable, Sequence, TypeVar
 from aiolimiter import AsyncLimiter
 
 from fabric.transport.discovery import PeerSource
-from fabric.errors import AdapterNotFound, AdaptersUnsupported, Busy, DeadlineExceeded, FabricError, IncompatibleFormat, IntegrityError, InvalidArgument
+from fabric.errors import AdapterNotFound, AdaptersUnsupported, Busy, DeadlineExceeded, FabricError, IntegrityError, InvalidArgument
 from fabric.store.digests import DIGEST_SCHEME, check_scheme
 from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest
@@ -177,11 +177,8 @@ class FabricServicer(Promotes, PeerReads, SignedAdapters, StoreStatusRpc, fabric
 
     @rpc_errors
     async def UploadOffset(self, request, context) -> fabric_pb2.UploadOffsetResponse:
-        if not request.safetensors_blake3:
-            raise IncompatibleFormat(
-                f"UploadOffset of {request.adapter_id[:200]!r} names no safetensors_blake3: a client of digest scheme 1 (sha256); "
-                f"this node speaks scheme {DIGEST_SCHEME}: upgrade the client"
-            )
+        if not request.safetensors_blake3:  # what a scheme-1 client sends (its safetensors_sha256 is reserved now)
+            check_scheme(fabric_pb2.DIGEST_SCHEME_UNSPECIFIED, f"UploadOffset of {request.adapter_id[:200]!r}, naming no safetensors_blake3,")
         offset = await self._io(self.store.upload_offset, request.adapter_id, request.safetensors_blake3)
         return fabric_pb2.UploadOffsetResponse(offset=offset, chunk_size=self.store.chunk_size, digest_scheme=DIGEST_SCHEME)
 
@@ -268,17 +265,10 @@ class FabricServicer(Promotes, PeerReads, SignedAdapters, StoreStatusRpc, fabric
         peers = self.peer_source.peers()
         log.warning("scrub: %s; %s", error, f"pulling it again from {','.join(peers)}" if peers else "no peer to pull it from")
         if peers:
-            seen: list[str] = []
-            committed = False
             try:
-                # The same trust check as any pull: a peer may hold other bytes under this id by now.
-                self.puller.pull(peers, adapter_id, self._signed_pull_check(adapter_id, None, seen))
-                committed = True
+                self._pull_signed(peers, adapter_id)  # the trust check of any pull: a peer may hold other bytes under this id by now
             except FabricError as exc:
                 log.warning("scrub: could not pull %s again: %s", adapter_id, exc)
-            finally:
-                if seen:
-                    self._keep_pulled_signature(seen[0], committed)
 
     @rpc_errors
     async def SetActive(self, request, context) -> fabric_pb2.SetActiveResponse:

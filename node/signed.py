@@ -15,7 +15,7 @@ from typing import Callable
 from fabric.store.digests import CONFIG_FILE, adapter_digest, check_scheme, hash_bytes
 from fabric.store.ids import validate_digest
 from fabric.store.manifest import Manifest
-from fabric.transport.pull import ManifestCheck
+from fabric.transport.pull import ManifestCheck, SinkFor
 from fabric.v1 import fabric_pb2
 
 
@@ -39,6 +39,21 @@ class SignedAdapters:
         if self.trusted.required:
             signature = self.store.signature(manifest.digest) or self._pulling_signatures.get(manifest.digest, b"")
             self.trusted.check(manifest.digest, signature, f"adapter {manifest.adapter_id!r}")
+
+    def _pull_signed(self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None] | None = None, sink_for: SinkFor | None = None):
+        """``puller.pull`` with the trust check of the manifest's signature, the signature kept once the pull commits.
+
+        Blocking (run it on an I/O thread): the keeping in ``finally`` then runs whatever happens to the caller.
+        """
+        seen: list[str] = []
+        committed = False
+        try:
+            result = self.puller.pull(peers, adapter_id, self._signed_pull_check(adapter_id, check, seen), sink_for)
+            committed = True
+            return result
+        finally:
+            if seen:
+                self._keep_pulled_signature(seen[0], committed)
 
     def _signed_pull_check(self, adapter_id: str, check: Callable[[Manifest], None] | None, seen: list[str]) -> ManifestCheck:
         """A pull's manifest check (``fabric.transport.pull.ManifestCheck``), preceded by the trust check of its signature.

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import time
 from pathlib import Path
+
+import pytest
 
 SMALL_CHUNK = 4096  # tiny adapters are ~15 KB: several chunks each
 
@@ -91,8 +95,6 @@ def blake3_of(path: Path) -> str:
 
 def flip_byte(path: Path, offset: int) -> None:
     """Flip one bit of the byte at ``offset`` of a (read-only) blob (-1: the last byte, inside the last tensor)."""
-    import os
-
     os.chmod(path, 0o644)
     offset = path.stat().st_size - 1 if offset == -1 else offset
     with open(path, "r+b") as f:
@@ -101,3 +103,19 @@ def flip_byte(path: Path, offset: int) -> None:
         f.seek(offset)
         f.write(bytes([byte[0] ^ 0x01]))
     os.chmod(path, 0o444)
+
+
+def corrupt_behind_the_writer(data_path: Path, offset: int) -> None:
+    """Flip a byte through another descriptor, as a stray writer (or a bad disk tool) would, until the ctime moves."""
+    before = data_path.stat().st_ctime_ns
+    with open(data_path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        for _ in range(200):  # a coarse-clock kernel may need a tick to pass before the ctime changes
+            handle.seek(offset)
+            handle.write(bytes([byte[0] ^ 0xFF]))
+            handle.flush()
+            if os.fstat(handle.fileno()).st_ctime_ns != before:
+                return
+            time.sleep(0.005)
+    pytest.skip("the data file's ctime did not move after a write (filesystem without ctime updates)")

@@ -10,14 +10,12 @@ sinks that see each verified chunk from the buffer it was written from.
 
 from __future__ import annotations
 
-import os
 import random
-import time
 from pathlib import Path
 
 import pytest
 
-from _store_helpers import make_adapters, snapshot
+from _store_helpers import corrupt_behind_the_writer, make_adapters, snapshot
 from fabric.errors import IntegrityError
 from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
 from fabric.store import AdapterStore
@@ -40,22 +38,6 @@ def _chunks(directory: Path, manifest: Manifest) -> list[bytes]:
 
 def _committed(root: Path) -> dict[str, str]:
     return {k: v for k, v in snapshot(root).items() if k.split("/")[0] in ("blobs", "manifests", "refs", "views")}
-
-
-def _corrupt_on_disk(data_path: Path, offset: int) -> None:
-    """Flip a byte through another descriptor, as a stray writer (or a bad disk tool) would, until the ctime moves."""
-    before = data_path.stat().st_ctime_ns
-    with open(data_path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        for _ in range(200):  # a coarse-clock kernel may need a tick to pass before the ctime changes
-            handle.seek(offset)
-            handle.write(bytes([byte[0] ^ 0xFF]))
-            handle.flush()
-            if os.fstat(handle.fileno()).st_ctime_ns != before:
-                return
-            time.sleep(0.005)
-    pytest.skip("the data file's ctime did not move after a write (filesystem without ctime updates)")
 
 
 # ---------------------------------------------------------------- in a partial download
@@ -101,7 +83,7 @@ def test_a_file_changed_on_disk_after_its_chunks_were_verified_is_caught_at_comm
     partial = store.open_partial(manifest)
     for index, chunk in enumerate(chunks):
         partial.write_chunk(index, chunk)
-    _corrupt_on_disk(tmp_path / "partial" / manifest.digest / "data", CHUNK + 3)  # chunk 1, verified and hashed
+    corrupt_behind_the_writer(tmp_path / "partial" / manifest.digest / "data", CHUNK + 3)  # chunk 1, verified and hashed
     with pytest.raises(IntegrityError, match="changed on disk after its chunks were verified"):
         partial.commit("c")
     assert _committed(tmp_path) == before and store.list() == []
@@ -114,7 +96,7 @@ def test_a_file_changed_on_disk_while_open_is_caught_by_the_resume_re_hash(tmp_p
     partial = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
     for index in (0, 1, 2):
         partial.write_chunk(index, chunks[index])
-    _corrupt_on_disk(tmp_path / "partial" / manifest.digest / "data", CHUNK + 3)
+    corrupt_behind_the_writer(tmp_path / "partial" / manifest.digest / "data", CHUNK + 3)
     partial.close()
     store = AdapterStore(tmp_path, chunk_size=CHUNK)
     resumed = store.open_partial(manifest)

@@ -15,7 +15,7 @@ import pytest
 
 from blake3 import blake3
 
-from _store_helpers import SMALL_CHUNK, blake3_of, flip_byte, make_adapters, snapshot
+from _store_helpers import SMALL_CHUNK, blake3_of, corrupt_behind_the_writer, flip_byte, make_adapters, snapshot
 from fabric.errors import (
     AdapterNotFound,
     IntegrityError,
@@ -316,6 +316,19 @@ def test_an_upload_resumes_in_a_new_store_and_commits(tmp_path: Path, adapters, 
     again.append(0, data)
     assert again.commit().digest == committed.digest and again.already_staged is True
     assert_consistent(tmp_path)
+
+
+def test_an_upload_changed_on_disk_behind_its_stream_commits_nothing(tmp_path: Path, adapters, manifests) -> None:
+    """The bytes were hashed as they were appended; a stray writer changed the file since: the commit hashes the disk again."""
+    data = (adapters["b"] / WEIGHTS_FILE).read_bytes()
+    store = _store(tmp_path)
+    before = _committed(tmp_path)
+    upload = _open_upload(store, adapters, manifests, "b", "up/b")
+    upload.append(0, data)
+    corrupt_behind_the_writer(upload._directory / "data", len(data) - 3)
+    with pytest.raises(IntegrityError, match="declared"):
+        upload.commit()
+    assert _committed(tmp_path) == before and store.list() == []
 
 
 def test_upload_offsets_are_checked(tmp_path: Path, adapters, manifests) -> None:

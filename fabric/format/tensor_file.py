@@ -1,11 +1,10 @@
-"""Zero-copy views of the LoRA tensors in a safetensors file's bytes.
+"""A safetensors file's bytes for staging: a private read or a memory map, and the dtypes and checks on them.
 
 ``safetensors.torch.load`` copies every tensor out of the file's bytes; staging
-then copies them again into a slot row. Here each tensor is a ``torch``
-view straight into a buffer (a private read of an untrusted file, or a
-memory map of an immutable store blob), so staging is the only copy.
-The buffer's header must already be validated (``parse_header`` or a
-verified manifest): offsets, shapes and dtypes are taken from the index.
+then copies them again into a slot row. Here the bytes stay in one buffer (a
+private read of an untrusted file, or a memory map of an immutable store
+blob) and staging (``fabric.serving.row_sink``) copies each tensor straight
+from it into the row, so staging is the only copy.
 """
 
 from __future__ import annotations
@@ -13,13 +12,10 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
-from typing import Mapping
 
 import torch
 
-from fabric.format.adapter_tensors import LoraPair
 from fabric.errors import IntegrityError
-from fabric.format.safetensors_index import SafetensorsIndex, TensorInfo
 
 #: safetensors dtype names of the float types a LoRA adapter may hold (see adapter_tensors.FLOAT_DTYPES)
 TORCH_DTYPES: dict[str, torch.dtype] = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
@@ -52,25 +48,6 @@ def map_immutable(path: Path, expected_size: int) -> mmap.mmap:
         if size == 0:
             raise IntegrityError(f"{path}: the file is empty")
         return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-
-
-def tensor_view(raw: torch.Tensor, data_offset: int, info: TensorInfo) -> torch.Tensor:
-    """``info``'s tensor as a view into ``raw`` (uint8 over the whole file); a copy only when it is misaligned."""
-    start = data_offset + info.begin
-    piece = raw[start : data_offset + info.end]
-    dtype = TORCH_DTYPES[info.dtype]
-    if start % dtype.itemsize:
-        piece = piece.clone()  # safetensors writers align tensors; a file that does not costs one copy
-    return piece.view(dtype).view(info.shape)
-
-
-def lora_views(buffer, index: SafetensorsIndex, pairs: Mapping[str, LoraPair]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """module -> (A ``[r, in]``, B ``[out, r]``) views into ``buffer`` (bytes of a file whose header is ``index``)."""
-    raw = torch.frombuffer(buffer, dtype=torch.uint8)
-    if raw.numel() != index.file_size:
-        raise IntegrityError(f"the safetensors bytes are {raw.numel()} long, their header describes {index.file_size}")
-    base = index.data_offset
-    return {module: (tensor_view(raw, base, pair.a), tensor_view(raw, base, pair.b)) for module, pair in pairs.items()}
 
 
 def has_non_finite(row: torch.Tensor) -> bool:

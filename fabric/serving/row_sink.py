@@ -118,11 +118,12 @@ class RowSink:
             self._landed += landed
             done = landed and self._landed == self._expected
         if done and self._chunk_size:  # fed whole, the row is checked in ``finish``: no overlap to win
-            self._finite_check = threading.Thread(target=self._check_finite, name="row-finite-check", daemon=True)
-            self._finite_check.start()
+            check = threading.Thread(target=self._check_finite, args=(self._staged.row,), name="row-finite-check", daemon=True)
+            check.start()
+            self._finite_check = check
 
-    def _check_finite(self) -> None:
-        self._non_finite = has_non_finite(self._staged.row)
+    def _check_finite(self, row: torch.Tensor) -> None:
+        self._non_finite = has_non_finite(row)
 
     def _place(self, piece: _Piece, data: bytes | memoryview, at: int, into: int, length: int) -> None:
         """Bytes ``data[at:at+length]``, which sit ``into`` bytes into ``piece``, to their place in the row."""

@@ -164,9 +164,8 @@ class PoolAdapters(ModelAdapters):
 
     def row_sink(self, manifest: Manifest) -> RowSink | None:
         """A slot row to stage while ``manifest``'s weights are pulled (``PeerPuller.pull(sink_for=...)``); None when the
-        file's layout does not allow it (``fabric.serving.row_sink``). Call after ``check_compatible``."""
+        file's layout does not allow it (``fabric.serving.row_sink``). The pull's check ran ``check_compatible`` already."""
         config, pairs = manifest.config, manifest.pairs
-        self.check_compatible(pairs)
         return RowSink.build(self.pool, manifest.index, pairs, _scalings(config, pairs), manifest.weights.chunk_size, manifest.digest)
 
     def prepared_from(self, sink: RowSink, manifest: Manifest, weights_path: str | Path, name: str) -> PreparedAdapter:

@@ -66,6 +66,16 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
+def write_stamp(fd: int) -> tuple[int, int, int]:
+    """``(size, mtime, ctime)`` of an open file: taken after each of our writes, a different one later means another writer.
+
+    ctime cannot be set back from user space; a change in the same timestamp tick as our last write is the one
+    case this misses (kernels since 6.13 use fine-grained ctimes once observed, which taking it after a write does).
+    """
+    st = os.fstat(fd)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:
     parts, got = [], 0
     while got < length:

@@ -262,9 +262,8 @@ def build_manifest(
     """Validate an adapter's config and weights file and describe them, reading the weights once."""
     validate_adapter_id(adapter_id)
     check_chunk_size(chunk_size)
-    config = PeftAdapterConfig.from_json_bytes(config_json)
+    PeftAdapterConfig.from_json_bytes(config_json)  # a bad config or header is refused before the weights are read
     index = read_index(weights_path, max_header_bytes=max_header_bytes)
-    lora_pairs(index, config)  # a bad config, header or tensor set is refused before the weights are read
     return manifest_of(adapter_id, config_json, hash_file(WEIGHTS_FILE, weights_path, chunk_size), index)
 
 

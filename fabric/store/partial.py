@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
 from fabric.store.digests import chunk_digest
-from fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback
+from fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
 from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest
 
@@ -67,8 +67,8 @@ class PartialDownload:
     Progress is the data itself: reopening re-hashes what is on disk, so a
     chunk counts as verified only if its bytes match. Chunks are therefore not
     synced one by one (measured: an fdatasync per 1 MiB chunk cost ~100 ms of
-    an 84 MB pull); their writeback is started as the verified prefix grows,
-    so the fdatasync at ``commit`` has little left; ``close`` syncs the
+    an 84 MB pull); the writeback of each 8 MiB block starts once all its
+    chunks are in, so the fdatasync at ``commit`` has little left; ``close`` syncs the
     progress kept for a resume, and a chunk a power cut loses is simply
     fetched again. Once committed (or when the digest was already committed on
     open), reads come from the blob.
@@ -152,8 +152,7 @@ class PartialDownload:
             self._prefix += 1
 
     def _stamp(self) -> None:
-        st = os.fstat(self._fd)
-        self._written_stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        self._written_stamp = write_stamp(self._fd)
 
     def _read_back(self, index: int) -> bytes:
         offset, length = self.manifest.weights.chunk_span(index)
@@ -299,8 +298,7 @@ class PartialDownload:
 
     def _check_whole_file(self) -> None:
         """Every chunk is verified, so the file is, unless someone else changed it since our last write: then re-verify each chunk."""
-        st = os.fstat(self._fd)
-        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != self._written_stamp:
+        if write_stamp(self._fd) != self._written_stamp:
             weights = self.manifest.weights
             for index in range(weights.chunk_count):
                 try:

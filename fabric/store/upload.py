@@ -6,7 +6,8 @@ a client can compute it before it asks the node's chunk size). The client
 also declares the weights file's root at this store's chunk size
 (``weights_root``), which names the blob before any byte arrives (quota,
 signatures). Bytes are chunk-hashed as they are appended, once; commit checks
-the root the client declared against the one the bytes give.
+the root the client declared against the one the bytes give (hashing the file
+on disk again when another writer changed it since our last append).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from fabric.errors import Busy, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
 from fabric.format.config import PeftAdapterConfig
-from fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, pwrite_all
+from fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, pwrite_all, write_stamp
 from fabric.store.ids import validate_adapter_id, validate_digest
 from fabric.format.safetensors_index import header_length, read_index
 from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, hash_bytes, manifest_of
@@ -126,6 +127,7 @@ class Upload:
             store._write_atomic(meta_path, meta)
         self._offset = os.fstat(self._fd).st_size
         self._hasher = self._hash_kept(self._offset)
+        self._written_stamp = write_stamp(self._fd)  # after our last write: another writer since is caught at commit
 
     def _hash_kept(self, end: int) -> FileHasher:
         """A chunk hasher fed the bytes [0, end) kept on disk (a resume), so every byte is hashed once in all."""
@@ -157,6 +159,7 @@ class Upload:
                     raise
             pwrite_all(self._fd, data, offset)
             os.fdatasync(self._fd)
+            self._written_stamp = write_stamp(self._fd)
             self._hasher.update(data)
             self._offset += len(data)
 
@@ -174,6 +177,7 @@ class Upload:
             os.fsync(self._fd)
             self._offset = offset
             self._hasher = self._hash_kept(offset)
+            self._written_stamp = write_stamp(self._fd)
 
     def commit(self) -> Manifest:
         """Check size, root, config, header and tensors, then commit; any failure commits nothing and drops the upload."""
@@ -184,6 +188,8 @@ class Upload:
             data_path = self._directory / "data"
             try:
                 os.fsync(self._fd)
+                if write_stamp(self._fd) != self._written_stamp:  # written by someone else since: hash what is on disk
+                    self._hasher = self._hash_kept(self.size)
                 weights = self._hasher.entry(WEIGHTS_FILE)
                 if weights.root != self.weights_root:
                     raise IntegrityError(
