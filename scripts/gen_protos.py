@@ -3,7 +3,7 @@
 
     python scripts/gen_protos.py
 
-tests/test_protos.py fails when the committed code no longer matches the .proto.
+tests/project/test_protos.py fails when the committed code no longer matches the .proto.
 """
 
 from __future__ import annotations

@@ -1,0 +1,153 @@
+"""The shape of the code: concept packages, imports flowing one way, small modules, pure policy.
+
+These read the source (``ast``), so they fail the moment a module breaks
+the layering, not when a cycle happens to bite at import time.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+
+
+#: each package may import only packages of a lower layer (or its own)
+LAYERS = {
+    "errors": 0,
+    "v1": 0,
+    "format": 1,
+    "rpc": 1,
+    "trust": 1,
+    "observability": 1,  # metrics, log format, probe endpoint: used by the node, importable by any layer above
+    "store": 2,
+    "serving": 3,
+    "transport": 3,
+    "client": 4,
+    "harness": 5,
+    "integrations": 5,
+    "cli": 6,
+    "node": 7,
+}
+#: ~400 lines is the budget for one idea; generated code is exempt
+MAX_MODULE_LINES = 420
+#: pure policy: plain functions over plain data, testable without a device, a model or a socket
+PURE_MODULES = ("fabric/serving/policy.py", "fabric/transport/swarm.py")
+IMPURE_IMPORTS = {"torch", "grpc", "socket", "numpy", "threading", "asyncio", "os", "subprocess"}
+
+
+def _modules(top: str) -> list[Path]:
+    return sorted(p for p in (ROOT / top).rglob("*.py") if "v1" not in p.relative_to(ROOT).parts)
+
+
+def _package_of(module: str) -> str | None:
+    """'fabric.store.manifest' -> 'store'; 'node.servicer' -> 'node'; 'fabric' -> None (the public API)."""
+    parts = module.split(".")
+    if parts[0] == "node":
+        return "node"
+    if parts[0] != "fabric" or len(parts) == 1:
+        return None
+    return parts[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every fabric/node module a file imports (``from fabric import wire`` counts as fabric.wire)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names if node.module in ("fabric", "node"))
+    return {m for m in found if m.split(".")[0] in ("fabric", "node")}
+
+
+def _edges() -> list[tuple[Path, str, str]]:
+    """(file, its package, an imported package) for every cross-package import."""
+    edges = []
+    for path in _modules("fabric") + _modules("node"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts
+        mine = _package_of(".".join(parts))
+        if mine is None:
+            continue  # fabric/__init__.py: the public API re-exports from every layer
+        for module in _imports(path):
+            theirs = _package_of(module)
+            if theirs is not None and theirs != mine and theirs in LAYERS:
+                edges.append((path, mine, theirs))
+    return edges
+
+
+def test_every_package_has_a_layer() -> None:
+    packages = {p.name for p in (ROOT / "fabric").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    packages |= {p.stem for p in (ROOT / "fabric").glob("*.py") if p.stem != "__init__"}
+    assert packages <= set(LAYERS), f"new package(s) {sorted(packages - set(LAYERS))}: give them a layer in LAYERS"
+
+
+def test_imports_flow_down_the_layers() -> None:
+    upward = [f"{path.relative_to(ROOT)}: {mine} (layer {LAYERS[mine]}) imports {theirs} (layer {LAYERS[theirs]})"
+              for path, mine, theirs in _edges() if LAYERS[theirs] >= LAYERS[mine]]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_library_never_imports_the_node_or_the_cli() -> None:
+    bad = [str(path.relative_to(ROOT)) for path, mine, theirs in _edges() if theirs in ("node", "cli") and mine not in ("node", "cli")]
+    assert not bad
+
+
+def test_the_node_never_imports_the_harness() -> None:
+    bad = [str(path.relative_to(ROOT)) for path, mine, theirs in _edges() if mine == "node" and theirs in ("harness", "cli")]
+    assert not bad
+
+
+@pytest.mark.parametrize("path", _modules("fabric") + _modules("node"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_stay_small(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)} has {lines} lines: split it along its seams"
+
+
+@pytest.mark.parametrize("relative", PURE_MODULES)
+def test_policy_stays_pure(relative: str) -> None:
+    tree = ast.parse((ROOT / relative).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & IMPURE_IMPORTS, f"{relative} imports {sorted(imported & IMPURE_IMPORTS)}"
+    fabric_imports = {m for m in _imports(ROOT / relative)}
+    assert fabric_imports <= {"fabric.errors"}, fabric_imports
+
+
+def test_public_api() -> None:
+    """``from fabric import ...`` gives what a user needs; every public class and method says what it does."""
+    import inspect
+
+    import fabric
+
+    for name in fabric.__all__:
+        value = getattr(fabric, name)
+        if name == "__version__":
+            continue
+        assert inspect.getdoc(value), f"fabric.{name} has no docstring"
+        if inspect.isclass(value) and not issubclass(value, Exception):
+            for attr, member in vars(value).items():
+                if attr.startswith("_") or not callable(member) and not isinstance(member, property):
+                    continue
+                assert inspect.getdoc(member), f"fabric.{name}.{attr} has no docstring"
+
+
+def test_import_fabric_stays_light() -> None:
+    """The CLI imports ``fabric`` on every call: torch and grpc load only when a name needs them."""
+    code = "import sys, fabric; print(sorted(m for m in ('torch', 'grpc', 'peft') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_version_is_the_package_version() -> None:
+    from importlib.metadata import version
+
+    import fabric
+
+    assert fabric.__version__ == version("adapter-fabric")

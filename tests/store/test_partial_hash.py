@@ -1,0 +1,140 @@
+"""A peer download's one verification pass (digest scheme 2), and what it guarantees.
+
+Every chunk is checked against its digest as it lands, and the manifest's
+root is built over those digests, so a partial's commit re-reads nothing.
+These tests pin down that this still covers the bytes on disk: chunks in any
+order, a resume, a data file changed behind the partial's back after its
+chunks were verified (caught at commit, or by the re-hash on reopen), and the
+sinks that see each verified chunk from the buffer it was written from.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.support.store import corrupt_behind_the_writer, make_adapters, snapshot
+from fabric.errors import IntegrityError
+from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
+from fabric.store import AdapterStore
+
+CHUNK = 1024  # ~6 chunks of the ~6 KB adapter "c"
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
+    directory = make_adapters(tmp_path_factory.mktemp("adapters"))["c"]
+    manifest = build_manifest("c", (directory / CONFIG_FILE).read_bytes(), directory / WEIGHTS_FILE, CHUNK)
+    assert manifest.weights.chunk_count >= 4, "the tests need several chunks"
+    return directory, manifest
+
+
+def _chunks(directory: Path, manifest: Manifest) -> list[bytes]:
+    data = (directory / WEIGHTS_FILE).read_bytes()
+    return [data[o : o + n] for o, n in map(manifest.weights.chunk_span, range(manifest.weights.chunk_count))]
+
+
+def _committed(root: Path) -> dict[str, str]:
+    return {k: v for k, v in snapshot(root).items() if k.split("/")[0] in ("blobs", "manifests", "refs", "views")}
+
+
+# ---------------------------------------------------------------- in a partial download
+
+
+def test_chunks_in_any_order_commit_the_exact_file(tmp_path: Path, adapter) -> None:
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    order = list(range(len(chunks)))
+    random.Random(7).shuffle(order)
+    store = AdapterStore(tmp_path, chunk_size=CHUNK)
+    partial = store.open_partial(manifest)
+    for index in order:
+        partial.write_chunk(index, memoryview(chunks[index]))  # as the wire hands them over: views, no copy
+    partial.commit("c")
+    assert store.blob_path(manifest.weights.root).read_bytes() == (directory / WEIGHTS_FILE).read_bytes()
+    assert store.verify("c").digest == manifest.digest
+
+
+def test_a_resumed_partial_hashes_what_it_found_and_commits(tmp_path: Path, adapter) -> None:
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    last = len(chunks) - 1
+    first = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
+    for index in (0, 1, last):
+        first.write_chunk(index, chunks[index])
+    first.close()  # the reopen re-hashes what is on disk
+    store = AdapterStore(tmp_path, chunk_size=CHUNK)
+    resumed = store.open_partial(manifest)
+    assert resumed.verified_chunks == {0, 1, last}
+    for index in range(2, last):
+        resumed.write_chunk(index, chunks[index])
+    assert resumed.commit("c").digest == manifest.digest
+    assert store.verify("c").digest == manifest.digest
+
+
+def test_a_file_changed_on_disk_after_its_chunks_were_verified_is_caught_at_commit(tmp_path: Path, adapter) -> None:
+    """Each chunk was verified as it landed; the commit notices the file changed since (ctime) and re-verifies every chunk."""
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    store = AdapterStore(tmp_path, chunk_size=CHUNK)
+    before = _committed(tmp_path)
+    partial = store.open_partial(manifest)
+    for index, chunk in enumerate(chunks):
+        partial.write_chunk(index, chunk)
+    corrupt_behind_the_writer(tmp_path / "partial" / manifest.digest / "data", CHUNK + 3)  # chunk 1, verified and hashed
+    with pytest.raises(IntegrityError, match="changed on disk after its chunks were verified"):
+        partial.commit("c")
+    assert _committed(tmp_path) == before and store.list() == []
+    assert list((tmp_path / "partial").iterdir()) == [], "a partial that failed its whole-file check is dropped"
+
+
+def test_a_file_changed_on_disk_while_open_is_caught_by_the_resume_re_hash(tmp_path: Path, adapter) -> None:
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    partial = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
+    for index in (0, 1, 2):
+        partial.write_chunk(index, chunks[index])
+    corrupt_behind_the_writer(tmp_path / "partial" / manifest.digest / "data", CHUNK + 3)
+    partial.close()
+    store = AdapterStore(tmp_path, chunk_size=CHUNK)
+    resumed = store.open_partial(manifest)
+    assert resumed.verified_chunks == {0, 2}, "the changed chunk no longer counts as verified"
+    for index in range(1, len(chunks)):
+        resumed.write_chunk(index, chunks[index])  # chunk 1 is fetched again and rewritten
+    assert resumed.commit("c").digest == manifest.digest
+    assert store.verify("c").digest == manifest.digest
+
+
+class _Recorder:
+    """A sink that keeps what it was handed."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, bytes] = {}
+
+    def add(self, index: int, data) -> None:
+        assert index not in self.seen, f"chunk {index} handed to the sink twice"
+        self.seen[index] = bytes(data)
+
+
+def test_a_sink_sees_every_verified_chunk_once_including_those_found_on_resume(tmp_path: Path, adapter) -> None:
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    first = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
+    first.write_chunk(1, chunks[1])
+    first.close()
+    partial = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
+    sink = _Recorder()
+    partial.attach(sink)
+    assert sink.seen == {1: chunks[1]}, "a chunk verified before the sink was attached is read back for it"
+    bad = bytearray(chunks[0])
+    bad[0] ^= 1
+    with pytest.raises(IntegrityError):
+        partial.write_chunk(0, bytes(bad))
+    assert 0 not in sink.seen, "a chunk that fails verification never reaches a sink"
+    for index in range(len(chunks)):
+        partial.write_chunk(index, memoryview(chunks[index]))  # chunk 1 again: already verified, not handed twice
+    assert sink.seen == dict(enumerate(chunks))
+    partial.detach(sink)
+    partial.commit("c")

@@ -1,0 +1,50 @@
+"""Multi-host: nodes in network namespaces joined by a bridge, links limited with tc (root only).
+
+A small version of scripts/bench_swarm.py: 4 store-only nodes, a 4 MiB adapter
+on the seed, a swarm rollout to the other three, then the star baseline. The
+figures are the benchmark's business; here every node must end with the
+seed's digest, through real links with real limits.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT
+from fabric.harness import netlab
+
+pytestmark = pytest.mark.multihost
+
+OK, WHY = netlab.available()
+
+
+@pytest.mark.skipif(not OK, reason=f"network namespaces unavailable: {WHY}")
+def test_swarm_rollout_over_namespaces(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from bench_swarm import make_adapter
+    finally:
+        sys.path.pop(0)
+    adapter = make_adapter(tmp_path / "adapter", size_mib=4)
+    lab = netlab.NetLab("fswt", nodes=4, rate_mbit=100, subnet="10.204.0")
+    try:
+        lab.up()
+        command = [
+            *lab.exec_prefix(lab.ctl), sys.executable, str(ROOT / "scripts" / "bench_swarm.py"), "--inner",
+            "--prefix", "fswt", "--count", "4", "--rate-mbit", "100", "--chunk-kib", "256",
+            "--adapter", str(adapter), "--work", str(tmp_path / "nodes"), "--subnet", "10.204.0",
+        ]  # fmt: skip
+        out = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    finally:
+        lab.down()
+    assert out.returncode == 0, f"see node logs under {tmp_path / 'nodes'}"
+    report = json.loads(out.stdout)
+    assert report["size"] == (adapter / "adapter_model.safetensors").stat().st_size
+    assert [row["mode"] for row in report["rows"]] == ["single", "swarm", "star"]
+    assert [row["nodes"] for row in report["rows"]] == [1, 3, 3]
+    assert all(row["digest_ok"] for row in report["rows"])
+    assert not set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()) & set(lab.namespaces())
