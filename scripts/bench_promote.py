@@ -48,18 +48,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+import torch
 
-import torch  # noqa: E402
-
-from bench_transfer import Path_, ServerProcess, run_client  # noqa: E402
-from fabric.transport import wire  # noqa: E402
-from fabric.harness.cluster import LocalNode  # noqa: E402
-from fabric.serving.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes  # noqa: E402
-from fabric.store import AdapterStore, PartialDownload  # noqa: E402
-from fabric.transport.pull import PeerPuller  # noqa: E402
+from fabric.harness.bench import ServerProcess, TransferPath, run_client
+from fabric.transport import wire
+from fabric.harness.cluster import LocalNode
+from fabric.serving.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes
+from fabric.store import AdapterStore, PartialDownload
+from fabric.transport.pull import PeerPuller
 
 ADAPTER_ID = "bench/llama3-8b-r16"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -260,8 +256,8 @@ def main() -> None:
         nginx = Nginx(adapter, tmp / "nginx") if shutil.which("nginx") else None
         if nginx is None:
             print("HTTP row skipped: nginx is not installed (apt-get install nginx-light)", file=sys.stderr)
-        raw_row = Path_("raw socket", "raw-socket", "raw-socket")
-        stream_row = Path_("Fetch stream", "wire", "wire", wire.FETCH_CHUNK_SIZE)
+        raw_row = TransferPath("raw socket", "raw-socket", "raw-socket")
+        stream_row = TransferPath("Fetch stream", "wire", "wire", wire.FETCH_CHUNK_SIZE)
         servers = {row.label: ServerProcess(row, str(weights)) for row in (raw_row, stream_row)}
         receiver = None if args.http_only else Receiver(tmp, node.address, node.pid, stage_while_receiving=not args.before)
         profiler = None

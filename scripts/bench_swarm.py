@@ -31,34 +31,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from fabric.harness import netlab
+from fabric.harness.bench import make_adapter
 
-from fabric.harness import netlab  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PORT = 50051
 ADAPTER_ID = "bench/swarm"
-
-
-def make_adapter(out: Path, size_mib: int, hidden: int = 4096, rank: int = 32) -> Path:
-    """A PEFT-named LoRA adapter of ``size_mib`` MiB (F32, q_proj and v_proj per layer, 1 MiB per module at the defaults)."""
-    import torch
-    from safetensors.torch import save_file
-
-    per_module = 2 * rank * hidden * 4
-    layers = max(1, (size_mib << 20) // (2 * per_module))
-    generator = torch.Generator().manual_seed(0)
-    tensors = {}
-    for layer in range(layers):
-        for module in ("q_proj", "v_proj"):
-            name = f"base_model.model.model.layers.{layer}.self_attn.{module}"
-            tensors[f"{name}.lora_A.weight"] = torch.randn(rank, hidden, generator=generator) * 0.01
-            tensors[f"{name}.lora_B.weight"] = torch.randn(hidden, rank, generator=generator) * 0.01
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": ["q_proj", "v_proj"], "task_type": "CAUSAL_LM", "base_model_name_or_path": "bench-swarm"}
-    (out / "adapter_config.json").write_text(json.dumps(config))
-    return out
 
 
 # ------------------------------------------------------------------ inner: runs in the ctl namespace

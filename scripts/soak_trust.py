@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -25,12 +24,10 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from fabric.errors import FabricError  # noqa: E402
-from fabric.harness.cluster import LocalCluster  # noqa: E402
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter  # noqa: E402
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc  # noqa: E402
+from fabric.errors import FabricError
+from fabric.harness.cluster import LocalCluster
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 PROMPT = [3, 14, 15, 92, 65, 35]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -1,6 +1,6 @@
 """Multi-host: nodes in network namespaces joined by a bridge, links limited with tc (root only).
 
-A small version of scripts/bench_swarm.py: 4 store-only nodes, a 4 MiB adapter
+A small version of scripts/bench_swarm.py (its adapter from fabric.harness.bench): 4 store-only nodes, a 4 MiB adapter
 on the seed, a swarm rollout to the other three, then the star baseline. The
 figures are the benchmark's business; here every node must end with the
 seed's digest, through real links with real limits.
@@ -16,6 +16,7 @@ import pytest
 
 from tests.support import ROOT
 from fabric.harness import netlab
+from fabric.harness.bench import make_adapter
 
 pytestmark = pytest.mark.multihost
 
@@ -24,11 +25,6 @@ OK, WHY = netlab.available()
 
 @pytest.mark.skipif(not OK, reason=f"network namespaces unavailable: {WHY}")
 def test_swarm_rollout_over_namespaces(tmp_path) -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from bench_swarm import make_adapter
-    finally:
-        sys.path.pop(0)
     adapter = make_adapter(tmp_path / "adapter", size_mib=4)
     lab = netlab.NetLab("fswt", nodes=4, rate_mbit=100, subnet="10.204.0")
     try:
