@@ -27,25 +27,19 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
-import grpc
-
-from fabric.errors import AdapterNotFound, FabricError, IntegrityError, PeerUnavailable
-from fabric.rpc.status import error_from_rpc
+from fabric.errors import AdapterNotFound, FabricError
 from fabric.store import AdapterStore
-from fabric.store.ids import validate_adapter_id
-from fabric.store.manifest import Manifest, manifest_request
-from fabric.transport import swarm
+from fabric.store.manifest import Manifest
+from fabric.transport import peer_calls, swarm
 from fabric.transport.channels import PeerChannels
+from fabric.transport.pull_values import STALL_TIMEOUT_S, PullSettings, PullStats
 from fabric.transport.rate import TokenBucket
-from fabric.transport.swarm_pull import AVAILABILITY_TIMEOUT_S, STALL_TIMEOUT_S, PullStats, SwarmPull
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from fabric.transport.swarm_pull import SwarmPull
+from fabric.v1 import fabric_pb2
 
-__all__ = ["ManifestCheck", "SinkFor", "PeerChannels", "PeerPuller", "PullStats", "STALL_TIMEOUT_S"]
+__all__ = ["ManifestCheck", "SinkFor", "PeerChannels", "PeerPuller", "PullSettings", "PullStats", "STALL_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
-
-#: seconds for a manifest call; a dead peer answers UNAVAILABLE long before this
-MANIFEST_TIMEOUT_S = 10.0
 
 #: sees a peer's manifest and its signature (b"" when unsigned) before any byte moves; raises to refuse the pull
 ManifestCheck = Callable[[Manifest, bytes], None]
@@ -72,12 +66,9 @@ class PeerPuller:
         listen_port: int = 0,
     ) -> None:
         self.store = store
-        #: the port this node serves on, sent with each Fetch so the serving peer learns what this node holds (0: not a node)
-        self.listen_port = listen_port
+        self.settings = PullSettings(stall_timeout=stall_timeout, window=window, listen_port=listen_port, download_rate=download_rate)
         self._pulls: dict[str, SwarmPull] = {}  # downloads in progress, by digest (for hints from peers that fetch from us)
         self.channels = channels or PeerChannels()
-        self.stall_timeout = stall_timeout
-        self.window = window
         # One bucket for every pull of this node: the flag bounds what it receives in total.
         self.download_limit = TokenBucket(download_rate) if download_rate > 0 else None
         self._inflight: dict[str, Future] = {}
@@ -87,50 +78,16 @@ class PeerPuller:
 
     def manifest(self, peers: Sequence[str], adapter_id: str) -> tuple[Manifest, str, bytes]:
         """The manifest from the first peer that has it, that peer's address, and the signature it carries (b"" if none)."""
-        validate_adapter_id(adapter_id)
-        if not peers:
-            raise PeerUnavailable(f"no peer to pull {adapter_id!r} from: give a peer address")
-        missing: list[str] = []
-        failures: list[str] = []
-        for peer in peers:
-            stub = fabric_pb2_grpc.FabricStub(self.channels.get(peer))
-            try:
-                reply = stub.GetManifest(manifest_request(adapter_id), timeout=MANIFEST_TIMEOUT_S)
-            except grpc.RpcError as exc:
-                error = error_from_rpc(exc, peer=peer)
-                if isinstance(error, AdapterNotFound):
-                    missing.append(peer)
-                else:
-                    failures.append(f"{peer}: {error}")
-                continue
-            manifest = Manifest.from_proto(reply)  # self-consistent, and of this digest scheme (else IncompatibleFormat)
-            if manifest.adapter_id != adapter_id:
-                raise IntegrityError(f"peer {peer} answered for {manifest.adapter_id!r} when asked for {adapter_id!r}")
-            return manifest, peer, bytes(reply.signature)
-        if missing and not failures:
-            raise AdapterNotFound(f"adapter {adapter_id!r} is not staged on {', '.join(missing)}: stage it there first, or name a peer that has it")
-        raise PeerUnavailable(f"no peer could serve the manifest of {adapter_id!r}: " + "; ".join(failures + [f"{p}: not staged" for p in missing]))
+        return peer_calls.first_manifest(self.channels, peers, adapter_id)
 
     # ------------------------------------------------------------ availability
 
-    def holding(self, peer: str, digest: str) -> tuple[set[int], bool, int]:
+    def holding(self, peer: str, digest: str) -> peer_calls.Holding:
         """``(verified chunks, complete, chunk count)`` of ``digest`` on ``peer``; nothing held = ``(set(), False, 0)``.
 
         Raises PeerUnavailable (or another FabricError) when the peer cannot answer.
         """
-        stub = fabric_pb2_grpc.FabricStub(self.channels.get(peer))
-        try:
-            reply = stub.Availability(fabric_pb2.AvailabilityRequest(digest=digest), timeout=AVAILABILITY_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return set(), False, 0  # an older peer: it can still serve what GetManifest says it has
-            error = error_from_rpc(exc, peer=peer)
-            if isinstance(error, AdapterNotFound):
-                return set(), False, 0
-            raise error from None
-        if reply.complete:
-            return set(range(reply.chunk_count)), True, reply.chunk_count
-        return swarm.bitmap_to_chunks(reply.verified_bitmap, reply.chunk_count), False, reply.chunk_count
+        return peer_calls.holding(self.channels, peer, digest)
 
     def availability(self, peer: str, digest: str) -> fabric_pb2.PeerHolding | None:
         """What ``peer`` holds of ``digest`` for a Locate answer; None when nothing, or when it does not answer."""
@@ -237,7 +194,10 @@ class PeerPuller:
             partial.attach(sink)  # chunks a resume found verified are read back for it once
         try:
             if not partial.complete:
-                download = SwarmPull(self, manifest, partial, peers, stats)
+                download = SwarmPull(
+                    manifest, partial, peers, stats,
+                    settings=self.settings, channels=self.channels, download_limit=self.download_limit, holding=self.holding,
+                )
                 with self._lock:
                     self._pulls[manifest.digest] = download
                 try:

@@ -2,7 +2,7 @@
 
 Pure policy over plain data (no sockets, no threads, no clock of its own: the
 caller passes ``now``), so it is tested on its own (tests/test_swarm.py). The
-puller in ``fabric.transport.pull`` owns the I/O and feeds this module what happened.
+swarm download in ``fabric.transport.swarm_pull`` owns the I/O and feeds this module what happened.
 
 The policy, after BitTorrent:
 - every live peer keeps up to ``window`` requests outstanding, so a peer never
@@ -147,12 +147,6 @@ def chunk_verified(plan: SwarmPlan, chunk: int) -> None:
 
 def live_peers(plan: SwarmPlan) -> list[PeerView]:
     return [p for p in plan.peers.values() if not p.dead]
-
-
-def rarity(plan: SwarmPlan) -> dict[int, int]:
-    """Live holders of each needed chunk."""
-    live = live_peers(plan)
-    return {c: sum(1 for p in live if p.holds(c)) for c in plan.needed}
 
 
 def endgame_after(plan: SwarmPlan) -> float:

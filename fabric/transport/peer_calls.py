@@ -1,0 +1,98 @@
+"""The calls a puller makes to its peers: GetManifest, Availability and Fetch, each with its time limit.
+
+Shared by the pull (``fabric.transport.pull``: the manifest, what a peer holds
+for Locate) and the swarm download (``fabric.transport.swarm_fetch``: polls and
+Fetch streams). Each turns a peer's gRPC answer into this library's values and
+errors, so neither caller handles a status code of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence
+
+import grpc
+
+from fabric.errors import AdapterNotFound, IntegrityError, PeerUnavailable
+from fabric.rpc.status import error_from_rpc
+from fabric.store.ids import validate_adapter_id
+from fabric.store.manifest import Manifest, manifest_request
+from fabric.transport import swarm, wire
+from fabric.transport.channels import PeerChannels
+from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+
+__all__ = ["AVAILABILITY_TIMEOUT_S", "MANIFEST_TIMEOUT_S", "Holding", "HoldingCall", "fetch", "first_manifest", "holding"]
+
+#: seconds for a manifest call; a dead peer answers UNAVAILABLE long before this
+MANIFEST_TIMEOUT_S = 10.0
+#: seconds for an Availability call
+AVAILABILITY_TIMEOUT_S = 5.0
+# Fetch has no deadline on purpose: one would cut slow, healthy peers. The swarm
+# download's stall watchdog cancels a stream that delivers nothing instead
+# (``PullSettings.stall_timeout``).
+
+
+class Holding(NamedTuple):
+    """What a peer holds of one digest: its verified chunks, whether it has them all, and the chunk count it announces."""
+
+    chunks: set[int]
+    complete: bool
+    chunk_count: int
+
+
+#: ``(peer, digest) -> Holding``; raises PeerUnavailable (or another FabricError) when the peer cannot answer
+HoldingCall = Callable[[str, str], Holding]
+
+
+def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str) -> tuple[Manifest, str, bytes]:
+    """The manifest from the first of ``peers`` that has it, that peer's address, and the signature it carries (b"" if none)."""
+    validate_adapter_id(adapter_id)
+    if not peers:
+        raise PeerUnavailable(f"no peer to pull {adapter_id!r} from: give a peer address")
+    missing: list[str] = []
+    failures: list[str] = []
+    for peer in peers:
+        stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
+        try:
+            reply = stub.GetManifest(manifest_request(adapter_id), timeout=MANIFEST_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            error = error_from_rpc(exc, peer=peer)
+            if isinstance(error, AdapterNotFound):
+                missing.append(peer)
+            else:
+                failures.append(f"{peer}: {error}")
+            continue
+        manifest = Manifest.from_proto(reply)  # self-consistent, and of this digest scheme (else IncompatibleFormat)
+        if manifest.adapter_id != adapter_id:
+            raise IntegrityError(f"peer {peer} answered for {manifest.adapter_id!r} when asked for {adapter_id!r}")
+        return manifest, peer, bytes(reply.signature)
+    if missing and not failures:
+        raise AdapterNotFound(f"adapter {adapter_id!r} is not staged on {', '.join(missing)}: stage it there first, or name a peer that has it")
+    raise PeerUnavailable(f"no peer could serve the manifest of {adapter_id!r}: " + "; ".join(failures + [f"{p}: not staged" for p in missing]))
+
+
+def holding(channels: PeerChannels, peer: str, digest: str) -> Holding:
+    """What ``peer`` holds of ``digest`` (Availability); nothing held = ``Holding(set(), False, 0)``.
+
+    Raises PeerUnavailable (or another FabricError) when the peer cannot answer.
+    """
+    stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
+    try:
+        reply = stub.Availability(fabric_pb2.AvailabilityRequest(digest=digest), timeout=AVAILABILITY_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return Holding(set(), False, 0)  # an older peer: it can still serve what GetManifest says it has
+        error = error_from_rpc(exc, peer=peer)
+        if isinstance(error, AdapterNotFound):
+            return Holding(set(), False, 0)
+        raise error from None
+    if reply.complete:
+        return Holding(set(range(reply.chunk_count)), True, reply.chunk_count)
+    return Holding(swarm.bitmap_to_chunks(reply.verified_bitmap, reply.chunk_count), False, reply.chunk_count)
+
+
+def fetch(channels: PeerChannels, peer: str, request: fabric_pb2.FetchRequest, metadata: Sequence[tuple[str, str | bytes]] = ()) -> wire.FetchCall:
+    """Start a Fetch stream of ``request`` from ``peer``: a call that yields ``(offset, data)`` and can be cancelled from any thread.
+
+    No deadline (see above). ``metadata`` rides on the request (``fetch_metadata.holder``: what this node holds).
+    """
+    return wire.fetch_stub(channels.get(peer))(request, metadata=metadata)

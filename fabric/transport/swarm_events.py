@@ -1,0 +1,187 @@
+"""What a swarm download's workers report to its coordinator: one small frozen value per kind of event.
+
+Workers (``fabric.transport.swarm_fetch``) put these on the download's queue;
+the coordinator (``fabric.transport.swarm_pull``) dispatches each by its type
+to one handler. ``trace_row`` is the event as the pull trace records it
+(``FABRIC_PULL_TRACE``; scripts/bench_swarm.py reads it), None when untraced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Collection, Union
+
+from fabric.errors import FabricError
+from fabric.transport import swarm
+
+__all__ = [
+    "ChunkVerified", "ChunksPicked", "DuplicateChunk", "FetchBroken", "FetchBusy", "FetchCancelled", "FetchCorrupt",
+    "FetchDone", "FetchEnded", "FetchFailed", "FetchMissing", "HoldingHinted", "HoldingNews", "HoldingReported",
+    "PollFailed", "Polled", "SwarmEvent",
+]
+
+
+# ---------------------------------------------------------------- during a Fetch stream
+
+
+@dataclass(frozen=True)
+class ChunkVerified:
+    """A worker verified and wrote ``chunk``, one of ``request``'s (or one the peer picked instead)."""
+
+    request: swarm.Request
+    chunk: int
+
+    def trace_row(self) -> list | None:
+        """``[event, peer, chunks]`` for the pull trace."""
+        return ["chunk", self.request.peer, [self.chunk]]
+
+
+@dataclass(frozen=True)
+class ChunksPicked:
+    """The serving peer said it sends ``chunks`` in place of those ``request`` asked for (super-seeding)."""
+
+    request: swarm.Request
+    chunks: list[int]
+
+    def trace_row(self) -> list | None:
+        """Not traced."""
+        return None
+
+
+@dataclass(frozen=True)
+class DuplicateChunk:
+    """``chunk`` arrived on ``request``'s stream after another route had delivered it: dropped."""
+
+    request: swarm.Request
+    chunk: int
+
+    def trace_row(self) -> list | None:
+        """``[event, peer, chunks]`` for the pull trace."""
+        return ["dup", self.request.peer, [self.chunk]]
+
+
+# ---------------------------------------------------------------- what a peer holds
+
+
+@dataclass(frozen=True)
+class HoldingNews:
+    """What ``peer`` holds now: ``have`` (verified chunks), or all of them when ``complete``."""
+
+    peer: str
+    have: Collection[int]
+    complete: bool
+
+    label: ClassVar[str] = ""
+
+    def trace_row(self) -> list | None:
+        """``[event, peer, []]`` for the pull trace."""
+        return [self.label, self.peer, []]
+
+
+@dataclass(frozen=True)
+class Polled(HoldingNews):
+    """The answer to this download's Availability poll of ``peer``."""
+
+    label: ClassVar[str] = "poll"
+
+
+@dataclass(frozen=True)
+class HoldingReported(HoldingNews):
+    """A finished Fetch stream's trailer said what its peer holds: as good as a poll."""
+
+    label: ClassVar[str] = "held"
+
+
+@dataclass(frozen=True)
+class HoldingHinted(HoldingNews):
+    """A peer that fetches from this node said, on its request, what it holds: as good as a poll."""
+
+    label: ClassVar[str] = "hint"
+
+
+@dataclass(frozen=True)
+class PollFailed:
+    """An Availability poll of ``peer`` failed: the peer is dropped."""
+
+    peer: str
+    error: FabricError
+
+    def trace_row(self) -> list | None:
+        """Not traced."""
+        return None
+
+
+# ---------------------------------------------------------------- how a Fetch request ended
+
+
+@dataclass(frozen=True)
+class FetchEnded:
+    """``request``'s stream is over; the subclass says how."""
+
+    request: swarm.Request
+
+    label: ClassVar[str] = ""
+
+    def trace_row(self) -> list | None:
+        """``[event, peer, chunks]`` for the pull trace."""
+        return [self.label, self.request.peer, self.request.chunks]
+
+
+@dataclass(frozen=True)
+class FetchDone(FetchEnded):
+    """Every chunk the request still needed arrived."""
+
+    label: ClassVar[str] = "done"
+
+
+@dataclass(frozen=True)
+class FetchCancelled(FetchEnded):
+    """This download cut the stream (a redundant endgame copy, a dropped peer, the pull ending)."""
+
+    label: ClassVar[str] = "cancelled"
+
+
+@dataclass(frozen=True)
+class FetchCorrupt(FetchEnded):
+    """A chunk failed verification, came misplaced, or a message was malformed."""
+
+    error: FabricError
+    label: ClassVar[str] = "corrupt"
+
+
+@dataclass(frozen=True)
+class FetchMissing(FetchEnded):
+    """The peer answered NOT_FOUND: it no longer holds chunks it announced."""
+
+    error: FabricError
+    label: ClassVar[str] = "missing"
+
+
+@dataclass(frozen=True)
+class FetchBusy(FetchEnded):
+    """The peer refused the stream for now (RESOURCE_EXHAUSTED: it limits streams per peer)."""
+
+    error: FabricError
+    label: ClassVar[str] = "busy"
+
+
+@dataclass(frozen=True)
+class FetchBroken(FetchEnded):
+    """The peer failed: an error, a stall, or a stream that ended short. The peer is dropped."""
+
+    error: FabricError
+    label: ClassVar[str] = "broken"
+
+
+@dataclass(frozen=True)
+class FetchFailed(FetchEnded):
+    """A local failure (disk full, store closed): it ends the whole pull."""
+
+    error: BaseException
+    label: ClassVar[str] = "fatal"
+
+
+SwarmEvent = Union[
+    ChunkVerified, ChunksPicked, DuplicateChunk, Polled, HoldingReported, HoldingHinted, PollFailed,
+    FetchDone, FetchCancelled, FetchCorrupt, FetchMissing, FetchBusy, FetchBroken, FetchFailed,
+]
