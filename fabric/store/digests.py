@@ -30,6 +30,7 @@ from typing import Any, BinaryIO, Iterator
 
 from blake3 import blake3
 
+from fabric.format.config import CONFIG_FILE  # defined once, where the adapter format lives
 from fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument
 from fabric.store.ids import validate_digest
 from fabric.v1 import fabric_pb2
@@ -39,7 +40,6 @@ DIGEST_SCHEME = fabric_pb2.DIGEST_SCHEME_BLAKE3_CHUNKS
 DEFAULT_CHUNK_SIZE = 1 << 20
 #: The wire carries chunk_size as uint32; 1 GiB keeps one chunk in memory reasonable.
 MAX_CHUNK_SIZE = 1 << 30
-CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 FILE_NAMES = (CONFIG_FILE, WEIGHTS_FILE)
 _FILE_TAG = b"adapter-fabric file root v2\0"

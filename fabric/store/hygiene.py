@@ -71,7 +71,7 @@ def leftovers(store, now: float | None = None) -> list[Leftover]:
     """Every upload and partial download in ``store`` (an ``AdapterStore``), oldest first."""
     now = time.time() if now is None else now
     found = []
-    for kind, top in ((UPLOAD, store.uploads), (PARTIAL, store.partials)):
+    for kind, top in ((UPLOAD, store.layout.uploads), (PARTIAL, store.layout.partials)):
         try:
             entries = list(os.scandir(top))
         except FileNotFoundError:
@@ -94,7 +94,7 @@ def expire_abandoned(store, max_age_seconds: float, now: float | None = None) ->
     for item in leftovers(store, now):
         if item.age_seconds <= max_age_seconds or item.in_use:
             continue
-        with store._locked():  # no commit or recovery runs while it goes
+        with store.lock.held():  # no commit or recovery runs while it goes
             if remove_if_unheld(item.path):
                 removed.append(item)
     return removed

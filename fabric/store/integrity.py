@@ -13,7 +13,7 @@ stamps, at a bounded rate.
 A blob that fails is moved out of ``blobs/`` into ``quarantine/`` (never
 deleted: it is evidence), so no later read can serve it; its adapters are
 then reported by ``damaged()`` until the bytes are committed again (a pull
-from a peer repairs them: ``_install_blob`` takes the blob back). Export
+from a peer repairs them: the committer tells ``blob_committed``). Export
 directory entries linking to it are withdrawn with it (they share its inode)
 and exported again with the repair.
 """
@@ -29,9 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fabric.errors import AdapterNotFound, FabricError, IntegrityError, StoreMissing
+from fabric.errors import AdapterNotFound, IntegrityError
+from fabric.store.catalog import Catalog, is_digest
+from fabric.store.durable import StoreLock
+from fabric.store.export import ExportDir
 from fabric.store.files import COPY_BLOCK, check_header, fsync_dir, pread_exact
-from fabric.store.ids import validate_digest
+from fabric.store.layout import StoreLayout
 from fabric.store.manifest import FILE_NAMES, FileEntry, Manifest
 
 Stamp = tuple[int, int, int, int]
@@ -51,25 +54,29 @@ def _stamp(path: Path) -> Stamp:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-class StoreIntegrity:
-    """Mixed into ``AdapterStore``: verified reads of committed blobs, quarantine, damage reports, the scrub."""
+class Integrity:
+    """Verified reads of committed blobs, quarantine, damage reports, the scrub."""
 
-    def _init_integrity(self) -> None:
-        self.quarantine = self.root / "quarantine"
-        self.quarantine.mkdir(parents=True, exist_ok=True)
+    def __init__(self, layout: StoreLayout, catalog: Catalog, lock: StoreLock, exports: ExportDir | None) -> None:
+        self.layout = layout
+        self.catalog = catalog
+        self.lock = lock
+        self.exports = exports
         self._verified_at: dict[str, Stamp] = {}  # blob root -> stamp when its bytes last verified
-        self._verify_lock = threading.Lock()
         self._sha256_of: dict[str, str] = {}  # blob root -> its sha256 (file_sha256)
         self._withdrawn: set[str] = set()  # ids whose export entries went with a quarantined blob, until it is committed again
 
     # ------------------------------------------------------------ verified reads
 
-    def _remember_verified(self, root: str) -> None:
-        """The blob's bytes were verified just now (at commit): remember its stamp."""
+    def blob_committed(self, root: str) -> None:
+        """The committer renamed verified bytes of ``root`` into ``blobs/`` (under the lock): remember its stamp, drop old evidence."""
         try:
-            self._verified_at[root] = _stamp(self._blob(root))
+            self._verified_at[root] = _stamp(self.layout.blob(root))
         except FileNotFoundError:
             self._verified_at.pop(root, None)
+        for entry in os.scandir(self.layout.quarantine):
+            if entry.name.startswith(root + "-"):
+                os.unlink(entry.path)
 
     def verified_blob(self, manifest: Manifest, entry: FileEntry, *, force: bool = False) -> Path:
         """The path of ``entry``'s committed blob, its bytes verified since they were last written.
@@ -78,7 +85,7 @@ class StoreIntegrity:
         (or with ``force``) every chunk is read and checked. A blob that fails
         is quarantined and ``IntegrityError`` names the adapter.
         """
-        path = self._blob(entry.root)
+        path = self.layout.blob(entry.root)
         what = f"adapter {manifest.adapter_id!r} ({manifest.digest[:12]})"
         try:
             before = _stamp(path)
@@ -89,7 +96,7 @@ class StoreIntegrity:
         try:
             self._verify_file(path, entry, manifest)
         except IntegrityError as exc:
-            self._quarantine(entry.root, before)
+            self.quarantine(entry.root, before)
             raise IntegrityError(f"{what}: {exc}; the blob was quarantined (promote the adapter from a peer or re-stage it)") from None
         if _stamp(path) == before:  # nobody wrote it while we read it
             self._verified_at[entry.root] = before
@@ -114,20 +121,20 @@ class StoreIntegrity:
         if entry.name == manifest.weights.name:
             check_header(manifest, path)
 
-    def _quarantine(self, root: str, seen: Stamp) -> None:
+    def quarantine(self, root: str, seen: Stamp) -> None:
         """Move a corrupt blob out of ``blobs/`` (unless it was replaced since ``seen``); it stays as evidence."""
         self._verified_at.pop(root, None)
-        with self._locked():
-            path = self._blob(root)
+        with self.lock.held():
+            path = self.layout.blob(root)
             try:
                 if _stamp(path) != seen:
                     return  # rewritten since we read it: the next read verifies it again
             except FileNotFoundError:
                 return
-            moved = self.quarantine / f"{root}-{time.time_ns()}"
+            moved = self.layout.quarantine / f"{root}-{time.time_ns()}"
             os.replace(path, moved)
             fsync_dir(path.parent)
-            fsync_dir(self.quarantine)
+            fsync_dir(self.layout.quarantine)
             evidence = os.stat(moved)
             self._drop_views_of(evidence)
             if self.exports is not None:  # its hard links there share the corrupt inode
@@ -138,7 +145,7 @@ class StoreIntegrity:
 
         ``materialize`` builds a view again from verified blobs when it is next asked for one.
         """
-        for view in os.scandir(self.views):
+        for view in os.scandir(self.layout.views):
             for name in FILE_NAMES:
                 try:
                     st = os.stat(os.path.join(view.path, name))
@@ -148,21 +155,15 @@ class StoreIntegrity:
                     shutil.rmtree(view.path, ignore_errors=True)
                     break
 
-    def _restore_exports(self) -> None:
+    def restore_exports(self) -> None:
         """Export again the ids withdrawn with a quarantined blob once all their bytes are committed again (under the lock)."""
         for adapter_id in sorted(self._withdrawn):
-            digest = self._read_ref(adapter_id)
-            manifest = self._complete(digest) if digest is not None and _is_digest(digest) else None
+            digest = self.catalog.read_ref(adapter_id)
+            manifest = self.catalog.complete(digest) if digest is not None and is_digest(digest) else None
             if manifest is not None:
                 self.exports.export(adapter_id, manifest)
             if digest is None or manifest is not None:  # unstaged, or back: nothing more to restore
                 self._withdrawn.discard(adapter_id)
-
-    def _release_quarantine(self, root: str) -> None:
-        """The bytes of ``root`` are committed again: drop the quarantined copies."""
-        for entry in os.scandir(self.quarantine):
-            if entry.name.startswith(root + "-"):
-                os.unlink(entry.path)
 
     def file_sha256(self, manifest: Manifest) -> dict[str, str]:
         """Each file's whole-file sha256 (hex, by file name), read from its verified blob; remembered per blob.
@@ -189,35 +190,11 @@ class StoreIntegrity:
     def damaged(self) -> list[DamagedEntry]:
         """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
         found = []
-        for adapter_id, digest in sorted(self._refs().items()):
-            problem = self._problem(digest)
+        for adapter_id, digest in sorted(self.catalog.refs().items()):
+            problem = self.catalog.problem(digest)
             if problem:
-                found.append(DamagedEntry(adapter_id, digest if _is_digest(digest) else "", problem))
+                found.append(DamagedEntry(adapter_id, digest if is_digest(digest) else "", problem))
         return found
-
-    def _problem(self, digest: str) -> str:
-        """Why the adapter behind ``digest`` is damaged; "" when it is not (as far as files' presence shows)."""
-        if not _is_digest(digest):
-            return f"its id entry is damaged (holds {digest[:80]!r}, not a digest)"
-        try:
-            manifest = self._load_manifest(digest)
-        except FabricError as exc:
-            return f"its manifest is damaged: {str(exc)[:200]}"
-        if manifest is None:
-            return f"its manifest {digest}.json is missing"
-        for entry in manifest.files:
-            if not self._blob(entry.root).is_file():
-                return f"its {entry.name} (blob {entry.root}) is missing or quarantined"
-        return ""
-
-    def _missing_store(self) -> StoreMissing:
-        """The error for a store whose directory (or a part of it) was removed while this process uses it."""
-        gone = next((d for d in (self.root, self.refs, self.manifests, self.blobs) if not d.is_dir()), self.refs)
-        what = "is missing" if gone == self.root else f"is missing its {gone.relative_to(self.root)}/ directory"
-        return StoreMissing(
-            f"the adapter store {self.root} {what} (removed while the node runs): "
-            "restore it, or restart the node to start an empty store there and pull adapters from peers again"
-        )
 
     # ------------------------------------------------------------ scrub
 
@@ -237,29 +214,21 @@ class StoreIntegrity:
                     (stop.wait if stop is not None else time.sleep)(ahead)
 
         bad = 0
-        for manifest in self.list():
+        for manifest in self.catalog.list():
             for entry in manifest.files:
                 if stop is not None and stop.is_set():
                     return bad
                 try:
-                    before = _stamp(self._blob(entry.root))
-                    self._verify_file(self._blob(entry.root), entry, manifest, pace)
-                    if _stamp(self._blob(entry.root)) == before:
+                    before = _stamp(self.layout.blob(entry.root))
+                    self._verify_file(self.layout.blob(entry.root), entry, manifest, pace)
+                    if _stamp(self.layout.blob(entry.root)) == before:
                         self._verified_at[entry.root] = before
                 except FileNotFoundError:
                     continue  # unstaged while we scrubbed
                 except IntegrityError as exc:
-                    self._quarantine(entry.root, before)
+                    self.quarantine(entry.root, before)
                     bad += 1
                     if on_damage is not None:
                         on_damage(manifest.adapter_id, exc)
                     break
         return bad
-
-
-def _is_digest(value: str) -> bool:
-    try:
-        validate_digest(value)
-    except FabricError:
-        return False
-    return True

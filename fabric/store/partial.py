@@ -7,25 +7,32 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
+from fabric.store.catalog import Catalog
+from fabric.store.committer import Committer
 from fabric.store.digests import chunk_digest
 from fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
 from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest
-
-if TYPE_CHECKING:
-    from fabric.store.adapter_store import AdapterStore
+from fabric.store.quota import Quota
 
 
-class StorePartials:
-    """Mixed into ``AdapterStore``: opening and finding peer downloads."""
+class Partials:
+    """The peer downloads of one store: opened by digest, one object per digest while it is open."""
 
-    def open_partial(self, manifest: Manifest) -> "PartialDownload":
+    def __init__(self, catalog: Catalog, committer: Committer, quota: Quota) -> None:
+        self.catalog = catalog
+        self.committer = committer
+        self.quota = quota
+        self._lock = threading.Lock()  # guards _open; never held while waiting on the store's lock
+        self._open: dict[str, PartialDownload] = {}
+
+    def open(self, manifest: Manifest) -> PartialDownload:
         """The download of ``manifest``'s weights, keyed by digest; resumes what an earlier one left verified."""
-        with self._open_lock:
-            current = self._open_partials.get(manifest.digest)
+        with self._lock:
+            current = self._open.get(manifest.digest)
             if current is not None:
                 if current.manifest.weights != manifest.weights:
                     raise InvalidArgument(
@@ -33,32 +40,32 @@ class StorePartials:
                         f"asked for {manifest.weights.chunk_size}"
                     )
                 return current
-            if self._complete(manifest.digest) is not None:
-                return PartialDownload(self, manifest, None)
-            self._check_manifest_limits(manifest)
-            directory = self.partials / manifest.digest
+            if self.catalog.complete(manifest.digest) is not None:
+                return PartialDownload(manifest, None, None, self.committer, self._forget)
+            self.quota.check_manifest_limits(manifest)
+            directory = self.committer.layout.partials / manifest.digest
             if not (directory / "manifest.json").is_file():
-                self._check_quota(self._missing_bytes(manifest), f"downloading {manifest.adapter_id!r}")
+                self.quota.check_room(self.catalog.missing_bytes(manifest), f"downloading {manifest.adapter_id!r}")
             lock_fd = lock_held_dir(directory, f"partial download of {manifest.digest}")
             try:
-                if self._complete(manifest.digest) is not None:  # another process committed it meanwhile
+                if self.catalog.complete(manifest.digest) is not None:  # another process committed it meanwhile
                     os.close(lock_fd)
-                    return PartialDownload(self, manifest, None)
-                partial = PartialDownload(self, manifest, directory, lock_fd)
+                    return PartialDownload(manifest, None, None, self.committer, self._forget)
+                partial = PartialDownload(manifest, directory, lock_fd, self.committer, self._forget)
             except BaseException:
                 os.close(lock_fd)
                 raise
-            self._open_partials[manifest.digest] = partial
+            self._open[manifest.digest] = partial
             return partial
 
-    def partial_for(self, digest: str) -> "PartialDownload | None":
+    def find(self, digest: str) -> PartialDownload | None:
         """The download of ``digest`` open in this store object, if any (to answer Availability and serve its verified chunks)."""
-        with self._open_lock:
-            return self._open_partials.get(digest)
+        with self._lock:
+            return self._open.get(digest)
 
-    def _forget_partial(self, digest: str) -> None:
-        with self._open_lock:
-            self._open_partials.pop(digest, None)
+    def _forget(self, digest: str) -> None:
+        with self._lock:
+            self._open.pop(digest, None)
 
 
 class PartialDownload:
@@ -95,9 +102,13 @@ class PartialDownload:
     below the page cache (``AdapterStore.verify`` re-reads a blob).
     """
 
-    def __init__(self, store: AdapterStore, manifest: Manifest, directory: Path | None, lock_fd: int | None = None) -> None:
-        self.store = store
+    def __init__(
+        self, manifest: Manifest, directory: Path | None, lock_fd: int | None, committer: Committer, forget: Callable[[str], None]
+    ) -> None:
+        """``directory`` None: the digest is committed already (reads come from its blob). ``forget``: tell the registry it closed."""
         self.manifest = manifest
+        self._committer = committer
+        self._forget = forget
         self._lock = threading.Lock()
         self._directory = directory
         self._lock_fd = lock_fd
@@ -124,7 +135,7 @@ class PartialDownload:
         weights = self.manifest.weights
         stored = self._directory / "manifest.json"
         if not stored.is_file() or stored.read_bytes() != self._manifest_json:
-            self.store._write_atomic(stored, self._manifest_json)
+            self._committer.temps.write_atomic(stored, self._manifest_json)
         self._fd = os.open(self._directory / "data", os.O_RDWR | os.O_CREAT, 0o644)
         # Sparse, not fallocate'd (measured ~6 ms faster per 80 MB): chunks may land in any
         # order, a resume skips the holes, and the disk blocks held show the progress.
@@ -243,7 +254,7 @@ class PartialDownload:
                 raise InvalidArgument(f"chunk {index} (offset {offset}) of {self.manifest.digest} is not verified here yet")
             self._require_open()  # a closed partial has no fd: say so, rather than a TypeError from pread
             if self._directory is None:
-                with open(self.store.blob_path(weights.root), "rb") as handle:
+                with open(self._committed_blob(weights.root), "rb") as handle:
                     handle.seek(offset)
                     data = handle.read(length)
             else:
@@ -259,7 +270,8 @@ class PartialDownload:
         manifest = self.manifest.with_id(adapter_id)
         with self._lock:
             if self._directory is None:
-                return self._commit_ref(manifest)
+                self._committer.require_ref(manifest)
+                return manifest
             self._require_open()
             self._check_complete()
             try:
@@ -269,22 +281,20 @@ class PartialDownload:
                 raise
             os.fdatasync(self._fd)  # data and size; the rename into blobs/ is synced by _install_blob
             data_path = self._directory / "data"
-            sources = {manifest.files[0].root: self.store._temp_blob(manifest.config_json), manifest.weights.root: data_path}
+            sources = {manifest.files[0].root: self._committer.temps.blob(manifest.config_json), manifest.weights.root: data_path}
             try:
                 same = manifest is self.manifest  # with_id returns self for the same id; to_json covers the id
-                self.store._commit(manifest, adapter_id, sources, manifest_json=self._manifest_json if same else None)
+                self._committer.commit(manifest, adapter_id, sources, manifest_json=self._manifest_json if same else None)
             finally:
                 sources[manifest.files[0].root].unlink(missing_ok=True)
             self._close_locked(remove=True)
         return manifest
 
-    def _commit_ref(self, manifest: Manifest) -> Manifest:
-        store = self.store
-        with store._locked():
-            if store._complete(manifest.digest) is None:
-                raise AdapterNotFound(f"the bytes of {manifest.digest} were removed from this store before {manifest.adapter_id!r} referred to them; pull again")
-            store._set_ref(manifest.adapter_id, manifest.digest)
-        return manifest
+    def _committed_blob(self, root: str) -> Path:
+        path = self._committer.layout.blob(root)
+        if not path.is_file():
+            raise AdapterNotFound(f"no committed file with root {root} in this store")
+        return path
 
     def _check_complete(self) -> None:
         if self.complete:
@@ -337,4 +347,4 @@ class PartialDownload:
         self._fd = self._lock_fd = None
         if committed:
             self._directory = None  # from now on reads come from the blob
-        self.store._forget_partial(self.manifest.digest)
+        self._forget(self.manifest.digest)

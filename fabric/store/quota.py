@@ -1,56 +1,114 @@
-"""Store limits: the size of one adapter, its header, and the bytes the whole store may hold."""
+"""Store limits: the size of one adapter, its header, and the bytes the whole store may hold.
+
+What happens when a commit would pass the store's limit is a policy handed
+in (``WhenFull``): today the store refuses (``RefuseWhenFull``); a cache policy
+that drops cold adapters plugs in here without the store changing.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+from typing import Callable, Protocol
 
 from fabric.errors import InvalidHeader, LimitExceeded, QuotaExceeded
+from fabric.format.safetensors_index import MAX_HEADER_BYTES
+from fabric.store.layout import StoreLayout
 from fabric.store.manifest import Manifest
 
 
-class StoreQuota:
-    """Mixed into ``AdapterStore``: what it holds and what it may still take (needs ``blobs``, ``partials``, ``uploads``)."""
+class WhenFull(Protocol):
+    """Decides what to do when ``needed`` more bytes would take the store past its limit."""
+
+    def make_room(self, needed: int, used: int, limit: int, what: str) -> int:
+        """Free what it can and return the bytes freed; raise (``QuotaExceeded``, naming why) to refuse.
+
+        Called with or without the store's lock held: an implementation that
+        removes adapters must go through the committer's own locked paths.
+        """
+        ...
+
+
+class RefuseWhenFull:
+    """The store never drops anything on its own: a commit past the limit is refused."""
+
+    def make_room(self, needed: int, used: int, limit: int, what: str) -> int:
+        raise QuotaExceeded(
+            f"{what} needs {needed} bytes but the store holds {used} of its {limit}-byte limit "
+            f"({used + needed - limit} over); unstage adapters or raise the limit"
+        )
+
+
+class Quota:
+    """What the store holds and what it may still take."""
+
+    def __init__(
+        self,
+        layout: StoreLayout,
+        max_bytes: int | None = None,
+        max_adapter_bytes: int | None = None,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        when_full: WhenFull | None = None,
+    ) -> None:
+        self.layout = layout
+        #: the whole store's limit; None = no limit
+        self.max_bytes = max_bytes
+        #: largest adapter (config + weights) accepted from a client or a peer; None = no limit
+        self.max_adapter_bytes = max_adapter_bytes
+        #: largest safetensors header parsed or accepted
+        self.max_header_bytes = max_header_bytes
+        self.when_full: WhenFull = when_full or RefuseWhenFull()
+        # key -> bytes still on their way to an open upload (it reserved them when it opened)
+        self._pending: dict[str, Callable[[], int]] = {}
+        self._pending_lock = threading.Lock()
 
     def usage(self) -> int:
         """Bytes held: committed blobs, every partial at its full size, uploads written plus what open ones reserved."""
         total = 0
-        for top in (self.blobs, self.partials, self.uploads):
+        for top in (self.layout.blobs, self.layout.partials, self.layout.uploads):
             for dirpath, _, names in os.walk(top):
                 for name in names:
                     try:
                         total += os.stat(os.path.join(dirpath, name)).st_size
                     except FileNotFoundError:
                         pass
-        # An open upload's reservation counts in full: what it has not written yet is on its way.
-        for upload in list(self._open_uploads.values()):
-            total += max(0, upload.reserved - upload.offset)
-        return total
+        with self._pending_lock:
+            pending = list(self._pending.values())
+        return total + sum(max(0, unwritten()) for unwritten in pending)
 
-    def _missing_bytes(self, manifest: Manifest) -> int:
-        return sum(f.size for f in manifest.files if not self._blob(f.root).is_file())
+    def hold_pending(self, key: str, unwritten: Callable[[], int]) -> None:
+        """Count ``unwritten()`` bytes as used until ``release_pending(key)``: an open upload's unsent part is on its way."""
+        with self._pending_lock:
+            self._pending[key] = unwritten
 
-    def _check_adapter_size(self, size: int, what: str) -> None:
+    def release_pending(self, key: str) -> None:
+        with self._pending_lock:
+            self._pending.pop(key, None)
+
+    def check_adapter_size(self, size: int, what: str) -> None:
+        """One adapter (config + weights) of ``size`` bytes must fit --max-adapter-bytes."""
         if self.max_adapter_bytes is not None and size > self.max_adapter_bytes:
             raise LimitExceeded(
                 f"{what}: the adapter is {size} bytes, over this node's limit of {self.max_adapter_bytes} (--max-adapter-bytes); nothing was written"
             )
 
-    def _check_manifest_limits(self, manifest: Manifest) -> None:
+    def check_manifest_limits(self, manifest: Manifest) -> None:
         """A manifest (from a peer) must fit the size limits before a byte of it is fetched."""
         what = f"downloading {manifest.adapter_id!r}"
-        self._check_adapter_size(sum(f.size for f in manifest.files), what)
+        self.check_adapter_size(sum(f.size for f in manifest.files), what)
         if manifest.header_size > self.max_header_bytes:
             raise InvalidHeader(
                 f"{what}: its safetensors header is {manifest.header_size} bytes, over this node's limit of "
                 f"{self.max_header_bytes} (--max-header-bytes); nothing was written"
             )
 
-    def _check_quota(self, needed: int, what: str) -> None:
+    def check_room(self, needed: int, what: str) -> None:
+        """``needed`` more bytes must fit the store's limit; past it, the ``WhenFull`` policy frees room or refuses."""
         if self.max_bytes is None or needed == 0:
             return
         used = self.usage()
-        if used + needed > self.max_bytes:
-            raise QuotaExceeded(
-                f"{what} needs {needed} bytes but the store holds {used} of its {self.max_bytes}-byte limit "
-                f"({used + needed - self.max_bytes} over); unstage adapters or raise the limit"
-            )
+        if used + needed <= self.max_bytes:
+            return
+        freed = self.when_full.make_room(needed, used, self.max_bytes, what)
+        if used - freed + needed > self.max_bytes:
+            RefuseWhenFull().make_room(needed, used - freed, self.max_bytes, what)

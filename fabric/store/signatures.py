@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
+from fabric.store.committer import Committer
 from fabric.store.ids import validate_digest
+from fabric.store.layout import StoreLayout
+from fabric.trust.signing import SIGNATURE_BYTES  # anything of another size is not kept
 
-#: an Ed25519 signature's size; anything else is not kept
-SIGNATURE_BYTES = 64
 
+class Signatures:
+    """The signature that travels with a digest's manifest (empty = unsigned); collected with the digest."""
 
-class StoreSignatures:
-    """Mixed into ``AdapterStore``: the signature that travels with a digest's manifest (empty = unsigned)."""
+    def __init__(self, layout: StoreLayout, committer: Committer) -> None:
+        self.layout = layout
+        self.committer = committer
 
-    def signature(self, digest: str) -> bytes:
+    def get(self, digest: str) -> bytes:
         """The signature kept for ``digest``; b"" when none."""
         validate_digest(digest)
         try:
-            data = (self.signatures / digest).read_bytes()
+            data = self.layout.signature(digest).read_bytes()
         except FileNotFoundError:
             return b""
         return data if len(data) == SIGNATURE_BYTES else b""
 
-    def set_signature(self, digest: str, signature: bytes) -> None:
+    def set(self, digest: str, signature: bytes) -> None:
         """Keep ``signature`` for ``digest`` (it is checked by whoever trusts signers, not here); b"" keeps what is there."""
         validate_digest(digest)
-        if len(signature) != SIGNATURE_BYTES or self.signature(digest) == signature:
+        if len(signature) != SIGNATURE_BYTES or self.get(digest) == signature:
             return
-        with self._locked():
-            self._write_atomic(self.signatures / digest, bytes(signature))
+        self.committer.write_metadata(self.layout.signature(digest), bytes(signature))

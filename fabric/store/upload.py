@@ -18,32 +18,39 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from fabric.errors import Busy, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
 from fabric.format.config import PeftAdapterConfig
+from fabric.format.safetensors_index import header_length, read_index
+from fabric.store.committer import Committer
 from fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, pwrite_all, write_stamp
 from fabric.store.ids import validate_adapter_id, validate_digest
-from fabric.format.safetensors_index import header_length, read_index
 from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, hash_bytes, manifest_of
-
-if TYPE_CHECKING:
-    from fabric.store.adapter_store import AdapterStore
+from fabric.store.quota import Quota
 
 
-class StoreUploads:
-    """Mixed into ``AdapterStore``: opening client uploads and finding their offsets."""
+class Uploads:
+    """The client uploads of one store: opened by (id, whole-file BLAKE3), one stream each at a time."""
+
+    def __init__(self, committer: Committer, quota: Quota, chunk_size: int) -> None:
+        self.committer = committer
+        self.quota = quota
+        #: the chunk size new uploads are hashed at (the store's)
+        self.chunk_size = chunk_size
+        self._lock = threading.Lock()  # guards _open
+        self._open: dict[str, Upload] = {}
 
     def _upload_dir(self, adapter_id: str, blake3: str) -> Path:
         key = hashlib.sha256(f"{adapter_id}\0{blake3}".encode()).hexdigest()
-        return self.uploads / key
+        return self.committer.layout.uploads / key
 
-    def upload_offset(self, adapter_id: str, blake3: str) -> int:
+    def offset(self, adapter_id: str, blake3: str) -> int:
         """Bytes of an interrupted upload of (id, whole-file BLAKE3) kept here; 0 when none."""
         validate_adapter_id(adapter_id)
         validate_digest(blake3, f"{WEIGHTS_FILE} BLAKE3")
-        with self._open_lock:
-            current = self._open_uploads.get(self._upload_dir(adapter_id, blake3).name)
+        with self._lock:
+            current = self._open.get(self._upload_dir(adapter_id, blake3).name)
             if current is not None:
                 return current.offset
         return self._kept_offset(self._upload_dir(adapter_id, blake3), adapter_id, blake3)
@@ -58,7 +65,7 @@ class StoreUploads:
         except (OSError, ValueError, AttributeError, TypeError):
             return 0
 
-    def open_upload(self, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str) -> "Upload":
+    def open(self, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str) -> "Upload":
         """A client upload of a safetensors file; reopening the same (id, whole-file BLAKE3) continues at ``offset``.
 
         ``weights_root``: the root the client computed at this store's chunk size; checked at commit.
@@ -68,11 +75,11 @@ class StoreUploads:
         validate_digest(weights_root, f"{WEIGHTS_FILE} root")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InvalidArgument(f"upload of {adapter_id!r}: size {size!r} must be a non-negative integer")
-        self._check_adapter_size(size + len(config_json), f"uploading {adapter_id!r}")
+        self.quota.check_adapter_size(size + len(config_json), f"uploading {adapter_id!r}")
         PeftAdapterConfig.from_json_bytes(config_json)  # refuse a bad config before any byte moves
         directory = self._upload_dir(adapter_id, blake3)
-        with self._open_lock:
-            if directory.name in self._open_uploads:
+        with self._lock:
+            if directory.name in self._open:
                 # Each stream owns its upload: a second writer never shares (and never closes) the first's.
                 raise Busy(
                     f"an upload of {adapter_id!r} with these bytes (BLAKE3 {blake3}) is being sent by another Stage stream; "
@@ -80,31 +87,39 @@ class StoreUploads:
                 )
             # Space is reserved now, for what is not committed already: two uploads opened together cannot pass the limit.
             config_root = hash_bytes(CONFIG_FILE, config_json, self.chunk_size).root
-            reserved = (0 if self._blob(weights_root).is_file() else size) + (0 if self._blob(config_root).is_file() else len(config_json))
+            blob = self.committer.layout.blob
+            reserved = (0 if blob(weights_root).is_file() else size) + (0 if blob(config_root).is_file() else len(config_json))
             # What a resumed upload holds on disk is counted already.
-            self._check_quota(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")
+            self.quota.check_room(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")
             lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (BLAKE3 {blake3})")
             try:
-                upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root)
+                upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root, reserved)
             except BaseException:
                 os.close(lock_fd)
                 raise
-            upload.reserved = reserved
-            self._open_uploads[directory.name] = upload
+            self._open[directory.name] = upload
+            # Its reservation counts in full: what it has not written yet is on its way.
+            self.quota.hold_pending(directory.name, lambda: upload.reserved - upload.offset)
             return upload
 
-    def _forget_upload(self, key: str) -> None:
-        with self._open_lock:
-            self._open_uploads.pop(key, None)
+    def release(self, key: str) -> None:
+        """The upload under ``key`` let go (committed, closed or discarded): forget it and its reservation."""
+        with self._lock:
+            self._open.pop(key, None)
+        self.quota.release_pending(key)
 
 
 class Upload:
     """A client's upload of a safetensors file, appended in order; nothing is committed until ``commit``."""
 
     def __init__(
-        self, store: AdapterStore, directory: Path, lock_fd: int, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str
+        self, uploads: Uploads, directory: Path, lock_fd: int, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str,
+        reserved: int,
     ) -> None:
-        self.store = store
+        self._committer = uploads.committer
+        self._max_header_bytes = uploads.quota.max_header_bytes
+        self._chunk_size = uploads.chunk_size
+        self._release: Callable[[str], None] = uploads.release
         self.adapter_id = adapter_id
         self.config_json = config_json
         self.size = size
@@ -113,7 +128,7 @@ class Upload:
         #: after commit: True when the same content was already committed
         self.already_staged = False
         #: bytes of store quota this upload holds until it ends (its unwritten part counts as used)
-        self.reserved = 0
+        self.reserved = reserved
         self._directory = directory
         self._lock_fd: int | None = lock_fd
         self._lock = threading.Lock()
@@ -124,14 +139,14 @@ class Upload:
         if fresh or os.fstat(self._fd).st_size > size:
             os.ftruncate(self._fd, 0)
             os.fsync(self._fd)
-            store._write_atomic(meta_path, meta)
+            self._committer.temps.write_atomic(meta_path, meta)
         self._offset = os.fstat(self._fd).st_size
         self._hasher = self._hash_kept(self._offset)
         self._written_stamp = write_stamp(self._fd)  # after our last write: another writer since is caught at commit
 
     def _hash_kept(self, end: int) -> FileHasher:
         """A chunk hasher fed the bytes [0, end) kept on disk (a resume), so every byte is hashed once in all."""
-        hasher = FileHasher(self.store.chunk_size)
+        hasher = FileHasher(self._chunk_size)
         for offset in range(0, end, COPY_BLOCK):
             hasher.update(pread_exact(self._fd, min(COPY_BLOCK, end - offset), offset, f"upload of {self.adapter_id!r}"))
         return hasher
@@ -153,7 +168,7 @@ class Upload:
                 )
             if offset == 0 and len(data) >= 8:  # refuse an oversized header before storing a byte of it
                 try:
-                    header_length(bytes(data[:8]), max_header_bytes=self.store.max_header_bytes)
+                    header_length(bytes(data[:8]), max_header_bytes=self._max_header_bytes)
                 except InvalidHeader:
                     self._close_locked(remove=True)  # nothing to resume: the same bytes would be refused again
                     raise
@@ -196,12 +211,12 @@ class Upload:
                         f"upload of {self.adapter_id!r}: received {self.size} bytes with root {weights.root}, "
                         f"declared {self.weights_root} (the file changed while it was sent, or the client hashed it at another chunk size)"
                     )
-                index = read_index(data_path, max_header_bytes=self.store.max_header_bytes)
+                index = read_index(data_path, max_header_bytes=self._max_header_bytes)
                 manifest = manifest_of(self.adapter_id, self.config_json, weights, index)
-                config_blob = self.store._temp_blob(self.config_json)
+                config_blob = self._committer.temps.blob(self.config_json)
                 try:
                     sources = {manifest.files[0].root: config_blob, manifest.weights.root: data_path}
-                    self.already_staged = self.store._commit(manifest, self.adapter_id, sources)
+                    self.already_staged = self._committer.commit(manifest, self.adapter_id, sources)
                 finally:
                     config_blob.unlink(missing_ok=True)
             except (InvalidAdapter, IntegrityError):
@@ -231,4 +246,4 @@ class Upload:
         os.close(self._fd)
         os.close(self._lock_fd)
         self._fd = self._lock_fd = None
-        self.store._forget_upload(self._directory.name)
+        self._release(self._directory.name)

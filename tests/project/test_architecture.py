@@ -151,3 +151,98 @@ def test_version_is_the_package_version() -> None:
     import fabric
 
     assert fabric.__version__ == version("adapter-fabric")
+
+
+# ------------------------------------------------------------ module graph: no circles, no private names across modules
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+LIBRARY = {_module_name(p): p for p in _modules("fabric") + _modules("node")}
+
+
+def _resolve(module: str, name: str | None = None) -> str | None:
+    """The library module an import statement loads: ``from fabric.store import manifest`` -> fabric.store.manifest."""
+    if name is not None and f"{module}.{name}" in LIBRARY:
+        return f"{module}.{name}"
+    return module if module in LIBRARY else None
+
+
+def _module_imports(path: Path) -> list[tuple[str, str | None]]:
+    """(imported library module, the name taken from it or None) for every import anywhere in a file.
+
+    Imports inside functions and under ``TYPE_CHECKING`` count too: a circle drawn lazily is still a circle in the design.
+    """
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(m, None) for alias in node.names if (m := _resolve(alias.name))]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                target = _resolve(node.module, alias.name)
+                if target is not None:
+                    found.append((target, None if target != node.module else alias.name))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    # fabric/__init__.py is the public API: it re-exports (lazily) from every layer, and no library module imports it.
+    return {name: {m for m, _ in _module_imports(path) if m != name and m != "fabric"} for name, path in LIBRARY.items() if name != "fabric"}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_between_library_modules() -> None:
+    circles = _circles(_graph())
+    assert not circles, "import circles (each line one circle; cut it by handing a collaborator in):\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    leaks = [
+        f"{path.relative_to(ROOT)} imports {name} from {module}"
+        for path in LIBRARY.values()
+        for module, name in _module_imports(path)
+        if name is not None and name.startswith("_") and not name.startswith("__")
+    ]
+    assert not leaks, "\n".join(leaks)

@@ -1,0 +1,171 @@
+"""Reading what is committed: refs (id -> digest), manifests (cached), and whether an adapter's files are whole.
+
+The catalog never writes; the committer (``fabric.store.committer``) tells
+it when a manifest was written or removed so its cache stays true.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument, StoreMissing
+from fabric.store.files import decode_id
+from fabric.store.ids import validate_adapter_id, validate_digest
+from fabric.store.layout import StoreLayout
+from fabric.store.manifest import Manifest
+
+
+def is_digest(value: str) -> bool:
+    """True when ``value`` is a well-formed digest (64 lowercase hex)."""
+    try:
+        validate_digest(value)
+    except FabricError:
+        return False
+    return True
+
+
+class Catalog:
+    """Committed refs and manifests of one store, read through a per-digest manifest cache."""
+
+    def __init__(self, layout: StoreLayout) -> None:
+        self.layout = layout
+        # Manifests are immutable once written (named by digest): a cached one is valid while its file exists.
+        self._manifests: dict[str, Manifest] = {}
+
+    # ------------------------------------------------------------ refs
+
+    def read_ref(self, adapter_id: str) -> str | None:
+        """The digest an id refers to; None when it is not staged. Damaged text is returned as it is (``problem`` reports it)."""
+        try:
+            return self.layout.ref(adapter_id).read_bytes().decode("ascii", "replace").strip()
+        except FileNotFoundError:
+            if not self.layout.refs.is_dir():  # not "not staged": the store itself went (checked only on a miss)
+                raise self.missing_store() from None
+            return None
+
+    def refs(self) -> dict[str, str]:
+        """Every staged id and the digest its entry holds."""
+        found: dict[str, str] = {}
+        try:
+            entries = list(os.scandir(self.layout.refs))
+        except FileNotFoundError:
+            raise self.missing_store() from None
+        for entry in entries:
+            adapter_id = decode_id(entry.name)
+            try:
+                validate_adapter_id(adapter_id)
+            except InvalidArgument:
+                continue  # not a ref this store wrote
+            digest = self.read_ref(adapter_id)
+            if digest is not None:
+                found[adapter_id] = digest
+        return found
+
+    # ------------------------------------------------------------ manifests
+
+    def load_manifest(self, digest: str) -> Manifest | None:
+        """The manifest of ``digest``; None if absent; ``IntegrityError``/``InvalidAdapter`` if its file is damaged."""
+        if not is_digest(digest):
+            raise IntegrityError(f"{digest[:80]!r} is not a digest")
+        path = self.layout.manifest(digest)
+        cached = self._manifests.get(digest)
+        if cached is not None and path.is_file():  # another process may have collected it
+            return cached
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            self._manifests.pop(digest, None)
+            return None
+        manifest = Manifest.from_json(data)
+        if manifest.digest != digest:
+            raise IntegrityError(f"{path} holds the manifest of digest {manifest.digest}")
+        self._manifests[digest] = manifest
+        return manifest
+
+    def remember(self, manifest: Manifest) -> None:
+        """The committer wrote ``manifest``'s file: no need to read it back."""
+        self._manifests[manifest.digest] = manifest
+
+    def forget(self, digest: str) -> None:
+        """The committer removed ``digest``'s manifest file."""
+        self._manifests.pop(digest, None)
+
+    def complete(self, digest: str) -> Manifest | None:
+        """The manifest of ``digest`` when it and every blob it names are here; None when any is absent or damaged."""
+        try:
+            manifest = self.load_manifest(digest)
+        except FabricError:
+            return None
+        if manifest is None or any(not self.layout.blob(f.root).is_file() for f in manifest.files):
+            return None
+        return manifest
+
+    def missing_bytes(self, manifest: Manifest) -> int:
+        """What committing ``manifest`` would add: the sizes of its files whose blobs are not here."""
+        return sum(f.size for f in manifest.files if not self.layout.blob(f.root).is_file())
+
+    # ------------------------------------------------------------ the public reads
+
+    def get(self, adapter_id: str) -> Manifest:
+        """The committed manifest of an id (``AdapterNotFound`` naming the id; ``IntegrityError`` when damaged)."""
+        validate_adapter_id(adapter_id)
+        digest = self.read_ref(adapter_id)
+        if digest is None:
+            raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
+        try:
+            manifest = self.load_manifest(digest)
+        except FabricError:
+            raise IntegrityError(f"adapter {adapter_id!r} is damaged in this store: {self.problem(digest)}; unstage it, or promote it from a peer") from None
+        if manifest is None:
+            raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
+        return manifest.with_id(adapter_id)
+
+    def by_digest(self, digest: str) -> Manifest | None:
+        """The committed manifest of a digest, under one of the ids referring to it; None if absent."""
+        validate_digest(digest)
+        manifest = self.complete(digest)
+        if manifest is None:
+            return None
+        if self.read_ref(manifest.adapter_id) == digest:
+            return manifest
+        ids = sorted(i for i, d in self.refs().items() if d == digest)
+        return manifest.with_id(ids[0]) if ids else None
+
+    def list(self) -> list[Manifest]:
+        """Every committed adapter whose manifest reads, sorted by id; a damaged entry is left out (``problem`` names it)."""
+        found = []
+        for adapter_id, digest in sorted(self.refs().items()):
+            try:
+                manifest = self.load_manifest(digest)
+            except FabricError:
+                continue
+            if manifest is not None:  # else unstaged while we listed
+                found.append(manifest.with_id(adapter_id))
+        return found
+
+    # ------------------------------------------------------------ damage
+
+    def problem(self, digest: str) -> str:
+        """Why the adapter behind ``digest`` is damaged; "" when it is not (as far as files' presence shows)."""
+        if not is_digest(digest):
+            return f"its id entry is damaged (holds {digest[:80]!r}, not a digest)"
+        try:
+            manifest = self.load_manifest(digest)
+        except FabricError as exc:
+            return f"its manifest is damaged: {str(exc)[:200]}"
+        if manifest is None:
+            return f"its manifest {digest}.json is missing"
+        for entry in manifest.files:
+            if not self.layout.blob(entry.root).is_file():
+                return f"its {entry.name} (blob {entry.root}) is missing or quarantined"
+        return ""
+
+    def missing_store(self) -> StoreMissing:
+        """The error for a store whose directory (or a part of it) was removed while this process uses it."""
+        layout = self.layout
+        gone = next((d for d in (layout.root, layout.refs, layout.manifests, layout.blobs) if not d.is_dir()), layout.refs)
+        what = "is missing" if gone == layout.root else f"is missing its {gone.relative_to(layout.root)}/ directory"
+        return StoreMissing(
+            f"the adapter store {layout.root} {what} (removed while the node runs): "
+            "restore it, or restart the node to start an empty store there and pull adapters from peers again"
+        )
