@@ -1,16 +1,23 @@
-"""Issue 13 case 7: a pull that gives up names its cause; real node processes.
+"""A pull that gives up names its cause; real node processes.
 
 A seed that unstages the adapter mid-pull (NOT_FOUND on the next Fetch), and
 a seed that refuses every stream as busy (RESOURCE_EXHAUSTED from
 --max-streams-per-peer): the puller's final error says so, and its type says
 what the caller can do (AdapterNotFound when no peer holds the adapter any
 more, PeerUnavailable, retryable, otherwise).
+
+Each test decides the order of events itself, never with a rate limit against
+a timer: the unstage lands while the pull is held at a known chunk (a relay,
+tests/support/peers/gated_peer.py, holds it there), and the stream that makes
+the seed busy is held open by HTTP/2 flow control (the test reads one message
+through a small receive window and no more).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -19,14 +26,17 @@ import pytest
 from fabric.errors import AdapterNotFound, FabricError, PeerUnavailable
 from fabric.harness.cluster import LocalNode, free_port
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from fabric.transport import wire
+from fabric.v1 import fabric_pb2
+from tests.support import PEERS
 
 pytestmark = pytest.mark.timeout(240)
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-#: 134 616 bytes in 33 chunks of 4 KiB: at 8 KiB/s a pull lasts about 16 s, so the test's unstage lands mid-pull even under load
-RATE = 8 << 10
-STALL = ["--stall-timeout", "2"]
+#: the stall watchdog also ends a pull once no peer can serve the rest; the relay's hold lasts one unstage RPC
+STALL = ["--stall-timeout", "3"]
+#: a receive window far below the adapter (134 616 bytes): the seed can send a few chunks, then waits for the reader
+SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 16 << 10), ("grpc.http2.bdp_probe", 0)]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +46,18 @@ def adapter(tmp_path_factory) -> Path:
 
 
 def seed_node(root: Path, *extra: str) -> LocalNode:
-    return LocalNode(root / "seed", model="none", port=free_port(), extra_args=["--chunk-size", "4096", "--upload-rate", str(RATE), *extra])
+    return LocalNode(root / "seed", model="none", port=free_port(), extra_args=["--chunk-size", "4096", *extra])
+
+
+def gated_relay(upstream: str, hold_after: int) -> tuple[subprocess.Popen, str]:
+    """The relay and its address; it holds the pull after ``hold_after`` chunks until a line reaches its stdin."""
+    relay = subprocess.Popen(
+        [sys.executable, str(PEERS / "gated_peer.py"), upstream, "--hold-after", str(hold_after)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    line = relay.stdout.readline()
+    assert line.startswith("listening on "), line
+    return relay, line.split()[-1]
 
 
 def pull_in_thread(client, adapter_id: str, peer: str, named_peer_only: bool) -> tuple[threading.Thread, dict]:
@@ -53,38 +74,26 @@ def pull_in_thread(client, adapter_id: str, peer: str, named_peer_only: bool) ->
     return thread, outcome
 
 
-def verified(client, digest: str) -> int:
-    """Chunks of ``digest`` the node holds verified (0 before its pull opened a partial)."""
-    try:
-        return client.availability(digest).verified_chunks
-    except AdapterNotFound:
-        return 0
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("with_dead_peer", [False, True], ids=["only-seed", "and-a-dead-peer"])
 def test_a_seed_that_unstages_mid_pull_is_named_as_no_longer_holding_it(tmp_path, adapter, with_dead_peer) -> None:
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     seed = seed_node(tmp_path).start()
+    relay, relayed = gated_relay(seed.address, hold_after=2)
     node = LocalNode(tmp_path / "node", model="none", port=free_port(), peers=[dead] if with_dead_peer else [], extra_args=STALL).start()
     try:
         with seed.client() as s, node.client() as c:
-            digest = s.stage(adapter, "a").digest
-            thread, outcome = pull_in_thread(c, "a", seed.address, named_peer_only=not with_dead_peer)
-            wait_for(lambda: verified(c, digest) >= 2, "the pull to verify its first chunks")
+            s.stage(adapter, "a")
+            thread, outcome = pull_in_thread(c, "a", relayed, named_peer_only=not with_dead_peer)
+            assert relay.stdout.readline().strip() == "holding after 2 chunks"  # two chunks verified, the third not asked for yet
             s.unstage("a")
+            relay.stdin.write("go\n")
+            relay.stdin.flush()
             thread.join(120)
         error = outcome.get("error")
         assert error is not None, f"the pull succeeded: {outcome}"
         message = str(error)
-        assert f"{seed.address}: no longer holds 'a' (NOT_FOUND): it was unstaged or lost there" in message, message
-        assert "kept for resume" in message
+        assert f"{relayed}: no longer holds 'a' (NOT_FOUND): it was unstaged or lost there" in message, message
+        assert "kept for resume" in message, message
         if with_dead_peer:
             # The dead peer failed otherwise: not every peer said not found, so it stays retryable.
             assert type(error) is PeerUnavailable, repr(error)
@@ -94,6 +103,8 @@ def test_a_seed_that_unstages_mid_pull_is_named_as_no_longer_holding_it(tmp_path
         with node.client() as c:
             assert [a.adapter_id for a in c.list().staged] == []
     finally:
+        relay.kill()
+        relay.wait()
         node.stop()
         seed.stop()
 
@@ -104,9 +115,10 @@ def test_a_pull_refused_as_busy_names_the_busy_peer_when_it_gives_up(tmp_path, a
     try:
         with seed.client() as s:
             manifest = s.manifest(s.stage(adapter, "a").adapter_id)
-        # This test holds the seed's one Fetch stream for loopback (the node dials from the same host).
-        channel = grpc.insecure_channel(seed.address)
-        held = fabric_pb2_grpc.FabricStub(channel).Fetch(
+        # This test holds the seed's one Fetch stream for loopback (the node dials from the same host): it reads
+        # one message and no more, and the small window keeps the seed from sending the rest, so the stream stays open.
+        channel = grpc.insecure_channel(seed.address, options=SMALL_WINDOW)
+        held = wire.fetch_stub(channel)(
             fabric_pb2.FetchRequest(digest=manifest.digest, file=manifest.weights.name, offset=0, length=manifest.weights.size)
         )
         try:
