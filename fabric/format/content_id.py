@@ -14,8 +14,6 @@ from typing import Iterable
 
 from fabric.format.config import PeftAdapterConfig
 
-BASE_MODEL_ID = 0
-
 
 def content_id(weights_root: str, config: PeftAdapterConfig, modules: Iterable[str]) -> int:
     """A non-zero u64 from the safetensors file's root (``fabric.store.digests``) and the scaling of every adapted module."""

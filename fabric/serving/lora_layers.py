@@ -58,10 +58,6 @@ def routed(routing: Routing) -> Iterator[None]:
         _ROUTING.reset(token)
 
 
-def current_routing() -> Routing:
-    return _ROUTING.get()
-
-
 class LoraLinear(nn.Module):
     """Wraps ``base`` and adds ``B(A(x)) * scaling`` from the pool's slot for each row."""
 

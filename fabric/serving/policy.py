@@ -1,6 +1,6 @@
 """Victim choice for the slot pool, as a pure function over plain data.
 
-Kept apart from the pool so the rule (DESIGN invariant 2) can be tested
+Kept apart from the pool so the rule (docs/ARCHITECTURE.md invariant 2) can be tested
 without a device, a model or a lock: a never-filled (or retired) idle slot
 first, else the least recently used idle unpinned slot, else ``PoolFull``.
 A busy slot (ref count > 0) is never a candidate (invariant 1).

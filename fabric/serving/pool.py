@@ -105,11 +105,6 @@ class SlotPool(StagingRows):
         span = self._spans[module]
         return span.in_features, span.out_features
 
-    @property
-    def slot_nbytes(self) -> int:
-        """Bytes of one slot row (every module's A and B at ``max_rank``)."""
-        return self.slot_numel * self.storage.element_size()
-
     # ------------------------------------------------------------ commit (quiescent point)
 
     def commit(

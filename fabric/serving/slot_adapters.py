@@ -1,6 +1,6 @@
 """``PoolAdapters``: the ``ModelAdapters`` operations over a ``SlotPool``, with no forward.
 
-Loading an adapter is split in two (DESIGN invariant 7):
+Loading an adapter is split in two (docs/ARCHITECTURE.md invariant 7):
 
 * ``prepare`` runs off every lock: validate the config, the safetensors header
   and every tensor's module, rank and shape against the pool, derive the

@@ -1,4 +1,4 @@
-"""MultiLoraModel: the ModelAdapters operations, one test per DESIGN invariant, sequences and threads."""
+"""MultiLoraModel: the ModelAdapters operations, one test per docs/ARCHITECTURE.md invariant, sequences and threads."""
 
 from __future__ import annotations
 
