@@ -51,16 +51,12 @@ class TempFiles:
 
     def write_atomic(self, dest: Path, data: bytes) -> None:
         """``dest`` holds ``data`` whole or not at all, durably, even across a crash."""
-        fd, path = self.new()
+        path = self.blob(data)  # unlocked until renamed: recovery spares a live writer's temp files by its pid
         try:
-            pwrite_all(fd, data, 0)
-            os.fsync(fd)
             os.rename(path, dest)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-        finally:
-            os.close(fd)
         fsync_dir(dest.parent)
 
     def blob(self, data: bytes) -> Path:
