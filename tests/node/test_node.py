@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.support import PEERS
+from tests.support.relays import GatedRelay
 from fabric.client.node_client import NodeClient
 from fabric.harness.cluster import LocalCluster, LocalNode, free_port
 from fabric.errors import (
@@ -175,10 +175,6 @@ def test_health_and_reflection(cluster) -> None:
 # ------------------------------------------------------------ faults, own nodes
 
 
-def _slow_seeder(root: Path, name: str, port: int, rate: int = 24 << 10) -> LocalNode:
-    return LocalNode(root / name, model="none", port=port, extra_args=[*SMALL_CHUNK, "--upload-rate", str(rate)])
-
-
 def test_health_turns_not_serving_on_sigterm(tmp_path) -> None:
     node = LocalNode(tmp_path / "n", model="none").start()
     seen: list[int] = []
@@ -189,6 +185,8 @@ def test_health_turns_not_serving_on_sigterm(tmp_path) -> None:
         try:
             for update in watch:
                 seen.append(update.status)
+                if update.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                    break  # seen: leaving the watch lets the drain end now, not at its timeout
         except grpc.RpcError:
             pass
     assert node.process.wait(30) == 0
@@ -205,55 +203,56 @@ def test_store_only_node_serves_but_cannot_promote(tmp_path, adapters) -> None:
 
 
 def test_killed_peer_fails_over_to_a_second_holder(tmp_path, adapters) -> None:
-    slow_port, spare_port = free_port(), free_port()
-    slow = _slow_seeder(tmp_path, "slow", slow_port).start()
-    spare = LocalNode(tmp_path / "spare", model="none", port=spare_port, extra_args=SMALL_CHUNK).start()
+    seed = LocalNode(tmp_path / "seed", model="none", port=free_port(), extra_args=SMALL_CHUNK).start()
+    spare = LocalNode(tmp_path / "spare", model="none", port=free_port(), extra_args=SMALL_CHUNK).start()
     puller = LocalNode(tmp_path / "puller", port=free_port(), peers=[spare.address]).start()
+    relay = GatedRelay(seed.address, hold_after=2)  # the peer that dies mid-transfer, after exactly two chunks
     try:
-        for node in (slow, spare):
+        for node in (seed, spare):
             with NodeClient(node.address) as client:
                 client.stage(adapters["big"], "big")
-        with NodeClient(puller.address) as client:
-            killer = threading.Timer(1.5, slow.kill)
-            killer.start()
-            reply = client.promote("big", peer=slow.address)
-            killer.join()
-            assert slow.process.poll() is not None, "the seeder should have been killed mid-transfer"
-            assert reply.source_peer.split(",") == [slow.address, spare.address]
+        with NodeClient(puller.address) as client, ThreadPoolExecutor(1) as pool:
+            pulling = pool.submit(client.promote, "big", peer=relay.address)
+            relay.wait_holding()
+            relay.kill()
+            reply = pulling.result()
+            assert reply.source_peer.split(",") == [relay.address, spare.address]
             got = torch.tensor(client.generate(PROMPT, "big", return_logits=True).last_logits)
         assert (got - reference_logits(adapters["big"])).abs().max().item() < 1e-5
     finally:
-        for node in (slow, spare, puller):
+        relay.kill()
+        for node in (seed, spare, puller):
             node.stop()
 
 
 def test_killed_only_peer_gives_unavailable_then_resumes(tmp_path, adapters) -> None:
-    port = free_port()
-    seeder = _slow_seeder(tmp_path, "seed", port).start()
+    seeder = LocalNode(tmp_path / "seed", model="none", port=free_port(), extra_args=SMALL_CHUNK).start()
     puller = LocalNode(tmp_path / "puller", port=free_port()).start()
+    relay = GatedRelay(seeder.address, hold_after=2)  # the only peer: it dies after exactly two chunks
     size = weights_size(adapters["big"])
     try:
         with NodeClient(seeder.address) as client:
             client.stage(adapters["big"], "big")
-        with NodeClient(puller.address) as client:
-            killer = threading.Timer(1.5, seeder.kill)
-            killer.start()
+        with NodeClient(puller.address) as client, ThreadPoolExecutor(1) as pool:
+            pulling = pool.submit(client.promote, "big", peer=relay.address)
+            relay.wait_holding()
+            relay.kill()
             with pytest.raises(PeerUnavailable, match="kept for resume"):
-                client.promote("big", peer=seeder.address)
-            killer.join()
-            # The same seeder comes back (same store, same port), now at full speed.
-            seeder = LocalNode(tmp_path / "seed", model="none", port=port, extra_args=SMALL_CHUNK).start()
+                pulling.result()
+            # The bytes are still to be had from the seeder itself.
             reply = client.promote("big", peer=seeder.address)
         assert 0 < reply.bytes_transferred < size, "the second promote must resume, not start over"
     finally:
+        relay.kill()
         seeder.stop()
         puller.stop()
 
 
 def test_invariant_7_generate_keeps_answering_while_a_pull_runs(tmp_path, adapters) -> None:
-    """No network I/O under the model lock: a slow pull never blocks the resident adapters."""
-    seeder = _slow_seeder(tmp_path, "seed", free_port(), rate=16 << 10).start()
-    puller = LocalNode(tmp_path / "puller", port=free_port()).start()
+    """No network I/O under the model lock: a pull held mid-transfer never blocks the resident adapters."""
+    seeder = LocalNode(tmp_path / "seed", model="none", port=free_port(), extra_args=SMALL_CHUNK).start()
+    puller = LocalNode(tmp_path / "puller", port=free_port(), extra_args=["--stall-timeout", "120"]).start()
+    relay = GatedRelay(seeder.address, hold_after=2)
     try:
         with NodeClient(seeder.address) as seed_client:
             seed_client.stage(adapters["big"], "big")
@@ -261,15 +260,15 @@ def test_invariant_7_generate_keeps_answering_while_a_pull_runs(tmp_path, adapte
             client.stage(adapters["alpha"], "alpha")
             client.promote("alpha", name="alpha")
             with ThreadPoolExecutor(1) as pool:
-                pulling = pool.submit(client.promote, "big", peer=seeder.address, name="big")
-                answered_during_pull = 0
-                while not pulling.done() and answered_during_pull < 5:
+                pulling = pool.submit(client.promote, "big", peer=relay.address, name="big")
+                relay.wait_holding()  # the pull is in progress, and stays so until go()
+                for _ in range(5):
                     client.generate(PROMPT, "alpha", max_new_tokens=2)
-                    if not pulling.done():
-                        answered_during_pull += 1
-                assert answered_during_pull == 5, "Generate waited for the pull"
+                assert not pulling.done(), "the pull ended while held"
+                relay.go()
                 assert pulling.result().digest
     finally:
+        relay.kill()
         seeder.stop()
         puller.stop()
 

@@ -15,8 +15,6 @@ through a small receive window and no more).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from fabric.harness.cluster import LocalNode, free_port
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.transport import wire
 from fabric.v1 import fabric_pb2
-from tests.support import PEERS
+from tests.support.relays import GatedRelay
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,17 +47,6 @@ def seed_node(root: Path, *extra: str) -> LocalNode:
     return LocalNode(root / "seed", model="none", port=free_port(), extra_args=["--chunk-size", "4096", *extra])
 
 
-def gated_relay(upstream: str, hold_after: int) -> tuple[subprocess.Popen, str]:
-    """The relay and its address; it holds the pull after ``hold_after`` chunks until a line reaches its stdin."""
-    relay = subprocess.Popen(
-        [sys.executable, str(PEERS / "gated_peer.py"), upstream, "--hold-after", str(hold_after)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    line = relay.stdout.readline()
-    assert line.startswith("listening on "), line
-    return relay, line.split()[-1]
-
-
 def pull_in_thread(client, adapter_id: str, peer: str, named_peer_only: bool) -> tuple[threading.Thread, dict]:
     outcome: dict = {}
 
@@ -78,21 +65,20 @@ def pull_in_thread(client, adapter_id: str, peer: str, named_peer_only: bool) ->
 def test_a_seed_that_unstages_mid_pull_is_named_as_no_longer_holding_it(tmp_path, adapter, with_dead_peer) -> None:
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     seed = seed_node(tmp_path).start()
-    relay, relayed = gated_relay(seed.address, hold_after=2)
+    relay = GatedRelay(seed.address, hold_after=2)
     node = LocalNode(tmp_path / "node", model="none", port=free_port(), peers=[dead] if with_dead_peer else [], extra_args=STALL).start()
     try:
         with seed.client() as s, node.client() as c:
             s.stage(adapter, "a")
-            thread, outcome = pull_in_thread(c, "a", relayed, named_peer_only=not with_dead_peer)
-            assert relay.stdout.readline().strip() == "holding after 2 chunks"  # two chunks verified, the third not asked for yet
+            thread, outcome = pull_in_thread(c, "a", relay.address, named_peer_only=not with_dead_peer)
+            relay.wait_holding()  # two chunks sent, the third not asked for yet
             s.unstage("a")
-            relay.stdin.write("go\n")
-            relay.stdin.flush()
+            relay.go()
             thread.join(120)
         error = outcome.get("error")
         assert error is not None, f"the pull succeeded: {outcome}"
         message = str(error)
-        assert f"{relayed}: no longer holds 'a' (NOT_FOUND): it was unstaged or lost there" in message, message
+        assert f"{relay.address}: no longer holds 'a' (NOT_FOUND): it was unstaged or lost there" in message, message
         assert "kept for resume" in message, message
         if with_dead_peer:
             # The dead peer failed otherwise: not every peer said not found, so it stays retryable.
@@ -104,7 +90,6 @@ def test_a_seed_that_unstages_mid_pull_is_named_as_no_longer_holding_it(tmp_path
             assert [a.adapter_id for a in c.list().staged] == []
     finally:
         relay.kill()
-        relay.wait()
         node.stop()
         seed.stop()
 

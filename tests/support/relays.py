@@ -1,0 +1,49 @@
+"""Relay peers (tests/support/peers/) as objects a test drives: start, wait for their news, release, kill."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support import PEERS
+
+
+class GatedRelay:
+    """peers/gated_peer.py in front of ``upstream``: relays chunk by chunk and holds after ``hold_after`` chunks in all.
+
+    A test points a pull at ``address``, waits for ``wait_holding()`` (the pull is then in progress,
+    with exactly ``hold_after`` chunks sent), does what must happen mid-pull, then calls ``go()``,
+    or ``kill()`` to cut the pull's stream as a dying peer would.
+    """
+
+    def __init__(self, upstream: str, hold_after: int) -> None:
+        self.hold_after = hold_after
+        self.process = subprocess.Popen(
+            [sys.executable, str(PEERS / "gated_peer.py"), upstream, "--hold-after", str(hold_after)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        line = self.process.stdout.readline()
+        if not line.startswith("listening on "):
+            self.kill()
+            raise RuntimeError(f"the gated relay did not start: {line!r}")
+        self.address = line.split()[-1]
+
+    def wait_holding(self) -> None:
+        """Block until the relay holds (a pull-side timeout, pytest-timeout, bounds a pull that never comes)."""
+        line = self.process.stdout.readline().strip()
+        assert line == f"holding after {self.hold_after} chunks", line
+
+    def go(self) -> None:
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def __enter__(self) -> "GatedRelay":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
