@@ -85,8 +85,6 @@ class _Call:
         elif method == "Stage":
             metrics.STAGES.labels(outcome).inc()
             metrics.STAGE_BYTES.inc(self.bytes)
-        elif method == "Fetch":
-            metrics.SERVED_BYTES.inc(self.bytes)
         if self.response is not None and hasattr(self.response, "bytes_transferred"):
             self.bytes = self.response.bytes_transferred
         level = logging.WARNING if code == "UNAUTHENTICATED" else logging.INFO
@@ -135,8 +133,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):
 
 
 def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    if handler.request_streaming and handler.response_streaming:
-        raise NotImplementedError("fabric.v1 has no bidirectional streams")
+    """``handler`` timed, counted and logged: a unary call, or Stage (the one request stream); never a response stream."""
     if handler.request_streaming:
         behavior = handler.stream_unary
 
@@ -154,33 +151,6 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
                 failure = None  # no exception -> traceback -> frame cycle: frames go when the call does
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, handler.request_deserializer, handler.response_serializer)
-    if handler.response_streaming:
-        behavior = handler.unary_stream
-
-        async def unary_stream(request, context):
-            call = _Call(method, context)
-            call.note_request(request)
-            failure = result = None
-            try:
-                result = behavior(request, context)
-                if hasattr(result, "__aiter__"):
-                    async for message in result:
-                        call.bytes += len(message) if isinstance(message, (bytes, bytearray)) else message.ByteSize()
-                        yield message
-                else:  # a coroutine writing through the context (the auth refusal)
-                    await result
-            except BaseException as exc:
-                failure = exc
-                raise
-            finally:
-                call.finish(failure)
-                # Drop the inner stream and the exception here: an exception -> traceback -> frame cycle would keep
-                # the inner stream alive until the garbage collector runs, delaying its cleanup (super-seeding's
-                # in-flight set, the per-peer stream count) by seconds; without it the inner stream is finalized
-                # as soon as this one is, as it would be without the observer.
-                failure = result = None
-
-        return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer, handler.response_serializer)
     behavior = handler.unary_unary
 
     async def unary_unary(request, context):

@@ -1,34 +1,91 @@
-"""The peer-facing reads of the servicer: Fetch (chunks, with super-seeding) and Availability.
+"""The peer-facing reads: GetManifest, Locate, Fetch (chunks, with super-seeding) and Availability.
 
-A mixin of ``FabricServicer``: it uses the servicer's store, thread pools and
-limits, and serves only verified bytes (committed blobs, or the verified
-chunks of a partial download).
+Only verified bytes are served (committed blobs, re-verified on read, or the
+verified chunks of a partial download), and, on a node that trusts signers,
+only signed adapters. These are the calls --auth-peer-reads guards.
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import os
+import random
 from typing import AsyncIterator, Callable, Sequence
+
+import grpc
+from aiolimiter import AsyncLimiter
 
 from fabric.errors import AdapterNotFound, InvalidArgument, QuotaExceeded
 from fabric.observability.metrics import SERVED_BYTES
-from fabric.rpc.status import rpc_errors
+from fabric.store.digests import check_scheme
+from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest
 from fabric.transport import fetch_metadata, swarm, wire
+from fabric.transport.pull import PeerPuller
 from fabric.v1 import fabric_pb2
-
-log = logging.getLogger("fabric.node")
+from node.context import NodeContext
+from node.signed import SignedAdapters
 
 #: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
 SENT_COUNTS_KEPT = 16
 
 
 class PeerReads:
-    """Fetch and Availability, mixed into ``FabricServicer``."""
+    """GetManifest, Locate, Fetch and Availability; owns the upload rate limit and the super-seeding counts."""
 
-    @rpc_errors
-    async def Fetch(self, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
+    def __init__(self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0) -> None:
+        self.context = context
+        self.store = context.store
+        self.puller = puller
+        self.signed = signed
+        # One bucket for all streams: --upload-rate bounds what the node serves in total.
+        self._upload_limit = AsyncLimiter(upload_rate, 1.0) if upload_rate > 0 else None
+        # Per digest, how often each chunk was handed out to swarm pulls (super-seeding); touched on the event loop only.
+        self._sent: dict[str, list[int]] = {}
+        self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
+        self._rng = random.Random()
+
+    async def get_manifest(self, request: fabric_pb2.GetManifestRequest) -> fabric_pb2.Manifest:
+        """A staged adapter's manifest with its signature (and, when asked, each file's sha256)."""
+        # A caller of another digest scheme would misread every digest of the answer: refused by name instead.
+        check_scheme(request.digest_scheme, f"GetManifest of {request.adapter_id[:200]!r} from a caller that")
+        manifest = await self.context.io(self.store.get, validate_adapter_id(request.adapter_id))
+        self.signed.check_stored(manifest)  # a node that trusts signers serves only signed adapters
+        reply = manifest.to_proto()
+        reply.signature = await self.context.io(self.store.signature, manifest.digest)
+        if request.with_sha256:
+            for name, sha256 in (await self.context.io(self.store.file_sha256, manifest)).items():
+                reply.file_sha256[name] = sha256
+        return reply
+
+    async def locate(self, request: fabric_pb2.LocateRequest) -> fabric_pb2.LocateResponse:
+        """Which known peers hold the adapter, fully or in part (this node itself is not listed)."""
+        peers = await self.context.known_peers()
+        digest = request.digest
+        if not digest:
+            try:
+                digest = self.store.get(validate_adapter_id(request.adapter_id)).digest
+            except AdapterNotFound:
+                manifest, _, _ = await self.context.io(self.puller.manifest, peers, request.adapter_id)
+                digest = manifest.digest
+        holdings = await asyncio.gather(*(self.context.io(self.puller.availability, peer, digest) for peer in peers))
+        return fabric_pb2.LocateResponse(digest=digest, peers=[h for h in holdings if h is not None])
+
+    def _manifest_for(self, adapter_id: str, digest: str) -> Manifest:
+        if digest:
+            manifest = self.store.by_digest(digest)
+            if manifest is None:
+                raise AdapterNotFound(f"no adapter with digest {digest} is staged here")
+            return manifest
+        return self.store.get(validate_adapter_id(adapter_id))
+
+    async def _throttle(self, length: int) -> None:
+        """Wait for ``length`` bytes of --upload-rate (a chunk larger than a second's worth takes a whole second's)."""
+        if self._upload_limit is not None:
+            await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
+
+    async def fetch(self, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Chunks of a committed adapter (re-verified on read), or the verified ones of an adapter still arriving here."""
         holder = fetch_metadata.holder_of(context.invocation_metadata(), context.peer())
         if holder is not None and request.digest:
             self.puller.hint(request.digest, *holder)  # the caller pulls it too: news for our own pull of it
@@ -38,7 +95,7 @@ class PeerReads:
                 yield message
             return
         manifest = self._manifest_for(request.adapter_id, request.digest)
-        self._check_stored(manifest)  # a node that trusts signers serves only signed adapters
+        self.signed.check_stored(manifest)  # a node that trusts signers serves only signed adapters
         entry = manifest.file(request.file) if request.file else manifest.weights
         if request.offset % entry.chunk_size:
             raise InvalidArgument(f"Fetch offset {request.offset} is not a multiple of the chunk size {entry.chunk_size}")
@@ -50,18 +107,19 @@ class PeerReads:
             async for message in self._seed(manifest, chunks, request, context):
                 yield message
             return
-        path = await self._io(self.store.verified_blob, manifest, entry)  # bytes at rest are re-verified before they leave
+        path = await self.context.io(self.store.verified_blob, manifest, entry)  # bytes at rest are re-verified before they leave
         with open(path, "rb") as f:
             for index in chunks:
                 offset, length = entry.chunk_span(index)
-                if self._upload_limit is not None:
-                    await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
-                data = await self._io(os.pread, f.fileno(), length, offset)
+                await self._throttle(length)
+                data = await self.context.io(os.pread, f.fileno(), length, offset)
                 SERVED_BYTES.inc(len(data))
                 yield wire.encode_chunk(offset, data)
         context.set_trailing_metadata(fetch_metadata.complete())
 
-    async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
+    async def _seed(
+        self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         """A swarm request to a node holding the whole adapter: super-seeding.
 
         It gets the acceptable chunks handed out least. While first copies
@@ -86,12 +144,11 @@ class PeerReads:
         served: set[int] = set()
         try:
             await context.send_initial_metadata(fetch_metadata.picked(chunks))
-            with open(await self._io(self.store.verified_weights, manifest), "rb") as f:
+            with open(await self.context.io(self.store.verified_weights, manifest), "rb") as f:
                 for index in chunks:
                     offset, length = weights.chunk_span(index)
-                    if self._upload_limit is not None:
-                        await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
-                    data = await self._io(os.pread, f.fileno(), length, offset)
+                    await self._throttle(length)
+                    data = await self.context.io(os.pread, f.fileno(), length, offset)
                     SERVED_BYTES.inc(len(data))
                     served.add(index)  # handed to gRPC: a caller that cuts the stream after it may hold it already
                     yield wire.encode_chunk(offset, data)
@@ -117,9 +174,9 @@ class PeerReads:
         sent = self._sent_counts(digest, chunk_count)
         return swarm.pick_chunks(requested, swarm.bitmap_to_chunks(accept_bitmap, chunk_count), holds, sent, self._rng)
 
-    async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest, context) -> AsyncIterator[bytes]:
+    async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Chunks of an adapter still arriving here: only verified ones, and the whole range must be verified up front."""
-        self._check_stored(partial.manifest)
+        self.signed.check_stored(partial.manifest)
         weights = partial.manifest.weights
         if request.file and request.file != weights.name:
             raise AdapterNotFound(f"{request.file} of {request.digest} is not here yet (only {weights.name} is served while it arrives)")
@@ -140,10 +197,9 @@ class PeerReads:
         if request.accept_bitmap:
             await context.send_initial_metadata(fetch_metadata.picked(chunks))
         for index in chunks:
-            if self._upload_limit is not None:
-                await self._upload_limit.acquire(min(weights.chunk_span(index)[1], self._upload_limit.max_rate))
+            await self._throttle(weights.chunk_span(index)[1])
             try:
-                data = await self._io(partial.read_chunk, index)  # re-verified on read
+                data = await self.context.io(partial.read_chunk, index)  # re-verified on read
             except InvalidArgument as exc:  # the partial was closed under us (its pull failed)
                 raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
             SERVED_BYTES.inc(len(data))
@@ -152,8 +208,8 @@ class PeerReads:
         held = fetch_metadata.complete() if partial.committed else fetch_metadata.verified(partial.verified_bitmap)
         context.set_trailing_metadata(held)
 
-    @rpc_errors
-    async def Availability(self, request, context) -> fabric_pb2.AvailabilityResponse:
+    def availability(self, request: fabric_pb2.AvailabilityRequest) -> fabric_pb2.AvailabilityResponse:
+        """Which chunks of a digest this node holds: all of a committed adapter, the verified ones of a partial."""
         manifest = self.store.by_digest(request.digest)
         if manifest is not None:
             count = manifest.weights.chunk_count

@@ -1,7 +1,6 @@
-"""Promote, in the servicer: pull an adapter (or find it here), verify it, and land it in a slot.
+"""Promote: pull an adapter (or find it here), verify it, and land it in a slot.
 
-A mixin of ``FabricServicer`` (uses its store, puller, model, thread pools and
-trust checks). The order is the design's (docs/ARCHITECTURE.md): the peer's
+The order is docs/ARCHITECTURE.md's ("Promote from a peer"): the peer's
 manifest is checked against the caller's PEFT fields, this model and pool,
 and the trusted signers before a byte moves; the slot row is staged while the
 verified chunks land (``fabric.serving.row_sink``); the commit at the
@@ -11,27 +10,40 @@ quiescent point is a memory copy.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Callable
 
 from fabric.errors import IntegrityError, InvalidArgument
 from fabric.format.peft_fields import check_agrees
-from fabric.rpc.status import rpc_errors
 from fabric.store.ids import validate_adapter_id, validate_name
 from fabric.store.manifest import Manifest
-from fabric.transport.pull import PullStats
+from fabric.transport.pull import PullStats, SinkFor
 from fabric.v1 import fabric_pb2
+from node.context import NodeContext
+from node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 
 
 class Promotes:
-    """Promote (into a slot, or ``stage_only`` into the store), mixed into ``FabricServicer``."""
+    """Promote (into a slot, or ``stage_only`` into the store); owns which digest each promoted slot holds."""
 
-    @rpc_errors
-    async def Promote(self, request: fabric_pb2.PromoteRequest, context) -> fabric_pb2.PromoteResponse:
+    def __init__(self, context: NodeContext, signed: SignedAdapters) -> None:
+        self.context = context
+        self.store = context.store
+        self.signed = signed
+        # (name, content id) of a promote -> the digest it loaded: ListAdapters names a slot's bytes by it, unstaged or not.
+        self._slot_digests: dict[tuple[str, int], str] = {}
+
+    def slot_digest(self, name: str | None, content_id: int) -> str:
+        """The digest a promote loaded as ``name`` with ``content_id``, or "" (a slot filled otherwise, or empty)."""
+        return self._slot_digests.get((name, content_id), "")
+
+    async def promote(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
+        """Bring the adapter here (pulled from the peers, or staged already), verified, then into a slot."""
         if request.stage_only:
             return await self._pull_only(request)
-        model = self._require_model("promote adapters")
+        model = self.context.require_model("promote adapters")
         adapter_id = validate_adapter_id(request.adapter_id)
         name = validate_name(request.name or adapter_id)  # before any byte moves
         requested = request.peft if request.HasField("peft") else None
@@ -56,13 +68,13 @@ class Promotes:
                 prepared = model.prepared_from(staged, manifest, blob, name)  # the pull staged it: no pass over the bytes
             else:
                 # Bytes that were here already (or a shared download): map the verified blob and stage it, off the model worker.
-                prepared = await self._io(model.prepare_verified, manifest, blob, name)
+                prepared = await self.context.io(model.prepare_verified, manifest, blob, name)
         finally:
             for sink in sinks:
                 sink.abandon()  # a no-op for the one handed over
         try:
             # The memory copy, at the quiescent point; a pin past the limit is refused before anything is evicted.
-            slot, evicted = await self._on_model(model.commit, prepared, pin=request.pin)
+            slot, evicted = await self.context.on_model(model.commit, prepared, pin=request.pin)
         finally:
             model.recycle(prepared)
         resident = {info["name"] for info in model.slots_info()}
@@ -80,7 +92,9 @@ class Promotes:
             pull_seconds=stats.pull_seconds,
         )
 
-    async def _verified(self, request: fabric_pb2.PromoteRequest, adapter_id: str, check: Callable[[Manifest], None], sink_for=None):
+    async def _verified(
+        self, request: fabric_pb2.PromoteRequest, adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
+    ) -> tuple[Manifest, PullStats, Path]:
         """``(manifest, stats, weights path)``: the adapter pulled (or found here), its bytes verified since last written.
 
         ``sink_for``: as ``PeerPuller.pull``'s, for a pull (a slot row staged while receiving).
@@ -93,28 +107,30 @@ class Promotes:
             if request.peer:
                 manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check, sink_for)
             else:
-                manifest = await self._io(self.store.get, adapter_id)
-                self._check_stored(manifest)
+                manifest = await self.context.io(self.store.get, adapter_id)
+                self.signed.check_stored(manifest)
                 check(manifest)
-            return manifest, stats, await self._io(self.store.verified_weights, manifest)
+            return manifest, stats, await self.context.io(self.store.verified_weights, manifest)
         except IntegrityError as exc:
-            peers = await self._pull_peers(request) if request.peer else await self._known_peers()
+            peers = await self._pull_peers(request) if request.peer else await self.context.known_peers()
             if not peers:
                 raise
             log.warning("%s; pulling it again from %s", exc, ",".join(peers))
             manifest, stats = await self._signed_pull(peers, adapter_id, check, sink_for)
-            return manifest, stats, await self._io(self.store.verified_weights, manifest)
+            return manifest, stats, await self.context.io(self.store.verified_weights, manifest)
 
-    async def _signed_pull(self, peers: list[str], adapter_id: str, check, sink_for=None) -> tuple[Manifest, PullStats]:
+    async def _signed_pull(
+        self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
+    ) -> tuple[Manifest, PullStats]:
         """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
-        return await self._io(self._pull_signed, peers, adapter_id, check, sink_for)
+        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for)
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone)."""
         _check_peer_address(request.peer)
         if request.named_peer_only:
             return [request.peer]
-        return [request.peer, *await self._known_peers()]
+        return [request.peer, *await self.context.known_peers()]
 
     async def _pull_only(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
         """Promote with stage_only: bring the bytes into the store (and serve them on), load no slot."""
@@ -124,10 +140,10 @@ class Promotes:
         if request.peer:
             manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
         else:
-            manifest = await self._io(self.store.get, adapter_id)
-            self._check_stored(manifest)
+            manifest = await self.context.io(self.store.get, adapter_id)
+            self.signed.check_stored(manifest)
             check_agrees(requested, manifest.config, adapter_id)
-        await self._io(self.store.verified_weights, manifest)
+        await self.context.io(self.store.verified_weights, manifest)
         log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
         return fabric_pb2.PromoteResponse(
             slot=-1,

@@ -19,7 +19,7 @@ import signal
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from fabric import __version__
@@ -29,16 +29,26 @@ from fabric.observability.endpoint import ProbeEndpoint
 from fabric.observability.logs import event
 from fabric.rpc.limits import PeerStreamLimit
 from fabric.rpc.security import BearerAuth
+from fabric.store import AdapterStore
 from fabric.store.hygiene import expire_abandoned
 from fabric.transport import wire
 from fabric.transport.discovery import PeerSource
-from fabric.transport.pull import PeerChannels
+from fabric.transport.channels import PeerChannels
+from fabric.transport.pull import PeerPuller
 from fabric.trust.signing import TrustedSigners
 from fabric.v1 import fabric_pb2
+from node.context import NodeContext
 from node.observe import ObservedPuller, RpcObserver, refresh_gauges
+from node.peer_reads import PeerReads
+from node.promotes import Promotes
+from node.scrub import Scrubber
 from node.servicer import FabricServicer
 from node.settings import NodeSettings, fail
+from node.signed import SignedAdapters
+from node.slots import Slots
+from node.staging import Staging
 from node.startup import bind, check_bindable, load_security, open_store
+from node.store_status import StoreReport
 
 __all__ = ["build_model", "load_security", "serve"]
 
@@ -58,8 +68,6 @@ def build_model(settings: NodeSettings):
         return None
     from fabric.serving.multi_lora import MultiLoraModel
     from fabric.serving.tiny import load_base_model
-
-    from fabric.errors import FabricError
 
     try:
         base = load_base_model(settings.model)
@@ -100,17 +108,17 @@ def start_endpoint(settings: NodeSettings, readiness: Readiness) -> ProbeEndpoin
         fail(f"--metrics-listen {settings.metrics_listen}: cannot listen there: {exc.strerror or exc}")
 
 
-async def _expire_periodically(servicer: FabricServicer, max_age: float) -> None:
+async def _expire_periodically(store: AdapterStore, max_age: float) -> None:
     interval = min(HYGIENE_INTERVAL_MAX_S, max(HYGIENE_INTERVAL_MIN_S, max_age / 4))
     while True:
         await asyncio.sleep(interval)
         try:
-            await asyncio.to_thread(_expire, servicer.store, max_age)
+            await asyncio.to_thread(_expire, store, max_age)
         except OSError as exc:  # a full or failing disk: say so, and try again next round
             log.warning("expiring abandoned uploads and partials failed: %s", exc)
 
 
-def _expire(store, max_age: float) -> None:
+def _expire(store: AdapterStore, max_age: float) -> None:
     for item in expire_abandoned(store, max_age):
         metrics.EXPIRED.labels(item.kind).inc()
         metrics.EXPIRED_BYTES.inc(item.bytes)
@@ -124,6 +132,32 @@ def load_trusted(settings: NodeSettings) -> TrustedSigners:
         return TrustedSigners.from_files(settings.trusted_signers)
     except FabricError as exc:
         fail(str(exc))
+
+
+class Node:
+    """The node's parts, composed: the RPC groups behind the servicer, what they share, and the background scrub."""
+
+    def __init__(
+        self, settings: NodeSettings, store: AdapterStore, model, puller: PeerPuller, peer_source: PeerSource, trusted: TrustedSigners
+    ) -> None:
+        self.context = NodeContext(store, model, peer_source)
+        self.puller = puller
+        signed = SignedAdapters(store, puller, trusted)
+        promotes = Promotes(self.context, signed)
+        self.servicer = FabricServicer(
+            staging=Staging(self.context, signed),
+            peer_reads=PeerReads(self.context, puller, signed, upload_rate=settings.upload_rate),
+            promotes=promotes,
+            slots=Slots(self.context, promotes, max_new_tokens=settings.max_new_tokens),
+            store_status=StoreReport(self.context, expire_after=settings.expire_abandoned_after),
+        )
+        self.scrubber = Scrubber(store, peer_source, signed, rate=settings.scrub_rate)
+
+    def close(self) -> None:
+        """After the server stopped: the scrub told to stop, the model worker's jobs finished, the peer channels closed."""
+        self.scrubber.stop()
+        self.context.close()
+        self.puller.channels.close()
 
 
 async def serve(settings: NodeSettings) -> None:
@@ -154,13 +188,9 @@ async def serve(settings: NodeSettings) -> None:
         store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers,
         listen_port=port,
     )
-    servicer = FabricServicer(
-        store=store, model=model, puller=puller, peers=settings.peers, upload_rate=settings.upload_rate, peer_source=peer_source,
-        max_new_tokens=settings.max_new_tokens, scrub_rate=settings.scrub_rate, trusted=trusted,
-    )
-    servicer.expire_after = settings.expire_abandoned_after
-    wire.add_fabric_servicer_to_server(servicer, server)
-    health = HealthServicer()
+    node = Node(settings, store, model, puller, peer_source, trusted)
+    wire.add_fabric_servicer_to_server(node.servicer, server)
+    health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     metrics.set_refresh(refresh_gauges(store, model))
@@ -176,7 +206,7 @@ async def serve(settings: NodeSettings) -> None:
     # Tests and the demo read this line to learn the ports when --listen or --metrics-listen ends in :0.
     print(f"fabric-node listening on {host}:{port} (model={settings.model}, device={device}, store={settings.store}, {guard}{probes})", flush=True)
 
-    hygiene = asyncio.create_task(_expire_periodically(servicer, settings.expire_abandoned_after)) if settings.expire_abandoned_after > 0 else None
+    hygiene = asyncio.create_task(_expire_periodically(store, settings.expire_abandoned_after)) if settings.expire_abandoned_after > 0 else None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -190,7 +220,7 @@ async def serve(settings: NodeSettings) -> None:
     if hygiene is not None:
         hygiene.cancel()
     await server.stop(settings.drain_timeout)
-    servicer.close()
+    node.close()
     if endpoint is not None:
         endpoint.close()
     log.info("stopped")

@@ -1,28 +1,38 @@
-"""Signed adapters in the servicer: the checks a node with --trusted-signers makes, and signatures carried along.
+"""Signed adapters: the checks a node with --trusted-signers makes, and signatures carried along.
 
-A mixin of ``FabricServicer`` (uses its store, puller and ``trusted``). What
-is signed is the adapter's manifest digest (fabric/trust/signing.py). Every
-check runs before a byte of the adapter moves: a Stage's StageBegin declares
-the files' digests, so the digest is known before any data; a pull reads the
-peer's manifest (with its signature) before fetching a chunk. Signatures are
-kept by every node, trusting or not, so they travel with the adapter.
+What is signed is the adapter's manifest digest (fabric/trust/signing.py).
+Every check runs before a byte of the adapter moves: a Stage's StageBegin
+declares the files' digests, so the digest is known before any data; a pull
+reads the peer's manifest (with its signature) before fetching a chunk.
+Signatures are kept by every node, trusting or not, so they travel with the
+adapter.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from fabric.store import AdapterStore
 from fabric.store.digests import CONFIG_FILE, adapter_digest, check_scheme, hash_bytes
 from fabric.store.ids import validate_digest
 from fabric.store.manifest import Manifest
-from fabric.transport.pull import ManifestCheck, SinkFor
+from fabric.transport.pull import ManifestCheck, PeerPuller, PullStats, SinkFor
+from fabric.trust.signing import TrustedSigners
 from fabric.v1 import fabric_pb2
 
 
 class SignedAdapters:
-    """Trust checks for Stage, pulls, promotes and serving, mixed into ``FabricServicer``."""
+    """Trust checks for Stage, pulls, promotes and serving; owns the signatures of the pulls running now."""
 
-    def _check_stage_begin(self, begin: fabric_pb2.StageBegin) -> str:
+    def __init__(self, store: AdapterStore, puller: PeerPuller, trusted: TrustedSigners) -> None:
+        self.store = store
+        self.puller = puller
+        #: the signers whose adapters alone this node stages, pulls, loads and serves (none = any adapter)
+        self.trusted = trusted
+        # digest -> signature, while its pull runs: its verified chunks are served on meanwhile (check_stored)
+        self._pulling_signatures: dict[str, bytes] = {}
+
+    def check_stage_begin(self, begin: fabric_pb2.StageBegin) -> str:
         """The digest the staged files will have (from the declared weights root); refused unless trusted-signed.
 
         A client of another digest scheme is refused by name first (``IncompatibleFormat``).
@@ -34,13 +44,15 @@ class SignedAdapters:
         self.trusted.check(digest, begin.signature, f"adapter {begin.adapter_id!r}")
         return digest
 
-    def _check_stored(self, manifest: Manifest) -> None:
+    def check_stored(self, manifest: Manifest) -> None:
         """An adapter this node holds (or is pulling) may be loaded or served only if a trusted signer signed its digest."""
         if self.trusted.required:
             signature = self.store.signature(manifest.digest) or self._pulling_signatures.get(manifest.digest, b"")
             self.trusted.check(manifest.digest, signature, f"adapter {manifest.adapter_id!r}")
 
-    def _pull_signed(self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None] | None = None, sink_for: SinkFor | None = None):
+    def pull(
+        self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None] | None = None, sink_for: SinkFor | None = None
+    ) -> tuple[Manifest, PullStats]:
         """``puller.pull`` with the trust check of the manifest's signature, the signature kept once the pull commits.
 
         Blocking (run it on an I/O thread): the keeping in ``finally`` then runs whatever happens to the caller.

@@ -1,33 +1,38 @@
-"""The StoreStatus RPC: usage, quota, and the uploads and partial downloads the store keeps (a mixin of the servicer)."""
+"""The StoreStatus RPC: usage, quota, and the uploads and partial downloads the store keeps."""
 
 from __future__ import annotations
 
-from fabric.rpc.status import rpc_errors
+from fabric.store import AdapterStore
 from fabric.store.hygiene import UPLOAD, leftovers
 from fabric.v1 import fabric_pb2
+from node.context import NodeContext
 
 
-class StoreStatusRpc:
-    """Mixed into ``FabricServicer`` (needs ``store``, ``_io``); ``expire_after`` is --expire-abandoned-after in seconds."""
+class StoreReport:
+    """The StoreStatus RPC: what the store holds, what it keeps aside, and when abandoned entries expire."""
 
-    expire_after: float = 0.0
+    def __init__(self, context: NodeContext, expire_after: float) -> None:
+        self.context = context
+        self.store: AdapterStore = context.store
+        #: --expire-abandoned-after in seconds (0 = never), reported to the caller
+        self.expire_after = expire_after
 
-    @rpc_errors
-    async def StoreStatus(self, request, context) -> fabric_pb2.StoreStatusResponse:
-        def collect() -> fabric_pb2.StoreStatusResponse:
-            reply = fabric_pb2.StoreStatusResponse(
-                used_bytes=self.store.usage(),
-                quota_bytes=self.store.max_bytes or 0,
-                adapters=len(self.store.list()),
-                expire_after_seconds=self.expire_after,
+    async def report(self) -> fabric_pb2.StoreStatusResponse:
+        """Usage, quota, damaged entries, and the uploads and partials left in the store (read off the event loop)."""
+        return await self.context.io(self._collect)
+
+    def _collect(self) -> fabric_pb2.StoreStatusResponse:
+        reply = fabric_pb2.StoreStatusResponse(
+            used_bytes=self.store.usage(),
+            quota_bytes=self.store.max_bytes or 0,
+            adapters=len(self.store.list()),
+            expire_after_seconds=self.expire_after,
+        )
+        for damaged in self.store.damaged():  # ids listed apart from adapters: fabric.store.integrity
+            reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))
+        for item in leftovers(self.store):
+            entry = fabric_pb2.StoreLeftover(
+                adapter_id=item.adapter_id, digest=item.digest, bytes=item.bytes, age_seconds=item.age_seconds, in_use=item.in_use
             )
-            for damaged in self.store.damaged():  # ids listed apart from adapters: fabric.store.integrity
-                reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))
-            for item in leftovers(self.store):
-                entry = fabric_pb2.StoreLeftover(
-                    adapter_id=item.adapter_id, digest=item.digest, bytes=item.bytes, age_seconds=item.age_seconds, in_use=item.in_use
-                )
-                (reply.uploads if item.kind == UPLOAD else reply.partials).append(entry)
-            return reply
-
-        return await self._io(collect)
+            (reply.uploads if item.kind == UPLOAD else reply.partials).append(entry)
+        return reply

@@ -1,0 +1,50 @@
+"""The background scrub: every committed blob re-read and verified now and then, and what fails pulled again."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from fabric.errors import FabricError, IntegrityError
+from fabric.store import AdapterStore
+from fabric.transport.discovery import PeerSource
+from node.signed import SignedAdapters
+
+log = logging.getLogger("fabric.node")
+
+#: seconds between two scrubs of the whole store (the first runs at start)
+SCRUB_INTERVAL_S = 6 * 3600.0
+
+
+class Scrubber:
+    """Re-reads the store at --scrub-rate bytes/s on its own thread (started here when the rate is above 0)."""
+
+    def __init__(self, store: AdapterStore, peer_source: PeerSource, signed: SignedAdapters, rate: int) -> None:
+        self.store = store
+        self.peer_source = peer_source
+        self.signed = signed
+        self._stop = threading.Event()
+        if rate > 0:
+            threading.Thread(target=self._loop, args=(rate,), name="scrub", daemon=True).start()
+
+    def stop(self) -> None:
+        """Ask the scrub to stop (it reads on until its current chunk ends; the thread is a daemon)."""
+        self._stop.set()
+
+    def _loop(self, rate: int) -> None:
+        """Scrub now, then every SCRUB_INTERVAL_S, at ``rate`` bytes/s; re-pull what fails."""
+        while not self._stop.is_set():
+            try:
+                self.store.scrub(rate, self._stop, self._repair)
+            except Exception:  # noqa: BLE001 - a scrub must never take the node down; it runs again later
+                log.exception("store scrub failed")
+            self._stop.wait(SCRUB_INTERVAL_S)
+
+    def _repair(self, adapter_id: str, error: IntegrityError) -> None:
+        peers = self.peer_source.peers()
+        log.warning("scrub: %s; %s", error, f"pulling it again from {','.join(peers)}" if peers else "no peer to pull it from")
+        if peers:
+            try:
+                self.signed.pull(peers, adapter_id)  # the trust check of any pull: a peer may hold other bytes under this id by now
+            except FabricError as exc:
+                log.warning("scrub: could not pull %s again: %s", adapter_id, exc)

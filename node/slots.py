@@ -1,0 +1,100 @@
+"""The model-side RPCs: ListAdapters (the store and the slot pool), SetActive, Pin, and Generate."""
+
+from __future__ import annotations
+
+import grpc
+
+from fabric.errors import DeadlineExceeded
+from fabric.format.peft_fields import peft_fields_of
+from fabric.serving.generation import Generation
+from fabric.serving.pool import ACTIVE
+from fabric.v1 import fabric_pb2
+from node.context import NodeContext
+from node.promotes import Promotes
+
+#: the name a GenerateRequest uses for the base model
+BASE_NAME = "base"
+
+
+class Slots:
+    """ListAdapters, SetActive, Pin and Generate: what is staged and resident, and the work on resident adapters."""
+
+    def __init__(self, context: NodeContext, promotes: Promotes, max_new_tokens: int) -> None:
+        self.context = context
+        self.store = context.store
+        self.promotes = promotes  # which digest each promoted slot holds
+        #: the most tokens one Generate may ask for (--max-new-tokens: each is a decode step on the model worker)
+        self.max_new_tokens = max_new_tokens
+
+    async def list_adapters(self) -> fabric_pb2.ListAdaptersResponse:
+        """Every staged adapter (damaged ones with their problem) and, with a model, every slot."""
+        io = self.context.io
+        # A damaged entry is listed with its problem (fabric.store.integrity), never failing the whole list.
+        damaged = {d.adapter_id: d for d in await io(self.store.damaged)}
+        staged = [
+            fabric_pb2.StagedAdapter(
+                adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config),
+                damaged=damaged.pop(m.adapter_id).problem if m.adapter_id in damaged else "",
+            )
+            for m in await io(self.store.list)
+        ]
+        staged += [fabric_pb2.StagedAdapter(adapter_id=d.adapter_id, digest=d.digest, damaged=d.problem) for d in damaged.values()]
+        staged.sort(key=lambda a: a.adapter_id)
+        reply = fabric_pb2.ListAdaptersResponse(staged=staged)
+        model = self.context.model
+        if model is not None:
+            reply.max_rank = model.pool.max_rank
+            reply.device = str(model.device)
+            for info in model.slots_info():
+                reply.slots.append(
+                    fabric_pb2.SlotInfo(
+                        slot=info["slot"],
+                        name=info["name"] or "",
+                        content_id=info["content_id"],
+                        ref_count=info["ref_count"],
+                        pinned=info["pinned"],
+                        active=info["active"],
+                        last_used=info["last_used"],
+                        rank=info["rank"],
+                        # The bytes it holds, also once they are unstaged from the store.
+                        digest=self.promotes.slot_digest(info["name"], info["content_id"]),
+                    )
+                )
+        return reply
+
+    async def set_active(self, request: fabric_pb2.SetActiveRequest) -> fabric_pb2.SetActiveResponse:
+        """Make a resident adapter the active one (the one slot -1 means)."""
+        model = self.context.require_model("set an active adapter")
+        await self.context.on_model(model.set_active_lora, request.name)
+        slot = model.pool.active_slot
+        return fabric_pb2.SetActiveResponse(slot=slot, content_id=model.adapter_id_for(slot))
+
+    async def pin(self, request: fabric_pb2.PinRequest) -> fabric_pb2.PinResponse:
+        """Pin (or unpin) a resident adapter: a pinned slot is never a victim."""
+        model = self.context.require_model("pin adapters")
+        await self.context.on_model(model.pin, request.name, request.pinned)
+        return fabric_pb2.PinResponse(slot=model.pool.slot_of(request.name))
+
+    async def generate(self, request: fabric_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.GenerateResponse:
+        """Decode with the base model, the active adapter or a resident one, one model-worker job per step."""
+        model = self.context.require_model("generate")
+        # None = base model, -1 = the active adapter (base when none is active), else a resident name.
+        target = None if request.use_base or request.adapter == BASE_NAME else (request.adapter or ACTIVE)
+        run = Generation(model, request.input_ids, target, request.max_new_tokens, request.return_logits, self.max_new_tokens)
+        try:
+            # One job per step (fabric.serving.generation): promotes land between steps, and a caller
+            # that cancels or passes its deadline (this coroutine is cancelled) stops the steps.
+            await self.context.on_model(run.start)
+            while not run.done:
+                remaining = context.time_remaining()
+                if remaining is not None and remaining <= 0:
+                    # Never an OK with fewer tokens than asked: the server's clock may pass the deadline
+                    # a moment before the caller's, which would then take a cut generation for a whole one.
+                    raise DeadlineExceeded(
+                        f"the deadline passed after {len(run.output_ids)} of {request.max_new_tokens} new tokens; ask for fewer, or allow more time"
+                    )
+                await self.context.on_model(run.step)
+            return fabric_pb2.GenerateResponse(slot=run.resolved, content_id=run.content_id, last_logits=run.last_logits, output_ids=run.output_ids)
+        finally:
+            # After any job still queued or running: the ref is dropped, never before it was taken.
+            self.context.after_model_jobs(run.finish)

@@ -1,0 +1,100 @@
+"""Staging RPCs: Stage (a client's upload, resumable), UploadOffset, and Unstage."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import AsyncIterator
+
+from fabric.errors import Busy, InvalidArgument
+from fabric.store.digests import DIGEST_SCHEME, check_scheme
+from fabric.store.ids import validate_adapter_id
+from fabric.store.upload import Upload
+from fabric.v1 import fabric_pb2
+from node.context import NodeContext
+from node.signed import SignedAdapters
+
+log = logging.getLogger("fabric.node")
+
+#: How long a Stage waits for an earlier stream of the same upload to let go before refusing it as Busy.
+UPLOAD_RELEASE_WAIT_S = 3.0
+
+
+class Staging:
+    """Stage, UploadOffset and Unstage: adapters entering and leaving this node's store from a client."""
+
+    def __init__(self, context: NodeContext, signed: SignedAdapters) -> None:
+        self.context = context
+        self.store = context.store
+        self.signed = signed
+
+    async def stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest]) -> fabric_pb2.StageResponse:
+        """Receive one upload: a StageBegin first, then data; commit it when the stream ends."""
+        io = self.context.io
+        upload = None
+        received = 0
+        signed_digest = ""
+        try:
+            async for message in request_iterator:
+                kind = message.WhichOneof("kind")
+                if kind == "begin":
+                    if upload is not None:
+                        raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
+                    begin = message.begin
+                    signed_digest = self.signed.check_stage_begin(begin)  # before any byte moves
+                    upload = await self._open_upload(begin)
+                    if begin.offset != upload.offset:
+                        await io(upload.rewind, begin.offset)  # refuses an offset beyond what is held
+                elif kind == "data":
+                    if upload is None:
+                        raise InvalidArgument("Stage stream sent data before its StageBegin")
+                    await io(upload.append, message.data.offset, message.data.data)
+                    received += len(message.data.data)
+                else:
+                    raise InvalidArgument("Stage stream sent an empty StageRequest")
+            if upload is None:
+                raise InvalidArgument("Stage stream ended without a StageBegin")
+            # A stream that ends early leaves its verified prefix in the upload area for a resume.
+            manifest = await io(upload.commit)
+            if manifest.digest == signed_digest:  # the signature travels with the manifest from here
+                await io(self.store.set_signature, manifest.digest, begin.signature)
+        except BaseException:
+            if upload is not None:
+                # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume.
+                await self.context.io_cleanup(upload.close)
+            raise
+        log.info("staged %s digest=%s (%d bytes received)", manifest.adapter_id, manifest.digest[:12], received)
+        return fabric_pb2.StageResponse(
+            adapter_id=manifest.adapter_id,
+            digest=manifest.digest,
+            content_id=manifest.content_id,
+            bytes_received=received,
+            already_staged=upload.already_staged,
+        )
+
+    async def _open_upload(self, begin: fabric_pb2.StageBegin) -> Upload:
+        """Open ``begin``'s upload, waiting a little for an earlier stream of it to let go: a client that crashed
+        mid-upload and resumes at once meets its own dead stream still winding down here. Waits off the I/O threads."""
+        deadline = time.monotonic() + UPLOAD_RELEASE_WAIT_S
+        while True:
+            try:
+                return await self.context.io(
+                    self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_blake3, begin.weights_root
+                )
+            except Busy:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+    async def upload_offset(self, request: fabric_pb2.UploadOffsetRequest) -> fabric_pb2.UploadOffsetResponse:
+        """How much of an upload this node holds, for a client's resume."""
+        if not request.safetensors_blake3:  # what a scheme-1 client sends (its safetensors_sha256 is reserved now)
+            check_scheme(fabric_pb2.DIGEST_SCHEME_UNSPECIFIED, f"UploadOffset of {request.adapter_id[:200]!r}, naming no safetensors_blake3,")
+        offset = await self.context.io(self.store.upload_offset, request.adapter_id, request.safetensors_blake3)
+        return fabric_pb2.UploadOffsetResponse(offset=offset, chunk_size=self.store.chunk_size, digest_scheme=DIGEST_SCHEME)
+
+    async def unstage(self, request: fabric_pb2.UnstageRequest) -> fabric_pb2.UnstageResponse:
+        """Remove a staged adapter from the store (a resident slot keeps its copy)."""
+        removed = await self.context.io(self.store.unstage, validate_adapter_id(request.adapter_id))
+        return fabric_pb2.UnstageResponse(bytes_removed=removed)
