@@ -68,6 +68,21 @@ class _Call:
         self.request = request
         self.adapter_id = getattr(request, "adapter_id", None) or getattr(request, "digest", None) or None
 
+    def note_response(self, response: Any) -> Any:
+        """``response``, kept for the log line (a Promote's bytes and source peer)."""
+        self.response = response
+        return response
+
+    async def counted(self, requests: AsyncIterator[fabric_pb2.StageRequest]) -> AsyncIterator[fabric_pb2.StageRequest]:
+        """Stage's messages, passed through: the adapter id from its begin, the data bytes counted."""
+        async for message in requests:
+            kind = message.WhichOneof("kind")
+            if kind == "begin":
+                self.adapter_id = message.begin.adapter_id
+            elif kind == "data":
+                self.bytes += len(message.data.data)
+            yield message
+
     def finish(self, failure: BaseException | None) -> None:
         elapsed = time.monotonic() - self.started
         code, kind = self._status(failure)
@@ -141,8 +156,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
             call = _Call(method, context)
             failure = None
             try:
-                call.response = await behavior(_counted(request_iterator, call), context)
-                return call.response
+                return call.note_response(await behavior(call.counted(request_iterator), context))
             except BaseException as exc:
                 failure = exc
                 raise
@@ -158,8 +172,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         call.note_request(request)
         failure = None
         try:
-            call.response = await behavior(request, context)
-            return call.response
+            return call.note_response(await behavior(request, context))
         except BaseException as exc:
             failure = exc
             raise
@@ -168,17 +181,6 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
             failure = None
 
     return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer, handler.response_serializer)
-
-
-async def _counted(requests: AsyncIterator[fabric_pb2.StageRequest], call: _Call) -> AsyncIterator[fabric_pb2.StageRequest]:
-    """Stage's messages, passed through: the adapter id from its begin, the data bytes counted."""
-    async for message in requests:
-        kind = message.WhichOneof("kind")
-        if kind == "begin":
-            call.adapter_id = message.begin.adapter_id
-        elif kind == "data":
-            call.bytes += len(message.data.data)
-        yield message
 
 
 class ObservedPuller(PeerPuller):
