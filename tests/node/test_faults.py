@@ -24,6 +24,7 @@ import grpc
 import pytest
 
 from tests.support import PEERS
+from tests.support.relays import GatedRelay
 from fabric.transport import wire
 from fabric.client.node_client import NodeClient
 from fabric.harness.cluster import LocalNode, free_port
@@ -42,7 +43,7 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 SEED_CHUNK = ["--chunk-size", "4096"]
 VICTIM_CHUNK = 65536
 STALL_TIMEOUT_S = 2
-SLOW_RATE = 32 << 10  # bytes/s: "big" (~128 KiB) takes about 4 s from the slow seeder
+SLOW_RATE = 32 << 10  # bytes/s: the second seeder, which only the relays in front of it reach
 LOAD_STREAMS = 32
 LOAD_SECONDS = 3.0
 
@@ -218,15 +219,17 @@ def _expect_rpc_error(call, errors: list) -> None:
 
 
 def test_sigkill_during_pull(cluster, adapters) -> None:
-    victim, _, slow = cluster
+    """The pull is held mid-file by a gated relay in front of the fast seeder (named peer only), so the kill lands mid-pull."""
+    victim, fast, _ = cluster
     before = committed(victim.address)
     partial_root = victim.store / "partial"
     outcome: list[object] = []
+    relay = GatedRelay(fast.address, hold_after=4)  # 16 KiB of "big", then nothing until the node is gone
 
     def pull() -> None:
         with NodeClient(victim.address) as client:
             try:
-                outcome.append(client.promote("big", peer=slow.address, name="big"))
+                outcome.append(client.promote("big", peer=relay.address, name="big", named_peer_only=True))
             except BaseException as exc:  # noqa: BLE001 - the test reads what happened
                 outcome.append(exc)
 
@@ -235,16 +238,20 @@ def test_sigkill_during_pull(cluster, adapters) -> None:
 
     puller = threading.Thread(target=pull)
     puller.start()
-    wait_for(lambda: written() >= 16 << 10 or outcome, "the pull to write 16 KiB of its partial")
-    victim.node.kill()
-    puller.join(30)
+    try:
+        relay.wait_holding()
+        wait_for(lambda: written() >= 16 << 10, "the pull to write the 16 KiB it received")  # held: it cannot finish first
+        victim.node.kill()
+        puller.join(30)
+    finally:
+        relay.kill()
     assert not puller.is_alive()
     assert outcome and isinstance(outcome[0], PeerUnavailable), outcome
 
     victim.restart()
     assert_intact(victim.address, before)  # the partial "big" is not listed
     with NodeClient(victim.address) as client:
-        reply = client.promote("big", peer=slow.address, name="big")
+        reply = client.promote("big", peer=fast.address, name="big")
         assert 0 < reply.bytes_transferred < weights_size(adapters["big"]), "the pull after a restart must resume, not start over"
         assert client.generate(PROMPT, "big", max_new_tokens=2).output_ids
         client.unstage("big")
