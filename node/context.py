@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from fabric.errors import AdaptersUnsupported
 from fabric.store import AdapterStore
 from fabric.transport.discovery import PeerSource
+
+if TYPE_CHECKING:  # the model module loads torch: named for the type checker only
+    from fabric.serving.multi_lora import MultiLoraModel
 
 T = TypeVar("T")
 
@@ -29,7 +32,7 @@ class NodeContext:
     Handed to each RPC group; it holds no RPC state of its own.
     """
 
-    def __init__(self, store: AdapterStore, model: Any, peer_source: PeerSource) -> None:
+    def __init__(self, store: AdapterStore, model: MultiLoraModel | None, peer_source: PeerSource) -> None:
         self.store = store
         self.model = model
         # Known peers: the static list plus a DNS name, re-resolved on every use (fabric.transport.discovery).
@@ -57,7 +60,7 @@ class NodeContext:
         """Queue ``fn`` on the model worker without waiting: it runs after every job queued so far, even if the caller is cancelled."""
         return self._model_worker.submit(fn)
 
-    def require_model(self, what: str) -> Any:
+    def require_model(self, what: str) -> MultiLoraModel:
         """The model; a store-only node refuses ``what`` by name."""
         if self.model is None:
             raise AdaptersUnsupported(f"this node is store-only (started with --model none): it cannot {what}; use a node with a model")

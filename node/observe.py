@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 import grpc
 
@@ -23,6 +23,9 @@ from fabric.rpc.status import ERROR_DETAIL_KEY
 from fabric.store import AdapterStore
 from fabric.transport.pull import PeerPuller, PullStats
 from fabric.v1 import fabric_pb2
+
+if TYPE_CHECKING:  # the model module loads torch
+    from fabric.serving.multi_lora import MultiLoraModel
 
 log = logging.getLogger("fabric.rpc")
 pull_log = logging.getLogger("fabric.pull")
@@ -216,7 +219,7 @@ class ObservedPuller(PeerPuller):
         return manifest, stats
 
 
-def refresh_gauges(store: AdapterStore, model) -> Callable[[], None]:
+def refresh_gauges(store: AdapterStore, model: MultiLoraModel | None) -> Callable[[], None]:
     """A scrape hook setting the slot and store gauges from their current state."""
 
     def refresh() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -50,6 +51,9 @@ from node.staging import Staging
 from node.startup import bind, check_bindable, load_security, open_store
 from node.store_status import StoreReport
 
+if TYPE_CHECKING:  # loaded in build_model, when the node has a model
+    from fabric.serving.multi_lora import MultiLoraModel
+
 __all__ = ["build_model", "load_security", "serve"]
 
 log = logging.getLogger("fabric.node")
@@ -62,7 +66,7 @@ HYGIENE_INTERVAL_MAX_S = 600.0
 HYGIENE_INTERVAL_MIN_S = 0.5
 
 
-def build_model(settings: NodeSettings):
+def build_model(settings: NodeSettings) -> MultiLoraModel | None:
     """The multi-adapter model, or None for a store-only node."""
     if settings.store_only:
         return None
@@ -138,7 +142,7 @@ class Node:
     """The node's parts, composed: the RPC groups behind the servicer, what they share, and the background scrub."""
 
     def __init__(
-        self, settings: NodeSettings, store: AdapterStore, model, puller: PeerPuller, peer_source: PeerSource, trusted: TrustedSigners
+        self, settings: NodeSettings, store: AdapterStore, model: MultiLoraModel | None, puller: PeerPuller, peer_source: PeerSource, trusted: TrustedSigners
     ) -> None:
         self.context = NodeContext(store, model, peer_source)
         self.puller = puller

@@ -27,6 +27,8 @@ PROG = "fabric-node"
 
 @dataclass(frozen=True)
 class NodeSettings:
+    """Every flag's value, parsed and checked by ``parse_settings`` (from the command line, else the environment, else the default)."""
+
     listen: str
     store: Path
     model: str  # "tiny", a preset, a local directory, or "none" for a store-only seeder
