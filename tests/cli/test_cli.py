@@ -14,6 +14,8 @@ from fabric.client.node_client import NodeClient
 from fabric.harness.cluster import LocalCluster, LocalNode, free_port
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
+pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them out: -m 'not slow')
+
 
 def fabric(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
     result = subprocess.run([sys.executable, "-m", "fabric.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
@@ -143,7 +145,7 @@ def test_pin_past_the_limit_is_refused_before_anything_is_evicted(nodes, adapter
 
 
 def test_unreachable_tls_nodes_name_the_flag_that_fixes_it(tmp_path) -> None:
-    from tests._certs import TestCA
+    from tests.support.certs import TestCA
 
     ca = TestCA(tmp_path / "ca")
     with LocalNode(tmp_path / "mtls", model="none", tls=ca.issue("node")) as node:

@@ -1,6 +1,6 @@
 """A separate process that works on a store, for the multi-process and kill -9 tests.
 
-    _stage_worker.py ROOT ITERATIONS DIR_A DIR_B [MANIFEST_JSON WEIGHTS]
+    stage_worker.py ROOT ITERATIONS DIR_A DIR_B [MANIFEST_JSON WEIGHTS]
 
 Each iteration stages DIR_A or DIR_B (alternating) under the shared id
 "shared", stages DIR_A under an id of its own and unstages one of its own ids
