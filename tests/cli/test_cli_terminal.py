@@ -22,6 +22,8 @@ from fabric.harness.cluster import LocalCluster
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.store import blake3_of
 
+pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them out: -m 'not slow')
+
 FABRIC = [sys.executable, "-m", "fabric.cli"]
 
 

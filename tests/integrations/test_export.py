@@ -118,6 +118,7 @@ def test_an_export_dir_the_store_cannot_link_into_is_refused(tmp_path: Path) -> 
         AdapterStore(tmp_path / "store", export_dir=tmp_path / "file")
 
 
+@pytest.mark.slow
 def test_resolver_pulls_from_a_peer_and_returns_a_dir_peft_loads(tmp_path: Path, adapters) -> None:
     """The vLLM sidecar: a store-only node beside the engine pulls on a miss; the engine gets its exported directory."""
     with LocalNode(tmp_path / "seed", model="none") as seed:

@@ -173,6 +173,7 @@ def weights_size(adapter_dir: Path) -> int:
 # ---------------------------------------------------------------- SIGKILL
 
 
+@pytest.mark.slow
 def test_sigkill_during_stage(cluster, adapters) -> None:
     victim, _, _ = cluster
     before = committed(victim.address)
@@ -218,6 +219,7 @@ def _expect_rpc_error(call, errors: list) -> None:
         errors.append(exc)
 
 
+@pytest.mark.slow
 def test_sigkill_during_pull(cluster, adapters) -> None:
     """The pull is held mid-file by a gated relay in front of the fast seeder (named peer only), so the kill lands mid-pull."""
     victim, fast, _ = cluster
@@ -257,6 +259,7 @@ def test_sigkill_during_pull(cluster, adapters) -> None:
         client.unstage("big")
 
 
+@pytest.mark.slow
 def test_sigkill_during_swap(cluster, adapters) -> None:
     """Promotes run back to back (2 slots, 3 adapters: every promote evicts and swaps) when SIGKILL lands."""
     victim, _, _ = cluster
@@ -308,6 +311,7 @@ def staller(request, cluster) -> Iterator[tuple[str, subprocess.Popen]]:
         relay.wait()
 
 
+@pytest.mark.slow
 def test_stalled_peer_is_dropped_and_the_pull_fails_over(cluster, staller, adapters) -> None:
     """The victim knows the fast seeder as a peer: the stalled relay's chunks are asked of it instead."""
     victim, fast, _ = cluster
@@ -325,6 +329,7 @@ def test_stalled_peer_is_dropped_and_the_pull_fails_over(cluster, staller, adapt
     print(f"\nstalled peer, second holder known: promote completed in {elapsed:.1f}s (stall timeout {STALL_TIMEOUT_S}s)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("staller", ["slow"], indirect=True)
 def test_stalled_only_holder_is_timed_out_by_the_node(cluster, staller, adapters) -> None:
     """Only the relay holds "lonely" (its upstream is the slow seeder, which the victim does not know)."""
@@ -342,6 +347,7 @@ def test_stalled_only_holder_is_timed_out_by_the_node(cluster, staller, adapters
     print(f"\nstalled only holder: UNAVAILABLE after {elapsed:.1f}s (stall timeout {STALL_TIMEOUT_S}s): {info.value}")
 
 
+@pytest.mark.slow
 def test_stalled_only_peer_gives_unavailable(tmp_path, staller) -> None:
     address, _ = staller
     store = AdapterStore(tmp_path / "store")
@@ -370,6 +376,7 @@ def small_disk(tmp_path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.slow
 def test_disk_full_during_pull(cluster, small_disk, adapters, tmp_path) -> None:
     _, fast, _ = cluster
     node = LocalNode(small_disk / "store", port=free_port(), log_path=tmp_path / "node.log", extra_args=SEED_CHUNK).start()
@@ -419,6 +426,7 @@ def _describe(latencies: list[float]) -> str:
     return f"n={len(ordered)} p50={statistics.median(ordered) * 1e3:.1f} ms p95={p95 * 1e3:.1f} ms max={ordered[-1] * 1e3:.1f} ms"
 
 
+@pytest.mark.slow
 def test_load_32_fetch_streams_while_generating(cluster, adapters) -> None:
     victim, _, _ = cluster
     with NodeClient(victim.address) as client:

@@ -21,7 +21,7 @@ from fabric.harness.cluster import LocalNode
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter, tiny_config
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 PROMPT = [3, 14, 15, 92, 65, 35]
 LONG_POSITIONS = 1 << 20

@@ -156,6 +156,7 @@ def test_corpus_holds_at_least_thirty_malformed_inputs() -> None:
     assert len(set(CASES_BY_NAME)) == len(ALL_ADAPTER_CASES)
 
 
+@pytest.mark.slow
 def test_the_good_adapter_is_accepted_everywhere(corpus, store, model, nodes, stub) -> None:
     """The baseline each case departs from: staged, prepared and promoted without complaint."""
     assert store.get("good").weights.size == (corpus["good"] / WEIGHTS).stat().st_size
@@ -197,6 +198,7 @@ def test_store_keeps_well_formed_adapters_the_model_refuses(name, corpus, store)
 # ---------------------------------------------------------------- malformed adapters: a node over gRPC
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", STAGE_CASES)
 def test_node_stage_refuses_malformed_adapter(name, corpus, nodes, stub) -> None:
     case = CASES_BY_NAME[name]
@@ -215,6 +217,7 @@ def test_node_stage_refuses_malformed_adapter(name, corpus, nodes, stub) -> None
     assert node_state(stub, node) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PROMOTE_CASES)
 def test_node_promote_refuses_and_loads_nothing(name, corpus, nodes, stub) -> None:
     case = CASES_BY_NAME[name]
@@ -235,6 +238,7 @@ def test_node_promote_refuses_and_loads_nothing(name, corpus, nodes, stub) -> No
 # ---------------------------------------------------------------- ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BAD_IDS))
 def test_bad_id_is_refused_by_store_and_node(name, corpus, store, nodes, stub) -> None:
     adapter_id = BAD_IDS[name]
@@ -320,6 +324,7 @@ def liar(request, nodes) -> Iterator[str]:
         relay.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("liar", sorted(LIAR_MODES), indirect=True)
 def test_lying_peer_is_refused_by_puller_and_node(liar, request, tmp_path, corpus, nodes, stub) -> None:
     mode = request.node.callspec.params["liar"]
@@ -407,6 +412,7 @@ STREAM_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", STREAM_CASES)
 def test_malformed_stage_stream_commits_nothing(name, corpus, nodes, stub) -> None:
     messages, error, match, code = _stream(corpus, name)
@@ -418,6 +424,7 @@ def test_malformed_stage_stream_commits_nothing(name, corpus, nodes, stub) -> No
     assert node_state(stub, node, committed_only=True) == state
 
 
+@pytest.mark.slow
 def test_stage_stream_that_ends_early_commits_nothing_then_resumes(corpus, nodes, stub) -> None:
     from fabric.client.node_client import NodeClient
 
@@ -440,6 +447,7 @@ def test_stage_stream_that_ends_early_commits_nothing_then_resumes(corpus, nodes
 # ---------------------------------------------------------------- callers of another digest scheme
 
 
+@pytest.mark.slow
 def test_callers_of_digest_scheme_1_are_refused_by_name_and_change_nothing(corpus, nodes, stub) -> None:
     """What a scheme-1 client or peer sends (no digest_scheme, no BLAKE3 key): FAILED_PRECONDITION naming both schemes."""
     node = nodes[1]

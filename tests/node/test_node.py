@@ -29,6 +29,8 @@ from fabric.errors import (
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.v1 import fabric_pb2
 
+pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them out: -m 'not slow')
+
 PROMPT = [3, 14, 15, 92, 65, 35]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SMALL_CHUNK = ["--chunk-size", "4096"]

@@ -80,6 +80,7 @@ def wait_for(predicate, what: str, timeout: float = WAIT_S):
 # ---------------------------------------------------------------- metrics
 
 
+@pytest.mark.slow
 def test_metrics_move_after_a_stage_a_promote_from_a_peer_and_a_generate(tmp_path, adapters) -> None:
     with LocalNode(tmp_path / "a", extra_args=[*SMALL_CHUNK, *METRICS]) as a:
         with LocalNode(tmp_path / "b", peers=[a.address], extra_args=[*SMALL_CHUNK, *METRICS]) as b:
@@ -156,6 +157,7 @@ def _call_without_client_cert(channel: grpc.Channel, method: str, descriptor) ->
     return grpc.StatusCode.OK
 
 
+@pytest.mark.slow
 def test_probes_work_without_a_client_certificate_while_every_fabric_rpc_still_needs_one(tmp_path, pki) -> None:
     with LocalNode(tmp_path / "n", model="none", tls=TlsFiles(pki["node"].cert, pki["node"].key, pki["node"].ca), extra_args=METRICS) as node:
         assert http_get(node.metrics_address, "/healthz") == (200, "ok\n")
@@ -175,6 +177,7 @@ def test_probes_work_without_a_client_certificate_while_every_fabric_rpc_still_n
 # ---------------------------------------------------------------- logs
 
 
+@pytest.mark.slow
 def test_json_logs_have_one_line_per_rpc_and_pull_and_never_the_token(tmp_path, adapters) -> None:
     token = "s3cret-token-value-0123456789"
     token_file = tmp_path / "token"
@@ -230,6 +233,7 @@ def _held_fetch(node: LocalNode, digest: str, size: int, first: threading.Event,
             first.set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bound", ["cut", "finish"])
 def test_sigterm_drains_readiness_first_then_fetch_streams_finish_or_are_cut(tmp_path, adapters, bound) -> None:
     """The Fetch is held open by its reader (no rate limit): it outlasts a 2 s bound, or is let go well within 120 s."""
@@ -262,6 +266,7 @@ def test_sigterm_drains_readiness_first_then_fetch_streams_finish_or_are_cut(tmp
 # ---------------------------------------------------------------- peers
 
 
+@pytest.mark.slow
 def test_a_node_on_0000_never_lists_itself_whatever_name_reaches_it(tmp_path, adapters) -> None:
     port = free_port()
     with LocalNode(tmp_path / "other", model="none") as other:
@@ -290,6 +295,7 @@ def test_is_self_compares_resolved_addresses_and_the_port() -> None:
 # ---------------------------------------------------------------- store hygiene
 
 
+@pytest.mark.slow
 def test_an_abandoned_upload_expires_and_its_bytes_leave_the_quota(tmp_path, adapters) -> None:
     weights = adapters["big"] / "adapter_model.safetensors"
     data = weights.read_bytes()
@@ -337,6 +343,7 @@ def test_expiry_spares_what_is_in_use_and_recent_and_takes_partials(tmp_path, ad
 # ---------------------------------------------------------------- errors for other languages
 
 
+@pytest.mark.slow
 def test_errors_carry_grpc_status_details_with_the_error_type(tmp_path) -> None:
     with LocalNode(tmp_path / "n", model="none") as node, grpc.insecure_channel(node.address) as channel:
         stub = fabric_pb2_grpc.FabricStub(channel)
@@ -353,6 +360,7 @@ def test_errors_carry_grpc_status_details_with_the_error_type(tmp_path) -> None:
         NodeClient(node.address, timeout=5).list()
 
 
+@pytest.mark.slow
 def test_peers_dialled_by_ip_are_verified_against_the_peer_tls_name(tmp_path, adapters) -> None:
     """As in a StatefulSet: one certificate naming the headless Service, peers dialled by an IP it does not name.
 
@@ -374,6 +382,7 @@ def test_peers_dialled_by_ip_are_verified_against_the_peer_tls_name(tmp_path, ad
                 client.promote("alpha", peer=by_ip, stage_only=True)
 
 
+@pytest.mark.slow
 def test_readyz_is_false_until_store_recovery_finishes(tmp_path) -> None:
     """Recovery waits on the store's lock; while the test holds it, the node is live but not ready."""
     import fcntl
@@ -403,6 +412,7 @@ def _answers(address: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_bad_model_directory_is_one_line(tmp_path) -> None:
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{not json")

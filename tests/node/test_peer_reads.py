@@ -19,6 +19,8 @@ from fabric.store.manifest import WEIGHTS_FILE
 from fabric.transport import fetch_metadata, wire
 from fabric.v1 import fabric_pb2
 
+pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them out: -m 'not slow')
+
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 16 << 10), ("grpc.http2.bdp_probe", 0)]
 

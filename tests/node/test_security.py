@@ -113,6 +113,7 @@ def client_of(node: LocalNode, tls: TlsFiles | None, token: str | None) -> NodeC
     return NodeClient(node.address, tls=tls, token=token, timeout=20)
 
 
+@pytest.mark.slow
 def test_stage_and_promote_across_nodes_over_mtls(secure, pki, adapters) -> None:
     n1, n2 = secure["n1"], secure["n2"]
     with client_of(n2, pki["client"], TOKEN) as c2, client_of(n1, pki["client"], TOKEN) as c1:
@@ -125,6 +126,7 @@ def test_stage_and_promote_across_nodes_over_mtls(secure, pki, adapters) -> None
         assert c1.generate(PROMPT, "small").content_id == staged.content_id
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("who", ["plaintext", "rogue", "no-cert"])
 def test_clients_without_a_trusted_certificate_fail_and_change_nothing(secure, pki, adapters, who) -> None:
     n1 = secure["n1"]
@@ -158,6 +160,7 @@ MUTATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", [None, "wrong-token", TOKEN + "x"])
 @pytest.mark.parametrize("rpc", list(MUTATIONS))
 def test_calls_without_the_token_are_unauthenticated_and_change_nothing(secure, pki, adapters, resident, rpc, token) -> None:
@@ -170,6 +173,7 @@ def test_calls_without_the_token_are_unauthenticated_and_change_nothing(secure, 
         assert store_area_empty(n1, "uploads")
 
 
+@pytest.mark.slow
 def test_the_status_code_is_unauthenticated(secure, pki) -> None:
     """The code itself, as any gRPC client in any language sees it."""
     creds = pki["client"].channel_credentials()
@@ -190,6 +194,7 @@ def _fetch_first_chunk(node: LocalNode, tls: TlsFiles, token: str | None, digest
             call.cancel()
 
 
+@pytest.mark.slow
 def test_peer_reads_are_open_unless_the_flag_limits_them(secure, pki, adapters) -> None:
     n1, n2 = secure["n1"], secure["n2"]
     with client_of(n1, pki["client"], TOKEN) as c1, client_of(n2, pki["client"], TOKEN) as c2:
@@ -214,6 +219,7 @@ def test_peer_reads_are_open_unless_the_flag_limits_them(secure, pki, adapters) 
     assert _fetch_first_chunk(n2, pki["client"], TOKEN, digest) == (0, first)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["n1", "n2"])
 def test_health_and_reflection_stay_open(secure, pki, name) -> None:
     creds = pki["client"].channel_credentials()  # the transport still needs mTLS; no token
@@ -249,6 +255,7 @@ def test_bad_security_flags_are_refused_with_a_clear_message(tmp_path, pki, flag
         load_security(parse_settings(["--store", str(tmp_path / "store"), *_flags(tmp_path, pki, flags)]))
 
 
+@pytest.mark.slow
 def test_a_bad_security_flag_stops_the_node_process_at_start(tmp_path, pki) -> None:
     flags, message = BAD_FLAGS[-1]
     done = subprocess.run(
@@ -303,6 +310,7 @@ def limits(tmp_path_factory, adapters) -> dict[str, object]:
             node.stop()
 
 
+@pytest.mark.slow
 def test_stage_over_the_adapter_limit_is_refused_before_writing(limits, adapters) -> None:
     node: LocalNode = limits["L"]
     with node.client() as c:
@@ -313,6 +321,7 @@ def test_stage_over_the_adapter_limit_is_refused_before_writing(limits, adapters
     assert store_area_empty(node, "uploads")
 
 
+@pytest.mark.slow
 def test_stage_with_a_header_over_the_limit_is_refused_before_writing(limits, adapters) -> None:
     node: LocalNode = limits["L"]
     with node.client() as c:
@@ -323,6 +332,7 @@ def test_stage_with_a_header_over_the_limit_is_refused_before_writing(limits, ad
     assert store_area_empty(node, "uploads")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("adapter_id", "error", "flag"), [("lim/heavy", LimitExceeded, "--max-adapter-bytes"), ("lim/wide", InvalidHeader, "--max-header-bytes")])
 def test_a_peer_manifest_over_a_limit_is_refused_before_any_byte_moves(limits, adapter_id, error, flag) -> None:
     node, seeder = limits["L"], limits["S"]
@@ -334,6 +344,7 @@ def test_a_peer_manifest_over_a_limit_is_refused_before_any_byte_moves(limits, a
     assert store_area_empty(node, "partial")
 
 
+@pytest.mark.slow
 def test_the_store_quota_refuses_a_stage_before_writing(limits, adapters) -> None:
     node: LocalNode = limits["S"]
     with node.client() as c:
@@ -352,6 +363,7 @@ def test_the_store_quota_refuses_a_stage_before_writing(limits, adapters) -> Non
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+@pytest.mark.slow
 def test_fetch_streams_per_peer_are_limited(limits, adapters) -> None:
     node: LocalNode = limits["L"]
     with node.client() as c:

@@ -17,7 +17,7 @@ from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.store import stage_begin_of
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -48,6 +48,7 @@ def ca(tmp_path_factory) -> TestCA:
 # ---------------------------------------------------------------- ports
 
 
+@pytest.mark.slow
 def test_a_second_node_on_a_busy_port_exits_1_naming_the_port(tmp_path) -> None:
     with LocalNode(tmp_path / "first", model="none") as first:
         port = first.address.rsplit(":", 1)[1]
@@ -58,12 +59,14 @@ def test_a_second_node_on_a_busy_port_exits_1_naming_the_port(tmp_path) -> None:
         assert first.client().list().staged == []
 
 
+@pytest.mark.slow
 def test_a_busy_metrics_port_exits_1_naming_the_flag(tmp_path) -> None:
     with LocalNode(tmp_path / "first", model="none", extra_args=["--metrics-listen", "127.0.0.1:0"]) as first:
         port = first.metrics_address.rsplit(":", 1)[1]
         one_line_failure(run_node(store_only(tmp_path, "--metrics-listen", f"127.0.0.1:{port}")), "--metrics-listen", port, "already in use")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("listen", "needles"),
     [
@@ -81,6 +84,7 @@ def test_an_invalid_listen_address_is_one_line(tmp_path, listen, needles) -> Non
 # ---------------------------------------------------------------- files
 
 
+@pytest.mark.slow
 def test_swapped_tls_cert_and_key_are_named(tmp_path, ca) -> None:
     files = ca.issue("node")
     one_line_failure(
@@ -88,6 +92,7 @@ def test_swapped_tls_cert_and_key_are_named(tmp_path, ca) -> None:
     )
 
 
+@pytest.mark.slow
 def test_unreadable_and_non_pem_tls_files_are_named(tmp_path, ca) -> None:
     files = ca.issue("node")
     one_line_failure(run_node(store_only(tmp_path, "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(files.key))), "cannot read the TLS certificate", "missing.pem")
@@ -96,10 +101,12 @@ def test_unreadable_and_non_pem_tls_files_are_named(tmp_path, ca) -> None:
     one_line_failure(run_node(store_only(tmp_path, "--tls-cert", str(files.cert), "--tls-key", str(junk))), "--tls-key", "no PEM private key")
 
 
+@pytest.mark.slow
 def test_an_unusable_store_path_is_named(tmp_path) -> None:
     one_line_failure(run_node(["--model", "none", "--store", "/dev/null/x", "--listen", "127.0.0.1:0"]), "--store", "/dev/null/x", "Not a directory")
 
 
+@pytest.mark.slow
 def test_a_store_of_digest_scheme_1_is_refused_by_name_and_left_as_it_was(tmp_path) -> None:
     """A store an older node wrote (sha256 blobs, no format file): one line naming both formats; not a file touched."""
     old = tmp_path / "old"
@@ -115,6 +122,7 @@ def test_a_store_of_digest_scheme_1_is_refused_by_name_and_left_as_it_was(tmp_pa
     one_line_failure(run_node(["--model", "none", "--store", str(tmp_path / "future"), "--listen", "127.0.0.1:0"]), "format '3'")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["1", "4095", str((4 << 20) + 1)])
 def test_a_chunk_size_outside_its_bounds_is_one_line(tmp_path, size) -> None:
     one_line_failure(run_node(store_only(tmp_path, "--chunk-size", size)), "--chunk-size", "4096 to 4194304")
@@ -123,6 +131,7 @@ def test_a_chunk_size_outside_its_bounds_is_one_line(tmp_path, size) -> None:
 # ---------------------------------------------------------------- environment
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("env", "needles"),
     [
@@ -140,6 +149,7 @@ def test_bad_environment_values_are_one_line(tmp_path, env, needles) -> None:
     one_line_failure(run_node(store_only(tmp_path), env), *needles)
 
 
+@pytest.mark.slow
 def test_help_and_version_never_fail_whatever_the_environment() -> None:
     bad = {"FABRIC_SLOTS": "abc", "FABRIC_AUTH_PEER_READS": "ture", "FABRIC_LISTEN": "nonsense"}
     shown = run_node(["--help"], bad)
@@ -148,6 +158,7 @@ def test_help_and_version_never_fail_whatever_the_environment() -> None:
     assert version.returncode == 0 and version.stdout.strip() == f"fabric-node {__version__}"
 
 
+@pytest.mark.slow
 def test_a_bad_flag_is_one_line_with_status_1(tmp_path) -> None:
     one_line_failure(run_node(store_only(tmp_path, "--slots", "four")), "--slots", "'four'", "positive integer")
     one_line_failure(run_node(store_only(tmp_path, "--no-such-flag")), "unrecognized arguments")

@@ -10,6 +10,8 @@ import pytest
 
 from tests.support import ROOT
 
+pytestmark = pytest.mark.slow  # runs scripts/bootstrap.sh (the quick tier leaves it out: -m 'not slow')
+
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: connection refused at once
 
 

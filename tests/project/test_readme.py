@@ -72,6 +72,7 @@ def test_every_skipped_block_says_why() -> None:
     assert sum(len(s.blocks) for s in sections()) >= 6  # most of the README runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("section", [s for s in sections() if s.blocks], ids=lambda s: s.title)
 def test_section_runs_as_pasted(section: Section, tmp_path: Path) -> None:
     ports: dict[str, str] = {}
@@ -105,6 +106,7 @@ def _stop_group(pgid: int) -> None:
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_the_demo_runs_and_reports_json() -> None:
     """The first block's scripts/demo is `fabric demo` once .venv exists."""
     result = subprocess.run([sys.executable, "-m", "fabric.cli", "demo", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)

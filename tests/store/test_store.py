@@ -432,6 +432,7 @@ def _worker(root: Path, adapters, iterations: int, *pull: Path) -> subprocess.Po
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_processes_staging_the_same_and_different_ids_end_consistent(tmp_path: Path, adapters, manifests) -> None:
     root = tmp_path / "store"
     workers = [_worker(root, adapters, 4) for _ in range(3)]
@@ -445,6 +446,7 @@ def test_processes_staging_the_same_and_different_ids_end_consistent(tmp_path: P
     assert store.get("shared").digest in (manifests["a"].digest, manifests["b"].digest)
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_staging_process_leaves_the_store_consistent(tmp_path: Path, adapters, manifests) -> None:
     root, manifest = tmp_path / "store", manifests["c"]
     manifest_json = tmp_path / "c.json"

@@ -18,7 +18,7 @@ from tests.support import ROOT
 from fabric.harness import netlab
 from fabric.harness.bench import make_adapter
 
-pytestmark = pytest.mark.multihost
+pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 
 OK, WHY = netlab.available()
 

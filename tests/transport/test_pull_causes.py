@@ -28,7 +28,7 @@ from fabric.transport import wire
 from fabric.v1 import fabric_pb2
 from tests.support.relays import GatedRelay
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 #: the stall watchdog also ends a pull once no peer can serve the rest; the relay's hold lasts one unstage RPC

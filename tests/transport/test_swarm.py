@@ -220,6 +220,7 @@ def verified_count(client: NodeClient, digest: str) -> int:
     return reply.chunk_count if reply.complete else len(swarm.bitmap_to_chunks(reply.verified_bitmap, reply.chunk_count))
 
 
+@pytest.mark.slow
 def test_pull_from_three_peers_one_dies_midway(tmp_path, big_adapter) -> None:
     seeds = [store_node(tmp_path, f"seed{i}", rate=12 << 10) for i in range(3)]
     start_all(seeds)
@@ -256,6 +257,7 @@ def test_pull_from_three_peers_one_dies_midway(tmp_path, big_adapter) -> None:
             node.stop()
 
 
+@pytest.mark.slow
 def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> None:
     seed = store_node(tmp_path, "seed", rate=16 << 10).start()
     middle = store_node(tmp_path, "middle").start()
@@ -323,6 +325,7 @@ def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> No
         middle.stop()
 
 
+@pytest.mark.slow
 def test_rollout_cli_forms_a_pipeline_and_locate_finds_holders(tmp_path, big_adapter) -> None:
     seed = store_node(tmp_path, "seed", rate=32 << 10)
     ports = [free_port() for _ in range(3)]
@@ -369,6 +372,7 @@ def test_rollout_cli_forms_a_pipeline_and_locate_finds_holders(tmp_path, big_ada
             node.stop()
 
 
+@pytest.mark.slow
 def test_seed_hands_out_each_chunk_once_then_sends_swarm_callers_elsewhere(tmp_path, big_adapter) -> None:
     seed = store_node(tmp_path, "seed", rate=8 << 10).start()  # 2 chunks a second: a stream stays open for seconds
     try:

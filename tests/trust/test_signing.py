@@ -66,6 +66,7 @@ def test_signatures_verify_only_for_the_key_and_the_digest(keys) -> None:
     TrustedSigners().check(digest, b"", "x")  # no trusted signers: nothing required
 
 
+@pytest.mark.slow
 def test_a_trusting_node_stages_only_signed_adapters(tmp_path, keys, adapters) -> None:
     node = LocalNode(tmp_path / "n", slots=2, extra_args=["--trusted-signers", str(keys["author.pub"])]).start()
     try:
@@ -85,6 +86,7 @@ def test_a_trusting_node_stages_only_signed_adapters(tmp_path, keys, adapters) -
         node.stop()
 
 
+@pytest.mark.slow
 def test_a_trusting_node_pulls_only_signed_adapters(tmp_path, keys, adapters) -> None:
     # The seed trusts no one: it holds an unsigned adapter, a signed one, and one carrying another digest's signature.
     seed = LocalNode(tmp_path / "seed", slots=2).start()
@@ -116,6 +118,7 @@ def test_a_trusting_node_pulls_only_signed_adapters(tmp_path, keys, adapters) ->
         seed.stop()
 
 
+@pytest.mark.slow
 def test_tampered_bytes_of_a_signed_adapter_are_refused(tmp_path, keys, adapters) -> None:
     seed = LocalNode(tmp_path / "seed", slots=2).start()
     node = LocalNode(tmp_path / "n", slots=2, extra_args=["--trusted-signers", str(keys["author.pub"])]).start()
@@ -133,6 +136,7 @@ def test_tampered_bytes_of_a_signed_adapter_are_refused(tmp_path, keys, adapters
         seed.stop()
 
 
+@pytest.mark.slow
 def test_a_trusting_node_serves_only_signed_adapters_it_holds(tmp_path, keys, adapters) -> None:
     """Adapters staged before the node trusted signers are neither loaded nor served once it does."""
     port = free_port()
