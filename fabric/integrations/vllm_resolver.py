@@ -88,7 +88,7 @@ def lora_int_id(lora_name: str) -> int:
     return zlib.crc32(lora_name.encode()) + 1
 
 
-def _settings_from_env() -> dict:
+def settings_from_env() -> dict:
     """resolve()'s connection settings from the same variables as the ``fabric`` command."""
     cert, key, ca = (os.environ.get(f"FABRIC_TLS_{k}") for k in ("CERT", "KEY", "CA"))
     tls = TlsFiles(Path(cert) if cert else None, Path(key) if key else None, Path(ca) if ca else None)
@@ -109,7 +109,7 @@ def register() -> None:  # pragma: no cover - the vllm.general_plugins entry poi
     export_dir, node = os.environ.get("FABRIC_EXPORT_DIR"), os.environ.get("FABRIC_NODE", DEFAULT_NODE)
     if not export_dir:
         return
-    settings = _settings_from_env()
+    settings = settings_from_env()
 
     class FabricResolver(LoRAResolver):
         async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:

@@ -77,7 +77,8 @@ def status_code_for(exc: errors.FabricError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def _detail(exc: errors.FabricError, message: str) -> bytes:
+def error_detail(exc: errors.FabricError, message: str) -> bytes:
+    """The ``fabric-error-bin`` trailer: the error's type, message and retryability, for clients to rebuild it."""
     return fabric_pb2.ErrorDetail(kind=type(exc).__name__, message=message, retryable=exc.retryable).SerializeToString()
 
 
@@ -95,7 +96,7 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError)
     if code in _ADVICE:
         message = f"{message} ({_ADVICE[code]})"
     # The detail carries the advice too: Python clients rebuild the error from it.
-    trailer = ((ERROR_DETAIL_KEY, _detail(exc, message)), *rich_status(exc, code, message).trailing_metadata)
+    trailer = ((ERROR_DETAIL_KEY, error_detail(exc, message)), *rich_status(exc, code, message).trailing_metadata)
     context.set_trailing_metadata(trailer)
     await context.abort(code, message, trailer)
 

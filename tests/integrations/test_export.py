@@ -156,14 +156,14 @@ def test_removed_entries_are_deleted_after_their_grace_period(tmp_path: Path, ad
 
 def test_the_vllm_plugin_reads_its_connection_from_the_fabric_variables(tmp_path: Path, monkeypatch) -> None:
     """What register() hands resolve(): the same variables as the fabric command (the vLLM glue itself needs vLLM)."""
-    from fabric.integrations.vllm_resolver import _settings_from_env, lora_int_id
+    from fabric.integrations.vllm_resolver import settings_from_env, lora_int_id
 
     for name in ("FABRIC_TLS_CERT", "FABRIC_TLS_KEY", "FABRIC_TLS_CA", "FABRIC_AUTH_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
-    assert _settings_from_env() == {"tls": None, "token": None}
+    assert settings_from_env() == {"tls": None, "token": None}
     (tmp_path / "token").write_text("s3cret\n")
     monkeypatch.setenv("FABRIC_TLS_CA", str(tmp_path / "ca.pem"))
     monkeypatch.setenv("FABRIC_AUTH_TOKEN_FILE", str(tmp_path / "token"))
-    settings = _settings_from_env()
+    settings = settings_from_env()
     assert settings["token"] == "s3cret" and settings["tls"].ca == tmp_path / "ca.pem" and settings["tls"].cert is None
     assert lora_int_id("team-a/x") == lora_int_id("team-a/x") > 0 and lora_int_id("team-a/x") != lora_int_id("team-a/y")

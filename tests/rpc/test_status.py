@@ -8,7 +8,7 @@ import pytest
 from fabric import errors
 from fabric.format.config import PeftAdapterConfig
 from fabric.format.peft_fields import check_agrees, peft_fields_of
-from fabric.rpc.status import ERROR_DETAIL_KEY, _detail, error_from_rpc, status_code_for
+from fabric.rpc.status import ERROR_DETAIL_KEY, error_detail, error_from_rpc, status_code_for
 from fabric.v1 import fabric_pb2
 
 EXPECTED = {
@@ -75,7 +75,7 @@ class _FakeRpcError(grpc.RpcError):
 
 def test_clients_rebuild_the_library_error_from_the_detail() -> None:
     sent = errors.PoolFull("every slot is busy")
-    rpc = _FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "x", ((ERROR_DETAIL_KEY, _detail(sent, str(sent))),))
+    rpc = _FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "x", ((ERROR_DETAIL_KEY, error_detail(sent, str(sent))),))
     rebuilt = error_from_rpc(rpc)
     assert type(rebuilt) is errors.PoolFull and str(rebuilt) == "every slot is busy"
 
