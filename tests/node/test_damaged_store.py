@@ -20,6 +20,7 @@ from blake3 import blake3
 from fabric.errors import FabricError, IntegrityError
 from fabric.harness.cluster import LocalNode, free_port
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from tests.support.models import reference_logits
 from tests.support.store import flip_byte
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -39,6 +40,7 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
 
 
 def node_at(store: Path, port: int, peers=(), **kwargs) -> LocalNode:
+    """A node with the tiny model; ``model="none"`` where the test promotes and generates nothing there (it starts in half the time)."""
     return LocalNode(store, port=port, slots=2, peers=list(peers), extra_args=["--chunk-size", "4096"], **kwargs)
 
 
@@ -74,12 +76,11 @@ def logits(client, name: str) -> list[float]:
 @pytest.mark.parametrize("offset", [-1, 3], ids=["tensor-byte", "header-byte"])
 def test_a_byte_flipped_at_rest_is_never_loaded_and_is_repulled(tmp_path, adapters, offset) -> None:
     seed_port, port = free_port(), free_port()
-    seed = node_at(tmp_path / "seed", seed_port).start()
+    seed = node_at(tmp_path / "seed", seed_port, model="none").start()
     node = node_at(tmp_path / "node", port, peers=[seed.address]).start()
     try:
         with seed.client() as s, node.client() as c:
-            s.stage(adapters["a"], "a")
-            reference = (s.promote("a"), logits(s, "a"))
+            reference = (s.stage(adapters["a"], "a"), reference_logits(adapters["a"], PROMPT))
             c.promote("a", peer=seed.address)
         node.stop()
         flip_byte(weights_blob(node.store, "a"), offset)
@@ -99,7 +100,7 @@ def test_a_byte_flipped_at_rest_is_never_loaded_and_is_repulled(tmp_path, adapte
 
 def test_a_byte_flipped_while_running_is_never_served_and_is_reported(tmp_path, adapters) -> None:
     lone = node_at(tmp_path / "lone", free_port()).start()
-    other = node_at(tmp_path / "other", free_port()).start()
+    other = node_at(tmp_path / "other", free_port(), model="none").start()
     try:
         with lone.client() as c, other.client() as o:
             c.stage(adapters["a"], "a")
@@ -108,7 +109,7 @@ def test_a_byte_flipped_while_running_is_never_served_and_is_reported(tmp_path, 
             flip_byte(weights_blob(lone.store, "a"), -1)
             # A peer asking for it gets no corrupt chunk: the seed re-verifies before serving and refuses.
             with pytest.raises(FabricError):
-                o.promote("a", peer=lone.address, named_peer_only=True)
+                o.pull("a", peer=lone.address, named_peer_only=True)
             assert staged(c)["a"], "the damaged adapter is not reported"
             assert staged(c)["b"] == ""
             a_digest = next(x.digest for x in c.list().staged if x.adapter_id == "a")
@@ -124,12 +125,12 @@ def test_a_byte_flipped_while_running_is_never_served_and_is_reported(tmp_path, 
 
 def test_a_restart_notices_a_corrupt_blob(tmp_path, adapters) -> None:
     port = free_port()
-    node = node_at(tmp_path / "n", port).start()
+    node = node_at(tmp_path / "n", port, model="none").start()
     with node.client() as c:
         c.stage(adapters["a"], "a")
     node.stop()
     flip_byte(weights_blob(node.store, "a"), -1)
-    node = node_at(tmp_path / "n", port).start()
+    node = node_at(tmp_path / "n", port, model="none").start()
     try:
         with node.client() as c:
             wait_for(lambda: staged(c).get("a"), "the start-up scrub to report the corrupt blob")
@@ -142,7 +143,7 @@ def test_a_restart_notices_a_corrupt_blob(tmp_path, adapters) -> None:
 
 
 def _two_adapters(tmp_path, adapters, port):
-    node = node_at(tmp_path / "n", port).start()
+    node = node_at(tmp_path / "n", port, model="none").start()
     with node.client() as c:
         c.stage(adapters["a"], "a")
         c.stage(adapters["b"], "b")
@@ -193,7 +194,7 @@ def test_a_damaged_id_entry_keeps_every_byte(tmp_path, adapters) -> None:
         finally:
             node.stop()
         assert blob.is_file()
-    node = node_at(tmp_path / "n", port).start()
+    node = node_at(tmp_path / "n", port, model="none").start()
     try:
         with node.client() as c:
             c.unstage("a")  # a damaged entry can be removed
@@ -203,13 +204,13 @@ def test_a_damaged_id_entry_keeps_every_byte(tmp_path, adapters) -> None:
 
 
 def test_a_missing_blob_is_reported_and_repulled_from_a_peer(tmp_path, adapters) -> None:
-    seed = node_at(tmp_path / "seed", free_port()).start()
+    seed = node_at(tmp_path / "seed", free_port(), model="none").start()
     port = free_port()
-    node = node_at(tmp_path / "n", port, peers=[seed.address]).start()
+    node = node_at(tmp_path / "n", port, peers=[seed.address], model="none").start()
     try:
         with seed.client() as s, node.client() as c:
             s.stage(adapters["a"], "a")
-            c.promote("a", peer=seed.address)
+            c.pull("a", peer=seed.address)
         node.stop()
         weights_blob(node.store, "a").unlink()
         node = node_at(tmp_path / "n", port, peers=[seed.address]).start()
@@ -223,13 +224,13 @@ def test_a_missing_blob_is_reported_and_repulled_from_a_peer(tmp_path, adapters)
 
 
 def test_a_damaged_partial_download_is_resumed_without_its_bad_bytes(tmp_path, adapters) -> None:
-    seed = node_at(tmp_path / "seed", free_port()).start()
+    seed = node_at(tmp_path / "seed", free_port(), model="none").start()
     port = free_port()
-    node = node_at(tmp_path / "n", port, peers=[seed.address]).start()
+    node = node_at(tmp_path / "n", port, peers=[seed.address], model="none").start()
     try:
         with seed.client() as s:
-            digest = s.stage(adapters["a"], "a").digest
-            reference = (s.promote("a"), logits(s, "a"))
+            reference = (s.stage(adapters["a"], "a"), reference_logits(adapters["a"], PROMPT))
+            digest = reference[0].digest
         node.stop()
         # A partial as a crash leaves it, then damaged: every byte garbage.
         partial = node.store / "partial" / digest
@@ -255,7 +256,7 @@ def test_a_damaged_upload_is_restarted_not_resumed(tmp_path, adapters) -> None:
     import hashlib
 
     port = free_port()
-    node = node_at(tmp_path / "n", port).start()
+    node = node_at(tmp_path / "n", port, model="none").start()
     try:
         with node.client() as c:
             c.stage(adapters["b"], "b")
@@ -291,12 +292,12 @@ def holds_files_of(entry: Path, adapter: Path) -> bool:
 def test_a_quarantined_blob_takes_its_export_entry_until_it_is_pulled_again(tmp_path, adapters, trigger) -> None:
     """The export entry's hard links share the blob's inode: an engine reading it would load the corrupt bytes."""
     export, port = tmp_path / "export", free_port()
-    seed = node_at(tmp_path / "seed", free_port()).start()
+    seed = node_at(tmp_path / "seed", free_port(), model="none").start()
 
-    def start() -> LocalNode:  # no known peers: nothing repairs the blob behind the test's back
-        return LocalNode(tmp_path / "n", port=port, slots=2, extra_args=["--chunk-size", "4096", "--export-dir", str(export)]).start()
+    def start(model: str = "none") -> LocalNode:  # no known peers: nothing repairs the blob behind the test's back
+        return LocalNode(tmp_path / "n", port=port, slots=2, model=model, extra_args=["--chunk-size", "4096", "--export-dir", str(export)]).start()
 
-    node = start()
+    node = start("tiny" if trigger == "promote" else "none")  # only the promote trigger loads a model
     try:
         with seed.client() as s, node.client() as c:
             s.stage(adapters["a"], "a")
