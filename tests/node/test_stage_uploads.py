@@ -84,7 +84,7 @@ def _files(adapter: Path, alpha: int) -> tuple[bytes, bytes]:
 
 
 def test_a_second_stream_of_the_same_upload_is_refused_and_leaves_the_first_intact(tmp_path, adapter) -> None:
-    node = LocalNode(tmp_path / "n", slots=2).start()
+    node = LocalNode(tmp_path / "n", model="none", slots=2).start()  # Stage only: no model needed
     try:
         config_a, weights = _files(adapter, 16)
         config_b, _ = _files(adapter, 64)
@@ -117,7 +117,7 @@ def test_a_second_stream_of_the_same_upload_is_refused_and_leaves_the_first_inta
 def test_a_resume_waits_for_its_crashed_stream_to_let_go(tmp_path, adapter) -> None:
     """A client that crashed mid-upload and resumes at once meets its dead stream still open on the node: the new
     stream waits for it to let go (bounded) instead of being refused as Busy."""
-    node = LocalNode(tmp_path / "n", slots=2).start()
+    node = LocalNode(tmp_path / "n", model="none", slots=2).start()  # Stage only: no model needed
     try:
         config, weights = _files(adapter, 16)
         half = len(weights) // 2
@@ -142,7 +142,7 @@ def test_a_resume_waits_for_its_crashed_stream_to_let_go(tmp_path, adapter) -> N
 def test_a_resume_below_the_held_offset_rewinds_and_one_beyond_it_is_refused(tmp_path, adapter) -> None:
     """A client that read UploadOffset while its previous stream was still landing bytes resumes below what the node
     holds: the node drops the rest and takes the bytes again. An offset beyond what it holds is refused, state kept."""
-    node = LocalNode(tmp_path / "n", slots=2).start()
+    node = LocalNode(tmp_path / "n", model="none", slots=2).start()  # Stage only: no model needed
     try:
         config, weights = _files(adapter, 16)
         half = len(weights) // 2
@@ -178,7 +178,7 @@ def test_two_uploads_opened_together_cannot_pass_the_store_limit(tmp_path, adapt
     weights2 = bytearray(weights)
     weights2[-1] ^= 1  # other bytes, same size
     limit = int(len(weights) * 1.5)
-    node = LocalNode(tmp_path / "n", slots=2, extra_args=["--max-store-bytes", str(limit)]).start()
+    node = LocalNode(tmp_path / "n", model="none", slots=2, extra_args=["--max-store-bytes", str(limit)]).start()
     try:
         with grpc.insecure_channel(node.address) as channel:
             stub = fabric_pb2_grpc.FabricStub(channel)

@@ -89,7 +89,7 @@ def test_a_trusting_node_stages_only_signed_adapters(tmp_path, keys, adapters) -
 @pytest.mark.slow
 def test_a_trusting_node_pulls_only_signed_adapters(tmp_path, keys, adapters) -> None:
     # The seed trusts no one: it holds an unsigned adapter, a signed one, and one carrying another digest's signature.
-    seed = LocalNode(tmp_path / "seed", slots=2).start()
+    seed = LocalNode(tmp_path / "seed", model="none", slots=2).start()  # it stages and serves: no model
     node = LocalNode(tmp_path / "n", slots=2, port=free_port(), extra_args=["--trusted-signers", str(keys["author.pub"])]).start()
     try:
         with seed.client() as s, node.client() as c:
@@ -120,7 +120,7 @@ def test_a_trusting_node_pulls_only_signed_adapters(tmp_path, keys, adapters) ->
 
 @pytest.mark.slow
 def test_tampered_bytes_of_a_signed_adapter_are_refused(tmp_path, keys, adapters) -> None:
-    seed = LocalNode(tmp_path / "seed", slots=2).start()
+    seed = LocalNode(tmp_path / "seed", model="none", slots=2).start()  # it stages and serves: no model
     node = LocalNode(tmp_path / "n", slots=2, extra_args=["--trusted-signers", str(keys["author.pub"])]).start()
     try:
         with seed.client() as s, node.client() as c:
@@ -140,7 +140,7 @@ def test_tampered_bytes_of_a_signed_adapter_are_refused(tmp_path, keys, adapters
 def test_a_trusting_node_serves_only_signed_adapters_it_holds(tmp_path, keys, adapters) -> None:
     """Adapters staged before the node trusted signers are neither loaded nor served once it does."""
     port = free_port()
-    node = LocalNode(tmp_path / "n", slots=2, port=port).start()
+    node = LocalNode(tmp_path / "n", model="none", slots=2, port=port).start()  # it only stages
     with node.client() as c:
         c.stage(adapters["x"], "old")
     node.stop()
