@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.support.store import SMALL_CHUNK, make_adapters
+from tests.support.store import SMALL_CHUNK
 from fabric.format.content_id import content_id
 from blake3 import blake3
 
@@ -32,8 +32,8 @@ from fabric.v1 import fabric_pb2
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_adapters(tmp_path_factory.mktemp("adapters"))
+def adapters(store_adapters: dict[str, Path]) -> dict[str, Path]:
+    return store_adapters
 
 
 def _build(directory: Path, adapter_id: str = "team/a", chunk_size: int = SMALL_CHUNK) -> Manifest:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.store import corrupt_behind_the_writer, make_adapters, snapshot
+from tests.support.store import corrupt_behind_the_writer, snapshot
 from fabric.errors import IntegrityError
 from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
 from fabric.store import AdapterStore
@@ -24,8 +24,8 @@ CHUNK = 1024  # ~6 chunks of the ~6 KB adapter "c"
 
 
 @pytest.fixture(scope="module")
-def adapter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
-    directory = make_adapters(tmp_path_factory.mktemp("adapters"))["c"]
+def adapter(store_adapters: dict[str, Path]) -> tuple[Path, Manifest]:
+    directory = store_adapters["c"]
     manifest = build_manifest("c", (directory / CONFIG_FILE).read_bytes(), directory / WEIGHTS_FILE, CHUNK)
     assert manifest.weights.chunk_count >= 4, "the tests need several chunks"
     return directory, manifest

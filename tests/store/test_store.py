@@ -16,7 +16,7 @@ import pytest
 from blake3 import blake3
 
 from tests.support import STAGE_WORKER
-from tests.support.store import SMALL_CHUNK, blake3_of, corrupt_behind_the_writer, flip_byte, make_adapters, snapshot
+from tests.support.store import SMALL_CHUNK, blake3_of, corrupt_behind_the_writer, flip_byte, snapshot
 from fabric.errors import (
     AdapterNotFound,
     IntegrityError,
@@ -33,8 +33,8 @@ from fabric.store import AdapterStore
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_adapters(tmp_path_factory.mktemp("adapters"))
+def adapters(store_adapters: dict[str, Path]) -> dict[str, Path]:
+    return store_adapters
 
 
 @pytest.fixture(scope="module")
