@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 
@@ -16,10 +17,10 @@ class GatedRelay:
     or ``kill()`` to cut the pull's stream as a dying peer would.
     """
 
-    def __init__(self, upstream: str, hold_after: int) -> None:
+    def __init__(self, upstream: str, hold_after: int, chunk_size: int = 4096) -> None:
         self.hold_after = hold_after
         self.process = subprocess.Popen(
-            [sys.executable, str(PEERS / "gated_peer.py"), upstream, "--hold-after", str(hold_after)],
+            [sys.executable, str(PEERS / "gated_peer.py"), upstream, "--hold-after", str(hold_after), "--chunk-size", str(chunk_size)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         line = self.process.stdout.readline()
@@ -28,8 +29,10 @@ class GatedRelay:
             raise RuntimeError(f"the gated relay did not start: {line!r}")
         self.address = line.split()[-1]
 
-    def wait_holding(self) -> None:
-        """Block until the relay holds (a pull-side timeout, pytest-timeout, bounds a pull that never comes)."""
+    def wait_holding(self, timeout: float = 120.0) -> None:
+        """Block until the relay holds; fail naming the cause if it does not within ``timeout`` (the pull never came to it)."""
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        assert ready, f"the gated relay did not hold within {timeout:g}s: was it asked for {self.hold_after + 1} chunks?"
         line = self.process.stdout.readline().strip()
         assert line == f"holding after {self.hold_after} chunks", line
 

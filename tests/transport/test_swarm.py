@@ -23,6 +23,7 @@ from fabric.errors import AdapterNotFound, InvalidArgument
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from fabric.store.digests import chunk_digest, hash_file
 from fabric.v1 import fabric_pb2
+from tests.support.relays import GatedRelay
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SMALL_CHUNK = ["--chunk-size", "4096"]
@@ -222,9 +223,11 @@ def verified_count(client: NodeClient, digest: str) -> int:
 
 @pytest.mark.slow
 def test_pull_from_three_peers_one_dies_midway(tmp_path, big_adapter) -> None:
-    seeds = [store_node(tmp_path, f"seed{i}", rate=12 << 10) for i in range(3)]
+    seeds = [store_node(tmp_path, f"seed{i}", rate=12 << 10) for i in range(2)] + [store_node(tmp_path, "seed2")]
     start_all(seeds)
-    puller = store_node(tmp_path, "puller", peers=[s.address for s in seeds[1:]]).start()
+    # The third peer is a relay in front of seed2: it serves exactly two chunks, then holds until the test kills it.
+    relay = GatedRelay(seeds[2].address, hold_after=2)
+    puller = store_node(tmp_path, "puller", peers=[seeds[1].address, relay.address]).start()
     try:
         for seed in seeds:
             with NodeClient(seed.address) as client:
@@ -234,12 +237,8 @@ def test_pull_from_three_peers_one_dies_midway(tmp_path, big_adapter) -> None:
             result: dict = {}
             pulling = threading.Thread(target=lambda: result.update(reply=client.promote("big", peer=seeds[0].address, stage_only=True)))
             pulling.start()
-            # Kill the third peer once the pull is under way (a quarter of the chunks verified), not at a fixed time.
-            chunks = 0
-            while pulling.is_alive() and chunks < 8:
-                chunks = verified_count(client, digest)
-                time.sleep(0.05)
-            seeds[2].kill()
+            relay.wait_holding()  # the pull is under way and the third peer has served its two chunks
+            relay.kill()
             still_missing = verified_count(client, digest) < count
             pulling.join(120)
             reply = result["reply"]
@@ -247,20 +246,22 @@ def test_pull_from_three_peers_one_dies_midway(tmp_path, big_adapter) -> None:
         assert still_missing, "the peer should die while chunks were still missing"
         assert reply.digest == digest and staged["big"].digest == digest
         sources = reply.source_peer.split(",")
-        assert seeds[2].address in sources, "the dead peer served chunks before it died"
+        assert relay.address in sources, "the dead peer served chunks before it died"
         assert len(sources) == 3
         # The committed bytes are the staged file's bytes.
         blob = next(puller.store.rglob(weights_root(big_adapter)))
         assert blob.read_bytes() == (big_adapter / "adapter_model.safetensors").read_bytes()
     finally:
+        relay.kill()
         for node in (*seeds, puller):
             node.stop()
 
 
 @pytest.mark.slow
 def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> None:
-    seed = store_node(tmp_path, "seed", rate=16 << 10).start()
-    middle = store_node(tmp_path, "middle").start()
+    seed = store_node(tmp_path, "seed").start()
+    middle = store_node(tmp_path, "middle", extra=["--stall-timeout", "120"]).start()  # held below while the test probes
+    relay = GatedRelay(seed.address, hold_after=3)  # the middle node's pull stops after exactly three chunks
     try:
         with NodeClient(seed.address) as client:
             staged = client.stage(big_adapter, "big")
@@ -272,13 +273,14 @@ def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> No
 
             def pull() -> None:
                 try:
-                    outcome.append(client.promote("big", peer=seed.address, stage_only=True, named_peer_only=True))
-                except Exception as exc:  # the seed is stopped once the probe is done
+                    outcome.append(client.promote("big", peer=relay.address, stage_only=True, named_peer_only=True))
+                except Exception as exc:  # the relay is killed once the probe is done
                     outcome.append(exc)
 
             pulling = threading.Thread(target=pull)
             pulling.start()
-            while verified_count(client, staged.digest) < 3:
+            relay.wait_holding()
+            while verified_count(client, staged.digest) < 3:  # sent, hence soon verified; no more can come
                 time.sleep(0.05)
             fetch = wire.fetch_stub(channel)
             served, refused = [], []
@@ -316,11 +318,12 @@ def test_partial_holder_serves_only_verified_chunks(tmp_path, big_adapter) -> No
             for offset, data in substituted:
                 index = offset // weights.chunk_size
                 assert index in held and chunk_digest(data) == weights.chunk_digests[index]
-            seed.kill()  # no need to wait for the rest
+            relay.kill()  # no need to wait for the rest
             pulling.join(60)
         assert served and refused, f"mid-pull the node should hold some chunks and miss others (served {served}, refused {refused})"
         assert not availability.complete
     finally:
+        relay.kill()
         seed.stop()
         middle.stop()
 
