@@ -1,7 +1,7 @@
 """Swarm scheduling: which chunks of an adapter to ask which peer for.
 
 Pure policy over plain data (no sockets, no threads, no clock of its own: the
-caller passes ``now``), so it is tested on its own (tests/test_swarm.py). The
+caller passes ``now``), so it is tested on its own (tests/transport/test_swarm.py). The
 swarm download in ``fabric.transport.swarm_pull`` owns the I/O and feeds this module what happened.
 
 The policy, after BitTorrent:

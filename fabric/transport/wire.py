@@ -26,7 +26,7 @@ generated code except ``Fetch``::
 Do NOT instead add a generic handler for Fetch next to
 ``add_FabricServicer_to_server``: the generated function also registers every
 method as a *registered* method, and registered handlers take precedence over
-generic ones, whatever the order (see tests/test_wire.py).
+generic ones, whatever the order (see tests/transport/test_wire.py).
 
 Client side::
 
