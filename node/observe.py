@@ -208,7 +208,7 @@ class ObservedPuller(PeerPuller):
         metrics.PULLS.labels(metrics.OK).inc()
         metrics.PULL_SECONDS.labels("ok").observe(elapsed)
         known = set(self.known_peers()) | set(peers)
-        for peer, moved in getattr(stats, "peer_bytes", {}).items():  # per-peer bytes (fabric.transport.swarm_pull)
+        for peer, moved in getattr(stats, "peer_bytes", {}).items():  # per-peer bytes (counted by fabric.transport.swarm_fetch)
             metrics.PULL_BYTES.labels(metrics.peer_label(peer, known)).inc(moved)
         if stats.resumed_from:
             metrics.PULL_RESUMES.inc()
