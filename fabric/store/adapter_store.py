@@ -50,16 +50,18 @@ from fabric.store.upload import Upload, Uploads
 class _CommitEvents:
     """What follows a commit: integrity stamps, and the export directory kept in step (called under the store's lock)."""
 
-    def __init__(self, integrity: Integrity, exports: ExportDir | None) -> None:
+    def __init__(self, catalog: Catalog, integrity: Integrity, exports: ExportDir | None) -> None:
+        self.catalog = catalog
         self.integrity = integrity
         self.exports = exports
 
     def blob_committed(self, root: str) -> None:
         self.integrity.blob_committed(root)
 
-    def ref_set(self, adapter_id: str, manifest: Manifest | None) -> None:
+    def ref_set(self, adapter_id: str, digest: str) -> None:
         if self.exports is None:
-            return
+            return  # no manifest read on a commit that exports nothing
+        manifest = self.catalog.load_manifest(digest)
         if manifest is not None:  # every commit path (stage, upload, pull) ends here
             self.exports.export(adapter_id, manifest)
         self.integrity.restore_exports()  # a commit may have brought a quarantined blob back
@@ -104,7 +106,7 @@ class AdapterStore:
                 # Only whole adapters: a blob quarantined before the restart has nothing to link to.
                 self.exports.sync(m for m in self.catalog.list() if self.catalog.complete(m.digest) is not None)
         self.committer = Committer(
-            self.layout, self.lock, TempFiles(self.layout.tmp), self.catalog, collector, self.quota, _CommitEvents(self.integrity, self.exports)
+            self.layout, self.lock, TempFiles(self.layout.tmp), self.catalog, collector, self.quota, _CommitEvents(self.catalog, self.integrity, self.exports)
         )
         self.partials = Partials(self.catalog, self.committer, self.quota)
         self.uploads = Uploads(self.committer, self.quota, chunk_size)

@@ -33,8 +33,8 @@ class CommitListener(Protocol):
     def blob_committed(self, root: str) -> None:
         """The verified bytes of ``root`` were just renamed into ``blobs/``."""
 
-    def ref_set(self, adapter_id: str, manifest: Manifest | None) -> None:
-        """``adapter_id`` now refers to ``manifest`` (None when its manifest no longer reads)."""
+    def ref_set(self, adapter_id: str, digest: str) -> None:
+        """``adapter_id`` now refers to ``digest`` (its manifest and blobs are committed)."""
 
     def ref_removed(self, adapter_id: str) -> None:
         """``adapter_id`` was unstaged."""
@@ -75,7 +75,7 @@ class Committer:
             existed = self.catalog.complete(manifest.digest) is not None
             if not existed:
                 if check_room:
-                    self.quota.check_room(self.catalog.missing_bytes(manifest), f"staging {adapter_id!r}")
+                    self.quota.check_room(self.catalog.missing_bytes(manifest), f"staging {adapter_id!r}", lock_held=True)
                 for entry in manifest.files:
                     self._install_blob(entry.root, sources[entry.root])
                 self.temps.write_atomic(self.layout.manifest(manifest.digest), manifest_json or manifest.to_json())
@@ -134,4 +134,4 @@ class Committer:
             self.temps.write_atomic(self.layout.ref(adapter_id), digest.encode("ascii"))
             if previous is not None:
                 self._collector.collect()
-        self._listener.ref_set(adapter_id, self.catalog.load_manifest(digest))
+        self._listener.ref_set(adapter_id, digest)

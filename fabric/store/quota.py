@@ -20,23 +20,28 @@ from fabric.store.manifest import Manifest
 class WhenFull(Protocol):
     """Decides what to do when ``needed`` more bytes would take the store past its limit."""
 
-    def make_room(self, needed: int, used: int, limit: int, what: str) -> int:
-        """Free what it can and return the bytes freed; raise (``QuotaExceeded``, naming why) to refuse.
+    def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
+        """Free what it can (the quota measures again afterwards), or raise ``QuotaExceeded`` naming why it cannot.
 
-        Called with or without the store's lock held: an implementation that
-        removes adapters must go through the committer's own locked paths.
+        Never called with the store's lock held (that lock is not re-entrant),
+        so it may remove adapters through the store's own paths (``unstage``).
         """
         ...
+
+
+def quota_exceeded(needed: int, used: int, limit: int, what: str) -> QuotaExceeded:
+    """The refusal of ``needed`` more bytes in a store holding ``used`` of ``limit``."""
+    return QuotaExceeded(
+        f"{what} needs {needed} bytes but the store holds {used} of its {limit}-byte limit "
+        f"({used + needed - limit} over); unstage adapters or raise the limit"
+    )
 
 
 class RefuseWhenFull:
     """The store never drops anything on its own: a commit past the limit is refused."""
 
-    def make_room(self, needed: int, used: int, limit: int, what: str) -> int:
-        raise QuotaExceeded(
-            f"{what} needs {needed} bytes but the store holds {used} of its {limit}-byte limit "
-            f"({used + needed - limit} over); unstage adapters or raise the limit"
-        )
+    def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
+        raise quota_exceeded(needed, used, limit, what)
 
 
 class Quota:
@@ -102,13 +107,20 @@ class Quota:
                 f"{self.max_header_bytes} (--max-header-bytes); nothing was written"
             )
 
-    def check_room(self, needed: int, what: str) -> None:
-        """``needed`` more bytes must fit the store's limit; past it, the ``WhenFull`` policy frees room or refuses."""
+    def check_room(self, needed: int, what: str, *, lock_held: bool = False) -> None:
+        """``needed`` more bytes must fit the store's limit; past it, the ``WhenFull`` policy frees room or refuses.
+
+        ``lock_held``: the caller holds the store's lock (the committer's re-check): refuse without asking the policy,
+        which was asked before the bytes were written and may need the lock to free room.
+        """
         if self.max_bytes is None or needed == 0:
             return
         used = self.usage()
         if used + needed <= self.max_bytes:
             return
-        freed = self.when_full.make_room(needed, used, self.max_bytes, what)
-        if used - freed + needed > self.max_bytes:
-            RefuseWhenFull().make_room(needed, used - freed, self.max_bytes, what)
+        if lock_held:
+            raise quota_exceeded(needed, used, self.max_bytes, what)
+        self.when_full.make_room(needed, used, self.max_bytes, what)
+        used = self.usage()
+        if used + needed > self.max_bytes:
+            raise quota_exceeded(needed, used, self.max_bytes, what)

@@ -34,7 +34,7 @@ class DirectoryStager:
         what = f"staging {adapter_id!r}"
         self.quota.check_adapter_size(config_path.stat().st_size + weights_path.stat().st_size, what)
         manifest = build_manifest(adapter_id, config_path.read_bytes(), weights_path, self.chunk_size, max_header_bytes=self.quota.max_header_bytes)
-        if self.catalog.complete(manifest.digest) is not None and self.committer.commit_ref(manifest):
+        if self.committer.commit_ref(manifest):
             return manifest  # the same bytes are committed already: only the ref is new
         self.quota.check_room(self.catalog.missing_bytes(manifest), what)
         sources = {manifest.files[0].root: self.committer.temps.blob(manifest.config_json)}

@@ -142,34 +142,37 @@ class FetchCancelled(FetchEnded):
 
 
 @dataclass(frozen=True)
-class FetchCorrupt(FetchEnded):
-    """A chunk failed verification, came misplaced, or a message was malformed."""
+class FetchEndedBy(FetchEnded):
+    """A request its peer ended early (a refusal, a failure, bad bytes): ``error`` says why."""
 
     error: FabricError
+
+
+@dataclass(frozen=True)
+class FetchCorrupt(FetchEndedBy):
+    """A chunk failed verification, came misplaced, or a message was malformed."""
+
     label: ClassVar[str] = "corrupt"
 
 
 @dataclass(frozen=True)
-class FetchMissing(FetchEnded):
+class FetchMissing(FetchEndedBy):
     """The peer answered NOT_FOUND: it no longer holds chunks it announced."""
 
-    error: FabricError
     label: ClassVar[str] = "missing"
 
 
 @dataclass(frozen=True)
-class FetchBusy(FetchEnded):
+class FetchBusy(FetchEndedBy):
     """The peer refused the stream for now (RESOURCE_EXHAUSTED: it limits streams per peer)."""
 
-    error: FabricError
     label: ClassVar[str] = "busy"
 
 
 @dataclass(frozen=True)
-class FetchBroken(FetchEnded):
+class FetchBroken(FetchEndedBy):
     """The peer failed: an error, a stall, or a stream that ended short. The peer is dropped."""
 
-    error: FabricError
     label: ClassVar[str] = "broken"
 
 

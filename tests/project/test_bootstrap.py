@@ -41,3 +41,17 @@ def test_only_a_cuda_build_offered_and_no_cpu_index_fails_fast_with_what_to_do(t
     result = pick(PIP_CONFIG_FILE=os.devnull, PIP_FIND_LINKS=str(wheels), PIP_INDEX_URL=f"{UNREACHABLE}/simple", FABRIC_TORCH_INDEX=f"{UNREACHABLE}/whl/cpu")
     assert result.returncode == 1 and result.stdout == ""
     assert f"{UNREACHABLE}/whl/cpu" in result.stderr and "FABRIC_TORCH_INDEX" in result.stderr
+
+
+@pytest.mark.parametrize("workers", ["abc", "-1", "33", "1 2", ""])
+def test_scripts_test_refuses_a_worker_count_out_of_bounds_by_name(workers: str) -> None:
+    """FABRIC_TEST_WORKERS is checked before pytest starts: exit 2, naming the variable and its range."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "test"), "--collect-only", "-q", "tests/store/test_ids.py"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "FABRIC_TEST_WORKERS": workers}, cwd=ROOT,
+    )  # fmt: skip
+    if workers == "":  # empty is unset in bash's ${VAR:-default}: the default count, and the run goes on
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode == 2
+    assert f"FABRIC_TEST_WORKERS={workers} must be a whole number from 0 (one process) to 32" in result.stderr

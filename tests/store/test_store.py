@@ -396,6 +396,43 @@ def test_the_quota_is_checked_before_writing(tmp_path: Path, adapters, manifests
     assert snapshot(tmp_path) == before
 
 
+class _DropWhenFull:
+    """A WhenFull policy for the seam's test: unstages the ids it was given, in order, until the bytes fit."""
+
+    def __init__(self, victims: list[str]) -> None:
+        self.victims = victims
+        self.store: AdapterStore | None = None
+        self.asked: list[tuple[int, int, int, str]] = []
+
+    def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
+        self.asked.append((needed, used, limit, what))
+        while self.victims and self.store.usage() + needed > limit:
+            self.store.unstage(self.victims.pop(0))
+
+
+def test_a_when_full_policy_is_asked_for_room_and_the_quota_measures_again(tmp_path: Path, adapters, manifests) -> None:
+    limit = manifests["a"].total_size + 100
+    policy = _DropWhenFull(["a"])
+    store = _store(tmp_path, max_bytes=limit, when_full=policy)
+    policy.store = store
+    store.stage(adapters["a"], "a")
+    assert policy.asked == []  # under the limit: never asked
+    store.stage(adapters["b"], "b")  # past it: the policy drops "a", then "b" fits
+    assert policy.asked == [(manifests["b"].total_size, manifests["a"].total_size, limit, "staging 'b'")]
+    assert [m.adapter_id for m in store.list()] == ["b"] and store.usage() <= limit
+
+
+def test_a_policy_that_frees_too_little_leaves_the_refusal_and_the_store_as_they_were(tmp_path: Path, adapters, manifests) -> None:
+    policy = _DropWhenFull([])  # nothing it may drop
+    store = _store(tmp_path, max_bytes=manifests["a"].total_size + 100, when_full=policy)
+    policy.store = store
+    store.stage(adapters["a"], "a")
+    before = snapshot(tmp_path)
+    with pytest.raises(QuotaExceeded, match=f"staging 'b' needs {manifests['b'].total_size} bytes .* holds {manifests['a'].total_size} "):
+        store.stage(adapters["b"], "b")
+    assert len(policy.asked) == 1 and snapshot(tmp_path) == before
+
+
 # ---------------------------------------------------------------- concurrency and crashes
 
 
