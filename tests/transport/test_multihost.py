@@ -9,6 +9,7 @@ seed's digest, through real links with real limits.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -26,12 +27,13 @@ OK, WHY = netlab.available()
 @pytest.mark.skipif(not OK, reason=f"network namespaces unavailable: {WHY}")
 def test_swarm_rollout_over_namespaces(tmp_path) -> None:
     adapter = make_adapter(tmp_path / "adapter", size_mib=4)
-    lab = netlab.NetLab("fswt", nodes=4, rate_mbit=100, subnet="10.204.0")
+    prefix = f"fswt{os.getpid() % 100000}"  # per run: two checkouts testing at once must not share namespaces
+    lab = netlab.NetLab(prefix, nodes=4, rate_mbit=100, subnet="10.204.0")
     try:
         lab.up()
         command = [
             *lab.exec_prefix(lab.ctl), sys.executable, str(ROOT / "scripts" / "bench_swarm.py"), "--inner",
-            "--prefix", "fswt", "--count", "4", "--rate-mbit", "100", "--chunk-kib", "256",
+            "--prefix", prefix, "--count", "4", "--rate-mbit", "100", "--chunk-kib", "256",
             "--adapter", str(adapter), "--work", str(tmp_path / "nodes"), "--subnet", "10.204.0",
         ]  # fmt: skip
         out = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
