@@ -10,6 +10,7 @@ descriptors) with oversized and control-character strings.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -19,8 +20,11 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fabric.errors import FieldTooLarge
 from fabric.harness.cluster import LocalNode
 from fabric.rpc.bounds import BOUNDS, DEFAULT_LENGTH, build_table, request_types
+from fabric.rpc.status import error_from_detail
+from fabric.transport import data_frames
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 pytestmark = pytest.mark.timeout(600)
@@ -137,6 +141,25 @@ def test_unknown_fields_are_not_kept(nodes, stub):
     with grpc.insecure_channel(node.address, options=[("grpc.max_send_message_length", 64 * MiB)]) as channel:
         locate = channel.unary_unary("/fabric.v1.Fabric/Locate", request_serializer=None, response_deserializer=fabric_pb2.LocateResponse.FromString)
         locate(raw, timeout=60)  # answered: the digest is well-formed, the unknown field dropped
+    assert log_bytes(node) - before < LOG_BYTES_PER_REQUEST
+
+
+def test_data_channel_hello_is_held_to_the_same_bounds(nodes):
+    """The data channel's DataHello (raw TCP beside gRPC) is checked against the same table before it is used or logged."""
+    node, _ = nodes
+    marker = "data channel on port "
+    port = int(node.banner[node.banner.index(marker) + len(marker) :].split(",")[0].split(")")[0])
+    hello = fabric_pb2.DataHello(fetch=fabric_pb2.FetchRequest(digest="d" * (512 << 10)))
+    before = log_bytes(node)
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(data_frames.encode_hello(hello))
+        data = bytearray()
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+    kind, _, length = data_frames.parse_frame_header(bytes(data[: data_frames.FRAME.size]))
+    assert kind == data_frames.ERROR
+    error = error_from_detail(bytes(data[data_frames.FRAME.size : data_frames.FRAME.size + length]))
+    assert isinstance(error, FieldTooLarge) and "FetchRequest.digest" in str(error) and "1024" in str(error), error
     assert log_bytes(node) - before < LOG_BYTES_PER_REQUEST
 
 
