@@ -8,6 +8,7 @@ are kept in step with the store.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,11 @@ def start_fails(node: LocalNode) -> list[str]:
     """Launch ``node``, which must exit before listening; its stderr lines."""
     node.launch()
     assert node.process is not None
-    code = node.process.wait(timeout=120)
+    try:
+        code = node.process.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        node.stop()
+        pytest.fail("the node started")
     assert code != 0
     return [line for line in Path(node.log_path).read_text().splitlines() if line.strip()]
 
