@@ -26,9 +26,12 @@ from typing import TYPE_CHECKING, Any
 from fabric.errors import (
     AdapterNotFound,
     AdaptersUnsupported,
+    Busy,
     ConfigMismatch,
+    DeadlineExceeded,
     FabricError,
     IncompatibleAdapter,
+    IncompatibleFormat,
     IntegrityError,
     InvalidAdapter,
     InvalidAdapterId,
@@ -38,10 +41,13 @@ from fabric.errors import (
     InvalidTensors,
     LimitExceeded,
     PeerUnavailable,
+    PinLimitReached,
     PoolFull,
     QuotaExceeded,
     SlotBusy,
+    StoreMissing,
     Unauthenticated,
+    Untrusted,
 )
 
 try:
@@ -75,9 +81,12 @@ __all__ = [
     *_LAZY,
     "AdapterNotFound",
     "AdaptersUnsupported",
+    "Busy",
     "ConfigMismatch",
+    "DeadlineExceeded",
     "FabricError",
     "IncompatibleAdapter",
+    "IncompatibleFormat",
     "IntegrityError",
     "InvalidAdapter",
     "InvalidAdapterId",
@@ -87,10 +96,13 @@ __all__ = [
     "InvalidTensors",
     "LimitExceeded",
     "PeerUnavailable",
+    "PinLimitReached",
     "PoolFull",
     "QuotaExceeded",
     "SlotBusy",
+    "StoreMissing",
     "Unauthenticated",
+    "Untrusted",
 ]
 
 

@@ -93,7 +93,7 @@ def rich_status(exc: errors.FabricError, code: grpc.StatusCode, message: str) ->
 async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError) -> None:
     code = status_code_for(exc)
     message = bounded(str(exc))
-    if code in _ADVICE:
+    if code in _ADVICE and (exc.retryable or code != grpc.StatusCode.RESOURCE_EXHAUSTED):
         message = f"{message} ({_ADVICE[code]})"
     # The detail carries the advice too: Python clients rebuild the error from it.
     trailer = ((ERROR_DETAIL_KEY, error_detail(exc, message)), *rich_status(exc, code, message).trailing_metadata)
