@@ -27,13 +27,14 @@ def chunk_size(text: str) -> int:
 
 def cmd_keygen(args: argparse.Namespace) -> None:
     """Write ``OUT.key`` (private, PEM, mode 0600) and ``OUT.pub`` (public, PEM: give it to nodes' --trusted-signers)."""
+    from fabric.errors import InvalidArgument
     from fabric.trust.signing import keygen
 
-    private, public = keygen()
     key_path, pub_path = Path(f"{args.out}.key"), Path(f"{args.out}.pub")
     for path in (key_path, pub_path):
-        if path.exists():
-            raise SystemExit(f"fabric keygen: {path} exists; not overwriting a key")
+        if path.exists():  # an error like any other, so --json reports it as JSON (exit 1)
+            raise InvalidArgument(f"{path} exists: not overwriting a key (give another name, or move the old pair away first)")
+    private, public = keygen()
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(private)
