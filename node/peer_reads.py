@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from typing import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import IO, AsyncIterator, Callable, Sequence, Union
 
 import grpc
 from aiolimiter import AsyncLimiter
@@ -30,6 +32,42 @@ from node.signed import SignedAdapters
 SENT_COUNTS_KEPT = 16
 
 
+# What a Fetch sends, whichever channel carries it (gRPC here, the data channel in node.data_server).
+@dataclass(frozen=True)
+class FilePiece:
+    """``length`` bytes at ``offset`` of a committed blob verified at rest (``file`` stays open until the next piece is asked for)."""
+
+    offset: int
+    length: int
+    file: IO[bytes]
+
+
+@dataclass(frozen=True)
+class BytesPiece:
+    """A verified chunk of a download still arriving here, read into memory."""
+
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Picked:
+    """The chunks a super-seeding node will send (first, before any bytes)."""
+
+    chunks: list[int]
+
+
+@dataclass(frozen=True)
+class Holds:
+    """The stream ended well: what this node holds now (every chunk, or the verified bitmap of a partial)."""
+
+    complete: bool
+    bitmap: bytes | None = None
+
+
+Piece = Union[FilePiece, BytesPiece, Picked, Holds]
+
+
 class PeerReads:
     """GetManifest, Locate, Fetch and Availability; owns the upload rate limit and the super-seeding counts."""
 
@@ -44,6 +82,8 @@ class PeerReads:
         self._sent: dict[str, list[int]] = {}
         self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
         self._rng = random.Random()
+        #: metadata announcing this node's data channel (``fetch_metadata.announce_data_port``); set once it listens
+        self.announce: tuple[tuple[str, str], ...] = ()
 
     async def get_manifest(self, request: fabric_pb2.GetManifestRequest) -> fabric_pb2.Manifest:
         """A staged adapter's manifest with its signature (and, when asked, each file's sha256)."""
@@ -85,14 +125,35 @@ class PeerReads:
             await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
 
     async def fetch(self, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """Chunks of a committed adapter (re-verified on read), or the verified ones of an adapter still arriving here."""
+        """Fetch over gRPC: the pieces of ``pieces`` as encoded Chunk messages, picks and holdings as metadata."""
         holder = fetch_metadata.holder_of(context.invocation_metadata(), context.peer())
+        async with aclosing(self.pieces(request, holder)) as pieces:
+            async for piece in pieces:
+                if isinstance(piece, FilePiece):
+                    yield wire.encode_chunk(piece.offset, await self.context.io(os.pread, piece.file.fileno(), piece.length, piece.offset))
+                elif isinstance(piece, BytesPiece):
+                    yield wire.encode_chunk(piece.offset, piece.data)
+                elif isinstance(piece, Picked):
+                    await context.send_initial_metadata(fetch_metadata.picked(piece.chunks))
+                else:
+                    held = fetch_metadata.complete() if piece.complete else fetch_metadata.verified(piece.bitmap or b"")
+                    context.set_trailing_metadata((*held, *self.announce))  # and where its data channel is, for the next stream
+
+    async def announce_to(self, context: grpc.aio.ServicerContext) -> None:
+        """Tell a GetManifest or Availability caller where this node's data channel is (nothing when it has none)."""
+        if self.announce:
+            await context.send_initial_metadata(self.announce)
+
+    async def pieces(self, request: fabric_pb2.FetchRequest, holder: tuple[str, int, bytes] | None) -> AsyncIterator[Piece]:
+        """What a Fetch of ``request`` sends: chunks of a committed adapter (re-verified on read), or the verified ones of an
+        adapter still arriving here; ``holder`` is what the caller said it holds (``fetch_metadata.holder_of``)."""
         if holder is not None and request.digest:
             self.puller.hint(request.digest, *holder)  # the caller pulls it too: news for our own pull of it
         partial = self.store.partial_for(request.digest) if request.digest and self.store.by_digest(request.digest) is None else None
         if partial is not None:
-            async for message in self._fetch_partial(partial, request, context):
-                yield message
+            async with aclosing(self._partial_pieces(partial, request)) as pieces:
+                async for piece in pieces:
+                    yield piece
             return
         manifest = self._manifest_for(request.adapter_id, request.digest)
         self.signed.check_stored(manifest)  # a node that trusts signers serves only signed adapters
@@ -104,22 +165,20 @@ class PeerReads:
         end = entry.size if request.length == 0 else min(entry.size, request.offset + request.length)
         chunks: Sequence[int] = range(request.offset // entry.chunk_size, -(-end // entry.chunk_size))
         if request.accept_bitmap and entry.name == manifest.weights.name:
-            async for message in self._seed(manifest, chunks, request, context):
-                yield message
+            async with aclosing(self._seed(manifest, chunks, request)) as pieces:  # its counts are settled in its finally
+                async for piece in pieces:
+                    yield piece
             return
         path = await self.context.io(self.store.verified_blob, manifest, entry)  # bytes at rest are re-verified before they leave
         with open(path, "rb") as f:
             for index in chunks:
                 offset, length = entry.chunk_span(index)
                 await self._throttle(length)
-                data = await self.context.io(os.pread, f.fileno(), length, offset)
-                SERVED_BYTES.inc(len(data))
-                yield wire.encode_chunk(offset, data)
-        context.set_trailing_metadata(fetch_metadata.complete())
+                SERVED_BYTES.inc(length)
+                yield FilePiece(offset, length, f)
+        yield Holds(complete=True)
 
-    async def _seed(
-        self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
+    async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest) -> AsyncIterator[Piece]:
         """A swarm request to a node holding the whole adapter: super-seeding.
 
         It gets the acceptable chunks handed out least. While first copies
@@ -143,16 +202,15 @@ class PeerReads:
         first_inflight.update(firsts)
         served: set[int] = set()
         try:
-            await context.send_initial_metadata(fetch_metadata.picked(chunks))
+            yield Picked(chunks)
             with open(await self.context.io(self.store.verified_weights, manifest), "rb") as f:
                 for index in chunks:
                     offset, length = weights.chunk_span(index)
                     await self._throttle(length)
-                    data = await self.context.io(os.pread, f.fileno(), length, offset)
-                    SERVED_BYTES.inc(len(data))
-                    served.add(index)  # handed to gRPC: a caller that cuts the stream after it may hold it already
-                    yield wire.encode_chunk(offset, data)
-            context.set_trailing_metadata(fetch_metadata.complete())
+                    SERVED_BYTES.inc(length)
+                    served.add(index)  # handed to the channel: a caller that cuts the stream after it may hold it already
+                    yield FilePiece(offset, length, f)
+            yield Holds(complete=True)
         finally:
             first_inflight.difference_update(firsts)
             for index in chunks:
@@ -174,7 +232,7 @@ class PeerReads:
         sent = self._sent_counts(digest, chunk_count)
         return swarm.pick_chunks(requested, swarm.bitmap_to_chunks(accept_bitmap, chunk_count), holds, sent, self._rng)
 
-    async def _fetch_partial(self, partial, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def _partial_pieces(self, partial, request: fabric_pb2.FetchRequest) -> AsyncIterator[Piece]:
         """Chunks of an adapter still arriving here: only verified ones, and the whole range must be verified up front."""
         self.signed.check_stored(partial.manifest)
         weights = partial.manifest.weights
@@ -195,7 +253,7 @@ class PeerReads:
                 f"ask Availability again, or fetch it from another peer"
             )
         if request.accept_bitmap:
-            await context.send_initial_metadata(fetch_metadata.picked(chunks))
+            yield Picked(list(chunks))
         for index in chunks:
             await self._throttle(weights.chunk_span(index)[1])
             try:
@@ -203,10 +261,9 @@ class PeerReads:
             except InvalidArgument as exc:  # the partial was closed under us (its pull failed)
                 raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
             SERVED_BYTES.inc(len(data))
-            yield wire.encode_chunk(index * weights.chunk_size, data)
+            yield BytesPiece(index * weights.chunk_size, data)
         # What it holds by now, so a swarm puller need not poll Availability (fabric.transport.swarm_pull).
-        held = fetch_metadata.complete() if partial.committed else fetch_metadata.verified(partial.verified_bitmap)
-        context.set_trailing_metadata(held)
+        yield Holds(complete=True) if partial.committed else Holds(complete=False, bitmap=partial.verified_bitmap)
 
     def availability(self, request: fabric_pb2.AvailabilityRequest) -> fabric_pb2.AvailabilityResponse:
         """Which chunks of a digest this node holds: all of a committed adapter, the verified ones of a partial."""

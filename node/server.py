@@ -35,10 +35,13 @@ from fabric.store.hygiene import expire_abandoned
 from fabric.transport import wire
 from fabric.transport.discovery import PeerSource
 from fabric.transport.channels import PeerChannels
+from fabric.transport.data_channel import DataChannels
+from fabric.transport.fetch_metadata import announce_data_port
 from fabric.transport.pull import PeerPuller
 from fabric.trust.signing import TrustedSigners
 from fabric.v1 import fabric_pb2
 from node.context import NodeContext
+from node.data_server import DataServer
 from node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from node.peer_reads import PeerReads
 from node.promotes import Promotes
@@ -148,9 +151,10 @@ class Node:
         self.puller = puller
         signed = SignedAdapters(store, puller, trusted)
         promotes = Promotes(self.context, signed)
+        self.peer_reads = PeerReads(self.context, puller, signed, upload_rate=settings.upload_rate)
         self.servicer = FabricServicer(
             staging=Staging(self.context, signed),
-            peer_reads=PeerReads(self.context, puller, signed, upload_rate=settings.upload_rate),
+            peer_reads=self.peer_reads,
             promotes=promotes,
             slots=Slots(self.context, promotes, max_new_tokens=settings.max_new_tokens),
             store_status=StoreReport(self.context, expire_after=settings.expire_abandoned_after),
@@ -162,6 +166,22 @@ class Node:
         self.scrubber.stop()
         self.context.close()
         self.puller.channels.close()
+
+
+async def start_data_channel(
+    settings: NodeSettings, node: Node, streams: PeerStreamLimit, auth: BearerAuth | None, tls_context
+) -> tuple[DataServer | None, int]:
+    """The data channel on --listen's host (unless --data-port off), announced to peers in gRPC replies."""
+    if settings.data_port < 0:
+        return None, 0
+    data_server = DataServer(node.peer_reads, streams, auth=auth, tls=tls_context, write_stall=settings.stall_timeout)
+    host = settings.listen.rsplit(":", 1)[0].strip("[]")
+    try:
+        port = await data_server.start(host, settings.data_port)
+    except OSError as exc:
+        fail(f"--data-port {settings.data_port}: cannot listen on {host}:{settings.data_port}: {exc.strerror or exc}")
+    node.peer_reads.announce = announce_data_port(port)
+    return data_server, port
 
 
 async def serve(settings: NodeSettings) -> None:
@@ -177,9 +197,11 @@ async def serve(settings: NodeSettings) -> None:
     # Observe first: it sees refusals by the auth interceptor too. Auth next: an unauthenticated
     # Fetch is refused before it counts against the peer's streams.
     interceptors: list[grpc.aio.ServerInterceptor] = [RpcObserver()]
-    if token:
-        interceptors.append(BearerAuth(token, peer_reads=settings.auth_peer_reads))
-    interceptors.append(PeerStreamLimit(settings.max_streams_per_peer))
+    auth = BearerAuth(token, peer_reads=settings.auth_peer_reads) if token else None
+    if auth is not None:
+        interceptors.append(auth)
+    streams = PeerStreamLimit(settings.max_streams_per_peer)  # gRPC Fetch and the data channel count together
+    interceptors.append(streams)
     server = grpc.aio.server(options=[*wire.SERVER_OPTIONS, NO_PORT_REUSE], interceptors=interceptors)
     port = bind(server, settings, tls.server_credentials() if tls.enabled else None)
     host = settings.listen.rsplit(":", 1)[0]
@@ -187,7 +209,8 @@ async def serve(settings: NodeSettings) -> None:
     # Pulls present this node's own certificate and token to its peers; the bound port tells peers that are this node.
     peer_source = PeerSource(static=settings.peers, dns=settings.peers_dns, me=f"{host}:{port}")
     options = [*wire.CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", settings.peer_tls_name)] if settings.peer_tls_name else [])]
-    channels = PeerChannels(options, credentials=tls.channel_credentials() if tls.enabled else None, token=token)
+    data_channels = DataChannels(tls.client_ssl_context() if tls.enabled else None, token=token, tls_name=settings.peer_tls_name)
+    channels = PeerChannels(options, credentials=tls.channel_credentials() if tls.enabled else None, token=token, data=data_channels)
     puller = ObservedPuller(
         store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers,
         listen_port=port,
@@ -198,6 +221,7 @@ async def serve(settings: NodeSettings) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     metrics.set_refresh(refresh_gauges(store, model))
+    data_server, data_port = await start_data_channel(settings, node, streams, auth, tls.server_ssl_context() if tls.enabled else None)
 
     await server.start()
     readiness.set(True)  # before health: a caller that saw SERVING (fabric wait) finds /readyz true too
@@ -207,6 +231,7 @@ async def serve(settings: NodeSettings) -> None:
     guard = ("mTLS" if settings.tls_ca else "TLS") if tls.enabled else "plaintext"
     guard += ", token" + (" (peer reads too)" if settings.auth_peer_reads else "") if token else ""
     probes = f", metrics on {settings.metrics_listen.rsplit(':', 1)[0]}:{endpoint.port}" if endpoint else ""
+    guard += f", data channel on port {data_port}" if data_server is not None else ", no data channel"
     # Tests and the demo read this line to learn the ports when --listen or --metrics-listen ends in :0.
     print(f"fabric-node listening on {host}:{port} (model={settings.model}, device={device}, store={settings.store}, {guard}{probes})", flush=True)
 
@@ -223,7 +248,7 @@ async def serve(settings: NodeSettings) -> None:
     await health.enter_graceful_shutdown()
     if hygiene is not None:
         hygiene.cancel()
-    await server.stop(settings.drain_timeout)
+    await asyncio.gather(server.stop(settings.drain_timeout), *([data_server.close(settings.drain_timeout)] if data_server else []))
     node.close()
     if endpoint is not None:
         endpoint.close()

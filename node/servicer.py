@@ -51,7 +51,9 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def GetManifest(self, request: fabric_pb2.GetManifestRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.Manifest:
-        return await self._peer_reads.get_manifest(request)
+        reply = await self._peer_reads.get_manifest(request)
+        await self._peer_reads.announce_to(context)  # where this node's data channel is
+        return reply
 
     @rpc_errors
     async def Locate(self, request: fabric_pb2.LocateRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.LocateResponse:
@@ -66,7 +68,9 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def Availability(self, request: fabric_pb2.AvailabilityRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.AvailabilityResponse:
-        return self._peer_reads.availability(request)
+        reply = self._peer_reads.availability(request)
+        await self._peer_reads.announce_to(context)
+        return reply
 
     # ------------------------------------------------------------ promotes and slots
 

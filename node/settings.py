@@ -66,6 +66,7 @@ class NodeSettings:
     log_format: str = "text"
     drain_timeout: float = 10.0  # seconds in-flight calls get after SIGTERM before they are cut
     expire_abandoned_after: float = 24 * 3600.0  # seconds; 0 = never
+    data_port: int = 0  # the data channel's port on --listen's host: 0 = a free one, -1 = off (peers then fetch over gRPC)
 
     @property
     def store_only(self) -> bool:
@@ -104,6 +105,15 @@ def size(text: str) -> int:
 
 def positive_size(text: str) -> int:
     return parse_size(text, allow_zero=False)
+
+
+def data_port(text: str) -> int:
+    """A port for the data channel: 1-65535, 0 for a free one, or ``off`` (-1)."""
+    if text.strip().lower() == "off":
+        return -1
+    if not _DIGITS.fullmatch(text) or int(text) > 65535:
+        raise ValueError("expected a port from 1 to 65535, 0 (a free port), or off")
+    return int(text)
 
 
 def boolean(text: str) -> bool:
@@ -181,7 +191,10 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--download-rate", size, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
-    ("--stall-timeout", positive_duration, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over", ""),
+    ("--data-port", data_port, 0, "port of the data channel that carries chunk bytes to peers beside gRPC, on --listen's host "
+     "(same TLS and token as gRPC; 0 = a free port, announced to peers; off = peers fetch over gRPC)", ""),
+    ("--stall-timeout", positive_duration, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over "
+     "(and before this node's data channel cuts a peer that stopped reading)", ""),
     ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
     ("--tls-ca", optional_path, None, "PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)", "security"),

@@ -76,6 +76,8 @@ def paths(quick: bool) -> list[TransferPath]:
         TransferPath(f"grpc default (pb2.Chunk, default opts) {k}", "grpc-default", "generated", cs, options=[], malloc=False),
         TransferPath(f"tuned (fabric.transport.wire, aio client) {k}", "wire", "wire", cs),
         TransferPath(f"tuned + BLAKE3 per chunk {k}", "wire", "wire-blake3", cs),
+        TransferPath(f"data channel (sendfile / recv_into) {k}", "data-channel", "data-channel", cs),
+        TransferPath(f"data channel + BLAKE3 per chunk {k}", "data-channel", "data-channel-blake3", cs),
         TransferPath(f"tuned + sha256 per chunk {k}", "wire", "wire-sha256", cs),
         TransferPath(f"tuned + sha256 per chunk in a thread {k}", "wire", "wire-sha256-thread", cs),
     ]

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import mmap
+import os
 import socket
 import subprocess
 import sys
@@ -61,8 +62,9 @@ class TransferPath:
     """One row of the table: a server process and how each client transfer runs."""
 
     label: str
-    server: str  # "raw-socket" | "grpc-default" | "wire"
-    client: str  # "raw-socket" | "generated" | "wire" | "wire-blake3" | "wire-sha256" | "wire-sha256-thread" | "wire-sync"
+    server: str  # "raw-socket" | "grpc-default" | "wire" | "data-channel"
+    # "raw-socket" | "generated" | "wire" | "wire-blake3" | "wire-sha256" | "wire-sha256-thread" | "wire-sync" | "data-channel" | "data-channel-blake3"
+    client: str
     chunk: int = MIB
     options: Optional[list] = None  # both sides; None = fabric.transport.wire's tuned options
     malloc: bool = True  # wire.tune_malloc() in server and client
@@ -91,6 +93,8 @@ def serve(path: TransferPath, payload_path: str) -> None:
         threading.Thread(target=_serve_raw_socket, args=(listener, payload), daemon=True).start()
         print(listener.getsockname()[1], flush=True)
         sys.stdin.read()
+    elif path.server == "data-channel":
+        asyncio.run(_serve_data_channel(path, payload_path))
     else:
         asyncio.run(_serve_grpc(path, payload))
 
@@ -139,6 +143,32 @@ async def _serve_grpc(path: TransferPath, payload: mmap.mmap) -> None:
     await server.stop(None)
 
 
+async def _serve_data_channel(path: TransferPath, payload_path: str) -> None:
+    """The node's data channel framing (fabric.transport.data_frames), chunks written with loop.sendfile as node.data_server does."""
+    from fabric.transport import data_frames
+
+    size = os.path.getsize(payload_path)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        length = data_frames.hello_length(await reader.readexactly(data_frames.HELLO_PREFIX.size))
+        request = data_frames.decode_hello(await reader.readexactly(length)).fetch
+        end = size if request.length == 0 else min(size, request.offset + request.length)
+        loop = asyncio.get_running_loop()
+        with open(payload_path, "rb") as f:
+            for offset in range(request.offset, end, path.chunk):
+                n = min(path.chunk, end - offset)
+                writer.write(data_frames.frame_header(data_frames.CHUNK, offset, n))
+                await loop.sendfile(writer.transport, f, offset, n)
+        writer.write(data_frames.frame_header(data_frames.END, 0, 1) + data_frames.encode_end(True, None))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    server.close()
+
+
 class ServerProcess:
     def __init__(self, path: TransferPath, payload_path: str) -> None:
         argv = [sys.executable, "-m", __name__, "--serve", json.dumps(dataclasses.asdict(path)), "--payload", payload_path]
@@ -171,6 +201,8 @@ def client(path: TransferPath, port: int, size: int, digest: str) -> None:
         seconds = _client_raw_socket(port, size, out)
     elif path.client == "wire-sync":
         seconds = _client_sync(path, port, size, out)
+    elif path.client.startswith("data-channel"):
+        seconds = _client_data_channel(path, port, size, out)
     else:
         seconds = asyncio.run(_client_aio(path, port, size, out))
     if hashlib.sha256(out).hexdigest() != digest:
@@ -257,6 +289,32 @@ def _client_sync(path: TransferPath, port: int, size: int, out: bytearray) -> fl
             view[offset : offset + len(data)] = data
             got += len(data)
         seconds = time.perf_counter() - start
+    if got != size:
+        raise SystemExit(f"{path.label}: got {got} of {size} bytes")
+    return seconds
+
+
+def _client_data_channel(path: TransferPath, port: int, size: int, out: bytearray) -> float:
+    """The puller's data channel client (fabric.transport.data_channel): recv_into one buffer, then the copy into ``out``."""
+    import blake3
+
+    from fabric.transport import fetch_metadata
+    from fabric.transport.data_channel import DataChannels
+    from fabric.v1 import fabric_pb2
+
+    channels, peer = DataChannels(), "127.0.0.1:1"
+    channels.learn(peer, fetch_metadata.announce_data_port(port))
+    view, got, verify = memoryview(out), 0, path.client.endswith("blake3")
+    start = time.perf_counter()
+    call = channels.open(peer, fabric_pb2.FetchRequest(digest="bench"), None, path.chunk)
+    if call is None:
+        raise SystemExit(f"{path.label}: the data channel on port {port} could not be reached")
+    for offset, data in call:
+        if verify:
+            blake3.blake3(data).digest()
+        view[offset : offset + len(data)] = data
+        got += len(data)
+    seconds = time.perf_counter() - start
     if got != size:
         raise SystemExit(f"{path.label}: got {got} of {size} bytes")
     return seconds

@@ -68,6 +68,7 @@ class LocalNode:
         self.process: subprocess.Popen | None = None
         self.address = ""
         self.metrics_address = ""  # HOST:PORT of /metrics, /healthz, /readyz when started with --metrics-listen
+        self.banner = ""  # the node's "fabric-node listening on ..." line
         self._lines: list[str] = []
 
     def start(self) -> "LocalNode":
@@ -95,6 +96,7 @@ class LocalNode:
             self._log.write(line.encode())
             match = _LISTENING.search(line)
             if match:
+                self.banner = line.strip()
                 self.address = f"{match.group(1)}:{match.group(2)}"
                 metrics = _METRICS.search(line)
                 self.metrics_address = f"{metrics.group(1)}:{metrics.group(2)}" if metrics else ""

@@ -46,6 +46,12 @@ PULL_BYTES = Counter("fabric_pull_received_bytes_total", "Verified bytes receive
 PULL_RESUMES = Counter("fabric_pull_resumes_total", "Pulls that resumed from chunks verified by an earlier, interrupted pull.", registry=REGISTRY)
 PULL_FAILOVERS = Counter("fabric_pull_failovers_total", "Peers dropped during a pull while chunks were still missing.", registry=REGISTRY)
 SERVED_BYTES = Counter("fabric_served_bytes_total", "Adapter bytes sent to peers in Fetch responses.", registry=REGISTRY)
+FETCH_STREAMS = Counter("fabric_fetch_streams_total", "Fetch streams this node opened to peers, by channel: data (the data channel) or grpc.", ["channel"], registry=REGISTRY)
+DATA_FALLBACKS = Counter(
+    "fabric_data_channel_fallbacks_total", "Fetches sent over gRPC because a peer's announced data channel could not be reached, by reason (connect, tls).",
+    ["reason"], registry=REGISTRY,
+)
+DATA_STREAMS_SERVED = Counter("fabric_data_channel_streams_total", "Streams this node's data channel answered, by outcome (ok, refused, broken).", ["outcome"], registry=REGISTRY)
 STAGES = Counter("fabric_stage_uploads_total", "Stage uploads from clients, by outcome.", ["outcome"], registry=REGISTRY)
 STAGE_BYTES = Counter("fabric_stage_received_bytes_total", "Adapter bytes received by Stage.", registry=REGISTRY)
 

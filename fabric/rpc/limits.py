@@ -48,6 +48,20 @@ class PeerStreamLimit(grpc.aio.ServerInterceptor):
         self.method = method
         self.open: dict[str, int] = {}  # the event loop is the only thread that touches it
 
+    def enter(self, host: str) -> None:
+        """Count one more stream of ``host`` (gRPC Fetch and the data channel alike); QuotaExceeded when it holds ``limit``."""
+        if self.open.get(host, 0) >= self.limit:
+            raise QuotaExceeded(f"peer {host} already holds {self.limit} Fetch streams to this node (--max-streams-per-peer); finish one first")
+        self.open[host] = self.open.get(host, 0) + 1
+
+    def leave(self, host: str) -> None:
+        """One stream of ``host`` ended."""
+        left = self.open[host] - 1
+        if left:
+            self.open[host] = left
+        else:
+            del self.open[host]
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -60,21 +74,15 @@ class PeerStreamLimit(grpc.aio.ServerInterceptor):
 
         async def counted(request, context):
             host = peer_host(context.peer())
-            if self.open.get(host, 0) >= self.limit:
-                await abort_with(
-                    context,
-                    QuotaExceeded(f"peer {host} already holds {self.limit} Fetch streams to this node (--max-streams-per-peer); finish one first"),
-                )
-            self.open[host] = self.open.get(host, 0) + 1
+            try:
+                self.enter(host)
+            except QuotaExceeded as exc:
+                await abort_with(context, exc)
             try:
                 async for item in behavior(request, context):
                     yield item
             finally:
-                left = self.open[host] - 1
-                if left:
-                    self.open[host] = left
-                else:
-                    del self.open[host]
+                self.leave(host)
 
         return grpc.unary_stream_rpc_method_handler(
             counted, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
@@ -74,6 +75,24 @@ class TlsFiles:
         pair = (_read_pem(self.key, "TLS key"), _read_pem(self.cert, "TLS certificate"))
         ca = _read_pem(self.ca, "TLS CA")
         return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+
+    def server_ssl_context(self) -> ssl.SSLContext:
+        """The same TLS as ``server_credentials``, for the data channel (``node.data_server``): mTLS when a CA is given."""
+        if self.cert is None or self.key is None:
+            raise InvalidArgument("a node serving TLS needs --tls-cert and --tls-key (--tls-ca alone only verifies others)")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        if self.ca is not None:
+            context.load_verify_locations(cafile=str(self.ca))
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def client_ssl_context(self) -> ssl.SSLContext:
+        """The same TLS as ``channel_credentials``, for a peer's data channel: the server verified, this side's certificate presented."""
+        context = ssl.create_default_context(cafile=str(self.ca) if self.ca is not None else None)
+        if self.cert is not None and self.key is not None:
+            context.load_cert_chain(self.cert, self.key)
+        return context
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """TLS for a caller: verify the server against the CA (system roots when none); present cert/key when given."""
@@ -202,6 +221,10 @@ class BearerAuth(grpc.aio.ServerInterceptor):
         if method in PEER_READ_METHODS:
             return self.peer_reads
         return True  # everything else, including methods added later: closed by default
+
+    def token_matches(self, token: str) -> bool:
+        """Whether a bare ``token`` (the data channel's hello carries one) is this cluster's, compared in constant time."""
+        return hmac.compare_digest((_BEARER + token).encode("utf-8", "replace"), self._expected)
 
     def authorized(self, metadata: Sequence[tuple[str, Any]] | None) -> bool:
         ok = False

@@ -90,11 +90,30 @@ def rich_status(exc: errors.FabricError, code: grpc.StatusCode, message: str) ->
     return rpc_status.to_status(status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail]))
 
 
-async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError) -> None:
+def public_message(exc: errors.FabricError) -> str:
+    """The message a caller is sent: bounded, with the advice its status code carries."""
     code = status_code_for(exc)
     message = bounded(str(exc))
-    if code in _ADVICE and (exc.retryable or code != grpc.StatusCode.RESOURCE_EXHAUSTED):
-        message = f"{message} ({_ADVICE[code]})"
+    # a non-retryable RESOURCE_EXHAUSTED (a pin past the pin limit) gets no "retry" advice: only an unpin frees it
+    advise = code in _ADVICE and (exc.retryable or code != grpc.StatusCode.RESOURCE_EXHAUSTED)
+    return f"{message} ({_ADVICE[code]})" if advise else message
+
+
+def error_from_detail(detail_bytes: bytes) -> errors.FabricError | None:
+    """The library error a serialized ``ErrorDetail`` names; None when it names no fabric error type (or does not parse)."""
+    try:
+        detail = fabric_pb2.ErrorDetail.FromString(detail_bytes)
+    except Exception:  # noqa: BLE001 (protobuf's DecodeError and friends: a malformed trailer is no error type)
+        return None
+    kind = getattr(errors, detail.kind, None)
+    if isinstance(kind, type) and issubclass(kind, errors.FabricError):
+        return kind(bounded(detail.message))
+    return None
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError) -> None:
+    code = status_code_for(exc)
+    message = public_message(exc)
     # The detail carries the advice too: Python clients rebuild the error from it.
     trailer = ((ERROR_DETAIL_KEY, error_detail(exc, message)), *rich_status(exc, code, message).trailing_metadata)
     context.set_trailing_metadata(trailer)
@@ -134,10 +153,9 @@ def error_from_rpc(exc: grpc.RpcError, *, peer: str = "") -> errors.FabricError:
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     for key, value in trailing or ():
         if key == ERROR_DETAIL_KEY:
-            detail = fabric_pb2.ErrorDetail.FromString(value)
-            kind = getattr(errors, detail.kind, None)
-            if isinstance(kind, type) and issubclass(kind, errors.FabricError):
-                return kind(detail.message)
+            error = error_from_detail(value)
+            if error is not None:
+                return error
     where = f" from {peer}" if peer else ""
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
         return errors.PeerUnavailable(f"peer{where} unavailable: {code.name}: {details}")

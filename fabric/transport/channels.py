@@ -1,22 +1,31 @@
-"""One long-lived gRPC channel per peer address, with this node's credentials and token."""
+"""One long-lived gRPC channel per peer address, with this node's credentials and token; and the peers' data channels."""
 
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 import grpc
 
 from fabric.rpc import security
 from fabric.transport import wire
+from fabric.transport.data_channel import DataChannels
 
 
 class PeerChannels:
-    """One long-lived channel per peer address (channels are expensive; connections are reused)."""
+    """One long-lived channel per peer address (channels are expensive; connections are reused).
+
+    ``data``: the peers' data channels (``fabric.transport.data_channel``), or None to fetch over gRPC only.
+    """
 
     def __init__(
-        self, options: Sequence[tuple[str, object]] = wire.CHANNEL_OPTIONS, credentials: grpc.ChannelCredentials | None = None, token: str | None = None
+        self,
+        options: Sequence[tuple[str, object]] = wire.CHANNEL_OPTIONS,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        data: DataChannels | None = None,
     ) -> None:
+        self.data = data
         self._options = list(options)
         self._credentials = credentials
         self._token = token  # sent on every call when peers require it (--auth-token-file)
@@ -30,6 +39,11 @@ class PeerChannels:
                 channel = security.channel(address, credentials=self._credentials, token=self._token, options=self._options)
                 self._channels[address] = channel
             return channel
+
+    def learn(self, peer: str, metadata: Any) -> None:
+        """Note the data channel port ``peer`` announced (or not) in a reply's metadata."""
+        if self.data is not None and metadata is not None:
+            self.data.learn(peer, metadata)
 
     def close(self) -> None:
         with self._lock:

@@ -16,6 +16,10 @@ pulls the same adapter, takes that as an Availability answer from the peer
 at the connection's address and that port, so every Fetch informs both ends
 and polls are left for the peers a node exchanges nothing with. Hints are
 advisory: a peer that lies is asked for chunks it lacks and dropped as usual.
+
+``fabric-data-port``, in the initial metadata of GetManifest and Availability
+replies and in a Fetch's trailer: the port of the node's data channel
+(``fabric.transport.data_channel``) on the same host; absent when it has none.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ VERIFIED_KEY = "fabric-verified-bin"
 COMPLETE_KEY = "fabric-complete"
 HOLDER_PORT_KEY = "fabric-holder-port"
 HOLDER_BITMAP_KEY = "fabric-holder-bin"
+DATA_PORT_KEY = "fabric-data-port"
 
 
 def picked(chunks: list[int]) -> tuple[tuple[str, str], ...]:
@@ -86,3 +91,16 @@ def holder_of(metadata: Any, peer: str) -> tuple[str, int, bytes] | None:
         return None
     host = address.rpartition(":")[0]
     return (host[1:-1] if host.startswith("[") else host), port, bitmap
+
+
+def announce_data_port(port: int) -> tuple[tuple[str, str], ...]:
+    """Metadata announcing this node's data channel port (nothing when it has none)."""
+    return ((DATA_PORT_KEY, str(port)),) if port > 0 else ()
+
+
+def data_port(metadata: Any) -> int | None:
+    """The data channel port a reply announced; None when it announced none (or nonsense)."""
+    for key, value in metadata or ():
+        if key == DATA_PORT_KEY and isinstance(value, str) and value.isdigit() and 0 < int(value) < 65536:
+            return int(value)
+    return None

@@ -13,11 +13,13 @@ from typing import Callable, NamedTuple, Sequence
 import grpc
 
 from fabric.errors import AdapterNotFound, IntegrityError, PeerUnavailable
+from fabric.observability.metrics import FETCH_STREAMS
 from fabric.rpc.status import error_from_rpc
 from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest, manifest_request
-from fabric.transport import swarm, wire
+from fabric.transport import fetch_metadata, swarm, wire
 from fabric.transport.channels import PeerChannels
+from fabric.transport.data_channel import DataCall
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 __all__ = ["AVAILABILITY_TIMEOUT_S", "MANIFEST_TIMEOUT_S", "Holding", "HoldingCall", "fetch", "first_manifest", "holding"]
@@ -53,7 +55,7 @@ def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str
     for peer in peers:
         stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
         try:
-            reply = stub.GetManifest(manifest_request(adapter_id), timeout=MANIFEST_TIMEOUT_S)
+            reply, call = stub.GetManifest.with_call(manifest_request(adapter_id), timeout=MANIFEST_TIMEOUT_S)
         except grpc.RpcError as exc:
             error = error_from_rpc(exc, peer=peer)
             if isinstance(error, AdapterNotFound):
@@ -61,6 +63,7 @@ def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str
             else:
                 failures.append(f"{peer}: {error}")
             continue
+        channels.learn(peer, call.initial_metadata())  # its data channel, if it offers one
         manifest = Manifest.from_proto(reply)  # self-consistent, and of this digest scheme (else IncompatibleFormat)
         if manifest.adapter_id != adapter_id:
             raise IntegrityError(f"peer {peer} answered for {manifest.adapter_id!r} when asked for {adapter_id!r}")
@@ -77,7 +80,7 @@ def holding(channels: PeerChannels, peer: str, digest: str) -> Holding:
     """
     stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
     try:
-        reply = stub.Availability(fabric_pb2.AvailabilityRequest(digest=digest), timeout=AVAILABILITY_TIMEOUT_S)
+        reply, call = stub.Availability.with_call(fabric_pb2.AvailabilityRequest(digest=digest), timeout=AVAILABILITY_TIMEOUT_S)
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
             return Holding(set(), False, 0)  # an older peer: it can still serve what GetManifest says it has
@@ -85,14 +88,26 @@ def holding(channels: PeerChannels, peer: str, digest: str) -> Holding:
         if isinstance(error, AdapterNotFound):
             return Holding(set(), False, 0)
         raise error from None
+    channels.learn(peer, call.initial_metadata())
     if reply.complete:
         return Holding(set(range(reply.chunk_count)), True, reply.chunk_count)
     return Holding(swarm.bitmap_to_chunks(reply.verified_bitmap, reply.chunk_count), False, reply.chunk_count)
 
 
-def fetch(channels: PeerChannels, peer: str, request: fabric_pb2.FetchRequest, metadata: Sequence[tuple[str, str | bytes]] = ()) -> wire.FetchCall:
+def fetch(
+    channels: PeerChannels, peer: str, request: fabric_pb2.FetchRequest, holder: tuple[int, bytes] | None, chunk_size: int
+) -> wire.FetchCall | DataCall:
     """Start a Fetch stream of ``request`` from ``peer``: a call that yields ``(offset, data)`` and can be cancelled from any thread.
 
-    No deadline (see above). ``metadata`` rides on the request (``fetch_metadata.holder``: what this node holds).
+    Over the peer's data channel when it announced one that answers, else over
+    gRPC. No deadline (see above). ``holder`` is ``(port, verified bitmap)`` of
+    this node when it serves what it pulls (``fetch_metadata.holder``).
     """
+    if channels.data is not None:
+        call = channels.data.open(peer, request, holder, chunk_size)
+        if call is not None:
+            FETCH_STREAMS.labels("data").inc()
+            return call
+    FETCH_STREAMS.labels("grpc").inc()
+    metadata = fetch_metadata.holder(*holder) if holder is not None else ()
     return wire.fetch_stub(channels.get(peer))(request, metadata=metadata)

@@ -18,6 +18,7 @@ from fabric.rpc.status import error_from_rpc
 from fabric.store.manifest import Manifest
 from fabric.transport import fetch_metadata, peer_calls, swarm
 from fabric.transport.channels import PeerChannels
+from fabric.transport.data_channel import DataChannelFailed
 from fabric.transport.pull_values import PullSettings, PullStats
 from fabric.transport.rate import TokenBucket
 from fabric.transport.swarm_events import (
@@ -137,8 +138,9 @@ class SwarmWorkers:
         accept = swarm.chunks_to_bitmap(request.accept, weights.chunk_count) if request.accept else b""
         request_pb = fabric_pb2.FetchRequest(digest=self.manifest.digest, file=weights.name, offset=offset, length=end - offset, accept_bitmap=accept)
         listen_port = self.settings.listen_port
-        holder = fetch_metadata.holder(listen_port, self.partial.verified_bitmap) if listen_port else ()
-        call = peer_calls.fetch(self.channels, peer, request_pb, holder)  # what we hold rides on the request: the peer need not poll us
+        holder = (listen_port, self.partial.verified_bitmap) if listen_port else None
+        # what we hold rides on the request: the peer need not poll us
+        call = peer_calls.fetch(self.channels, peer, request_pb, holder, weights.chunk_size)
         handle.attach(call)
         expected = request.chunks
         position = 0
@@ -167,13 +169,14 @@ class SwarmWorkers:
                     break  # the rest came from another copy (endgame)
         except IntegrityError as exc:  # a bad chunk, a misplaced one, or a malformed message
             raise _Ended(FetchCorrupt(request, exc)) from None
-        except grpc.RpcError as exc:
+        except (grpc.RpcError, DataChannelFailed) as exc:
             if handle.stalled:
                 stalled = PeerUnavailable(f"{peer} sent nothing for {self.settings.stall_timeout:g}s: treated as stalled")
                 raise _Ended(FetchBroken(request, stalled)) from None
             if handle.cancelled:
                 raise _Ended(FetchCancelled(request)) from None
-            raise _Ended(_refusal(request, error_from_rpc(exc, peer=peer))) from None
+            error = exc.error if isinstance(exc, DataChannelFailed) else error_from_rpc(exc, peer=peer)
+            raise _Ended(_refusal(request, error)) from None
         finally:
             call.cancel()  # no-op when the stream ended; stops the peer's sending when we left early
         self._report_holding(peer, call)
@@ -188,9 +191,11 @@ class SwarmWorkers:
     def _report_holding(self, peer: str, call: Any) -> None:
         """Pass on what a finished stream's trailer says its peer holds (``fetch_metadata.holding``)."""
         try:
-            bitmap, complete = fetch_metadata.holding(call.trailing_metadata())
+            trailer = call.trailing_metadata()
         except grpc.RpcError:
             return
+        self.channels.learn(peer, trailer)  # a gRPC stream's trailer announces the peer's data channel
+        bitmap, complete = fetch_metadata.holding(trailer)
         if complete:
             self.report(HoldingReported(peer, (), True))
         elif bitmap is not None:

@@ -8,15 +8,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_status import rpc_status
 from google.rpc import error_details_pb2
-from prometheus_client.parser import text_string_to_metric_families
 
 from fabric.client.node_client import NodeClient
 from fabric.errors import AdapterNotFound, PeerUnavailable, Unauthenticated
@@ -29,6 +26,7 @@ from fabric.transport import wire
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.store import stage_begin
 from tests.support.certs import TestCA
+from tests.support.scrape import http_get, scrape
 
 PROMPT = [3, 14, 15, 92, 65, 35]
 SMALL_CHUNK = ["--chunk-size", "4096"]
@@ -46,21 +44,6 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
         # ~128 KiB: with 4 KiB chunks and a slow seeder, a Fetch lasts seconds
         "big": make_peft_adapter(root / "big", base_model=base, r=16, lora_alpha=16, target_modules=ALL, seed=5),
     }
-
-
-def http_get(address: str, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=30) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def scrape(node: LocalNode) -> dict[tuple[str, frozenset], float]:
-    """Every sample of the node's /metrics: (name, labels) -> value."""
-    status, text = http_get(node.metrics_address, "/metrics")
-    assert status == 200
-    return {(s.name, frozenset(s.labels.items())): s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def value(samples: dict, name: str, **labels: str) -> float:

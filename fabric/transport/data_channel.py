@@ -1,0 +1,231 @@
+"""The puller's side of the data channel: Fetch's chunk bytes over a raw TCP (or TLS) connection.
+
+A node announces its channel's port beside its gRPC replies
+(``fetch_metadata.DATA_PORT_KEY``); ``DataChannels`` remembers it per peer and
+opens one connection per Fetch (``fabric.transport.data_frames``: a hello,
+then frames). Each chunk is read with ``recv_into`` into one buffer per call,
+which the caller verifies and writes from before asking for the next
+(``swarm_fetch``): the bytes are not copied in user space on the way.
+
+The channel is an optimisation, never a requirement: a peer that announces
+none, or whose port cannot be reached (a firewall, an older node), is fetched
+from over gRPC, and a failed connect keeps that peer on gRPC for
+``RETRY_AFTER_S`` (``fabric_data_channel_fallbacks_total`` counts both).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import threading
+import time
+from typing import Any
+
+from fabric.errors import FabricError, IntegrityError, PeerUnavailable
+from fabric.observability.metrics import DATA_FALLBACKS
+from fabric.rpc.status import error_from_detail
+from fabric.transport import data_frames, fetch_metadata
+from fabric.v1 import fabric_pb2
+
+__all__ = ["CONNECT_TIMEOUT_S", "DataCall", "DataChannelFailed", "DataChannels", "RETRY_AFTER_S"]
+
+log = logging.getLogger(__name__)
+
+#: seconds to connect (and finish TLS); a port that does not answer by then is taken as blocked
+CONNECT_TIMEOUT_S = 3.0
+#: seconds a peer whose channel could not be reached is fetched from over gRPC before the channel is tried again
+RETRY_AFTER_S = 60.0
+#: a socket-level bound on one read: the swarm's stall watchdog cuts a silent stream long before this
+READ_TIMEOUT_S = 300.0
+
+
+class DataChannelFailed(Exception):
+    """A data channel stream ended without END: ``error`` is the peer's refusal, or PeerUnavailable when the connection broke."""
+
+    def __init__(self, error: FabricError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _host(peer: str) -> str:
+    host = peer.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+class DataChannels:
+    """The data channels of a node's peers: the ports they announced, and how to reach them (TLS, token)."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None, token: str | None = None, tls_name: str = "") -> None:
+        self._tls = tls
+        self._token = token or ""
+        self._tls_name = tls_name
+        self._ports: dict[str, int] = {}
+        self._down_until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def learn(self, peer: str, metadata: Any) -> None:
+        """Remember the data port ``peer`` announced in a reply's metadata (no announcement: it offers none)."""
+        port = fetch_metadata.data_port(metadata)
+        with self._lock:
+            if port is None:
+                self._ports.pop(peer, None)
+            else:
+                self._ports[peer] = port
+
+    def port(self, peer: str) -> int | None:
+        """The data port to use for ``peer`` now: None when it announced none, or its channel failed lately."""
+        with self._lock:
+            port = self._ports.get(peer)
+            if port is not None and self._down_until.get(peer, 0.0) > time.monotonic():
+                return None
+            return port
+
+    def _fall_back(self, peer: str, reason: str, exc: BaseException) -> None:
+        with self._lock:
+            self._down_until[peer] = time.monotonic() + RETRY_AFTER_S
+        DATA_FALLBACKS.labels(reason).inc()
+        log.warning("data channel of %s unreachable (%s: %s): fetching from it over gRPC for %.0fs", peer, type(exc).__name__, exc, RETRY_AFTER_S)
+
+    def open(self, peer: str, request: fabric_pb2.FetchRequest, holder: tuple[int, bytes] | None, chunk_size: int) -> DataCall | None:
+        """A stream of ``request`` from ``peer`` over its channel; None when there is none to use (the caller uses gRPC)."""
+        port = self.port(peer)
+        if port is None:
+            return None
+        host = _host(peer)
+        hello = fabric_pb2.DataHello(token=self._token, fetch=request)
+        if holder is not None:
+            hello.holder_port, hello.holder_bitmap = holder
+        try:
+            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            self._fall_back(peer, "connect", exc)
+            return None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self._tls_name or host)
+            sock.settimeout(READ_TIMEOUT_S)
+            sock.sendall(data_frames.encode_hello(hello))
+        except ssl.SSLError as exc:  # the same certificates as gRPC: a mismatch is a configuration error, named
+            sock.close()
+            self._fall_back(peer, "tls", exc)
+            return None
+        except OSError as exc:
+            sock.close()
+            self._fall_back(peer, "connect", exc)
+            return None
+        return DataCall(sock, peer, port, chunk_size)
+
+
+class DataCall:
+    """One Fetch over the data channel, with gRPC ``FetchCall``'s interface: iterate ``(offset, data)``, cancel from any thread.
+
+    ``data`` is a view of the call's one buffer: valid until the next item is asked for.
+    """
+
+    def __init__(self, sock: socket.socket, peer: str, port: int, chunk_size: int) -> None:
+        self._sock = sock
+        self._peer = peer
+        self._port = port
+        self._chunk_size = chunk_size
+        self._buffer = bytearray(chunk_size)
+        self._view = memoryview(self._buffer)
+        self._header = bytearray(data_frames.FRAME.size)
+        self._pending: tuple[int, int, int] | None = None  # a frame header read ahead by initial_metadata
+        self._picked: list[int] | None = None
+        self._trailer: tuple[bytes | None, bool] | None = None
+        self._cancelled = False
+        self._closed = False
+
+    # ------------------------------------------------------------ reading
+
+    def _read_exact(self, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            try:
+                n = self._sock.recv_into(view[got:])
+            except (OSError, ValueError) as exc:  # ValueError: the socket was closed under us (cancel)
+                raise DataChannelFailed(PeerUnavailable(f"{self._peer}: the data channel broke: {exc}")) from None
+            if n == 0:
+                what = "was cancelled" if self._cancelled else "closed the data channel mid-stream"
+                raise DataChannelFailed(PeerUnavailable(f"{self._peer} {what}"))
+            got += n
+
+    def _next_header(self) -> tuple[int, int, int]:
+        if self._pending is not None:
+            header, self._pending = self._pending, None
+            return header
+        self._read_exact(memoryview(self._header))
+        return data_frames.parse_frame_header(self._header)
+
+    def _payload(self, length: int) -> bytes:
+        payload = bytearray(length)
+        self._read_exact(memoryview(payload))
+        return bytes(payload)
+
+    def __iter__(self) -> DataCall:
+        return self
+
+    def __next__(self) -> tuple[int, memoryview]:
+        if self._trailer is not None or self._closed:
+            raise StopIteration
+        try:
+            kind, offset, length = self._next_header()
+            if kind == data_frames.CHUNK:
+                if length > self._chunk_size:
+                    raise IntegrityError(f"{self._peer} sent a chunk of {length} bytes on the data channel; chunks are {self._chunk_size}")
+                view = self._view[:length]
+                self._read_exact(view)
+                return offset, view
+            if kind == data_frames.END:
+                self._trailer = data_frames.decode_end(self._payload(length))
+                self.close()
+                raise StopIteration
+            if kind == data_frames.ERROR:
+                error = error_from_detail(self._payload(length)) or PeerUnavailable(f"{self._peer} ended the data channel stream with an error")
+                raise DataChannelFailed(error)
+            raise IntegrityError(f"{self._peer} sent a {data_frames.KINDS[kind]} frame in the middle of a data channel stream")
+        except (DataChannelFailed, IntegrityError):
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ FetchCall's interface
+
+    def initial_metadata(self) -> tuple[tuple[str, str], ...]:
+        """What a super-seeding node picked (``fetch_metadata.picked``), read from the first frame; empty when it did not say."""
+        if self._picked is None and self._pending is None and self._trailer is None and not self._closed:
+            try:
+                header = self._next_header()
+            except (DataChannelFailed, IntegrityError):
+                return ()  # the stream's failure is raised by the first next()
+            if header[0] == data_frames.PICKED:
+                self._picked = data_frames.decode_picked(self._payload(header[2]))
+            else:
+                self._pending = header
+        return fetch_metadata.picked(self._picked) if self._picked is not None else ()
+
+    def trailing_metadata(self) -> tuple[tuple[str, Any], ...]:
+        """What the node holds, as Fetch's trailer says it (``fetch_metadata.holding`` reads it), and this channel's port."""
+        announced = fetch_metadata.announce_data_port(self._port)
+        if self._trailer is None:
+            return announced
+        bitmap, complete = self._trailer
+        held = fetch_metadata.complete() if complete else fetch_metadata.verified(bitmap) if bitmap is not None else ()
+        return (*held, *announced)
+
+    def cancel(self) -> None:
+        """Cut the stream (any thread): a read blocked on it returns at once."""
+        if self._closed:
+            return
+        self._cancelled = True
+        try:
+            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)  # the base method: an SSL socket keeps its state for the reader
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Release the connection (the stream ended)."""
+        if not self._closed:
+            self._closed = True
+            self._sock.close()

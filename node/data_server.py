@@ -1,0 +1,162 @@
+"""The node's data channel: Fetch's chunk bytes on a TCP port of their own (``fabric.transport.data_frames``).
+
+Each connection carries one request. The node answers it with the same pieces
+a gRPC Fetch sends (``PeerReads.pieces``: committed blobs verified at rest,
+the verified chunks of a download still arriving, super-seeding picks), and
+writes a committed blob's chunks with ``loop.sendfile``: the kernel copies
+them from the page cache to the socket (asyncio falls back to reads and
+writes under TLS, where the bytes must be encrypted in user space).
+
+The same guards as gRPC Fetch, before any byte is sent: TLS and mTLS with the
+node's certificates; the bearer token when the node requires one for Fetch;
+the streams-per-peer bound, shared with gRPC Fetch; the upload rate. And its
+own: a bound on connections, a hello that must arrive within
+``HELLO_TIMEOUT_S``, and a reader that stops reading is cut once a frame has
+waited ``write_stall`` seconds (the node's --stall-timeout) plus its length
+at ``MIN_READ_RATE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from contextlib import aclosing
+
+from fabric.errors import FabricError, InvalidArgument, QuotaExceeded, Unauthenticated
+from fabric.observability.metrics import DATA_STREAMS_SERVED
+from fabric.rpc.limits import PeerStreamLimit
+from fabric.rpc.security import BearerAuth
+from fabric.rpc.status import error_detail, public_message
+from fabric.transport import data_frames
+from node.peer_reads import BytesPiece, FilePiece, PeerReads, Picked, Piece
+
+__all__ = ["DataServer", "HELLO_TIMEOUT_S", "MAX_CONNECTIONS", "MIN_READ_RATE"]
+
+log = logging.getLogger("fabric.node.data")
+
+#: seconds a connection gets to send its hello
+HELLO_TIMEOUT_S = 10.0
+#: connections open at once; the next is refused (busy) at once
+MAX_CONNECTIONS = 256
+#: bytes/s below which a reader counts as stalled
+MIN_READ_RATE = 64 << 10
+
+
+def _host(peername: object) -> str:
+    """The peer's host as gRPC Fetch's stream count names it (``fabric.rpc.limits.peer_host``): IPv6 in brackets."""
+    host = peername[0] if isinstance(peername, tuple) and peername else str(peername)
+    return f"[{host}]" if ":" in host else host
+
+
+class DataServer:
+    """Serves ``PeerReads.pieces`` on a TCP (or TLS) port; one request per connection."""
+
+    def __init__(
+        self, reads: PeerReads, streams: PeerStreamLimit, *, auth: BearerAuth | None = None, tls: ssl.SSLContext | None = None,
+        write_stall: float = 10.0, max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        """``write_stall``: seconds a frame may wait for a reader that takes nothing, beyond its length at MIN_READ_RATE."""
+        self.reads = reads
+        self.streams = streams
+        self.auth = auth  # checked when it guards Fetch (--auth-peer-reads)
+        self.tls = tls
+        self.max_connections = max_connections
+        self.write_stall = write_stall
+        self.connections = 0
+        self._open: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port."""
+        tls = {"ssl": self.tls, "ssl_handshake_timeout": HELLO_TIMEOUT_S} if self.tls is not None else {}
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_port=False, **tls)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self, grace: float) -> None:
+        """Stop listening; open streams get ``grace`` seconds to finish (as gRPC's in-flight calls do), then are cut."""
+        if self._server is None:
+            return
+        self._server.close()
+        deadline = asyncio.get_running_loop().time() + grace
+        while self._open and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        for writer in list(self._open):
+            writer.transport.abort()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host = _host(writer.get_extra_info("peername"))
+        self.connections += 1
+        self._open.add(writer)
+        counted = clean = False
+        try:
+            if self.connections > self.max_connections:
+                raise QuotaExceeded(f"this node's data channel holds {self.max_connections} connections already; fetch over gRPC or retry")
+            hello = await asyncio.wait_for(self._hello(reader), HELLO_TIMEOUT_S)
+            if self.auth is not None and self.auth.peer_reads and not self.auth.token_matches(hello.token):
+                raise Unauthenticated(f"the data channel needs this cluster's bearer token; the hello carried {'a wrong' if hello.token else 'no'} token")
+            self.streams.enter(host)
+            counted = True
+            holder = (host.strip("[]"), hello.holder_port, hello.holder_bitmap) if 0 < hello.holder_port < 65536 and hello.holder_bitmap else None
+            async with aclosing(self.reads.pieces(hello.fetch, holder)) as pieces:
+                async for piece in pieces:
+                    await self._send(writer, piece)
+            DATA_STREAMS_SERVED.labels("ok").inc()
+            clean = True
+        except FabricError as exc:
+            DATA_STREAMS_SERVED.labels("refused").inc()
+            log.info("data channel stream from %s refused: %s: %s", host, type(exc).__name__, exc)
+            clean = await self._refuse(writer, exc)
+        except asyncio.TimeoutError:
+            DATA_STREAMS_SERVED.labels("broken").inc()
+            log.info("data channel stream to %s cut: it read nothing for %gs (or sent no hello in %gs)", host, self.write_stall, HELLO_TIMEOUT_S)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as exc:
+            DATA_STREAMS_SERVED.labels("broken").inc()
+            log.debug("data channel stream to %s broke: %s", host, exc)
+        finally:
+            self.connections -= 1
+            self._open.discard(writer)
+            if counted:
+                self.streams.leave(host)
+            if clean:
+                writer.close()  # what is written still goes out
+            else:
+                writer.transport.abort()  # a reader that stopped: drop what waits for it
+
+    async def _hello(self, reader: asyncio.StreamReader):
+        try:
+            length = data_frames.hello_length(await reader.readexactly(data_frames.HELLO_PREFIX.size))
+            return data_frames.decode_hello(await reader.readexactly(length))
+        except asyncio.IncompleteReadError:
+            raise InvalidArgument("the data channel connection closed before its hello ended") from None
+
+    async def _send(self, writer: asyncio.StreamWriter, piece: Piece) -> None:
+        if isinstance(piece, FilePiece):
+            writer.write(data_frames.frame_header(data_frames.CHUNK, piece.offset, piece.length))
+            loop = asyncio.get_running_loop()
+            # sendfile: page cache to socket in the kernel (plain TCP); under TLS asyncio reads and encrypts instead
+            await asyncio.wait_for(loop.sendfile(writer.transport, piece.file, piece.offset, piece.length), self._stall_bound(piece.length))
+            return
+        if isinstance(piece, BytesPiece):
+            kind, offset, payload = data_frames.CHUNK, piece.offset, piece.data
+        elif isinstance(piece, Picked):
+            kind, offset, payload = data_frames.PICKED, 0, data_frames.encode_picked(piece.chunks)
+        else:
+            kind, offset, payload = data_frames.END, 0, data_frames.encode_end(piece.complete, piece.bitmap)
+        writer.write(data_frames.frame_header(kind, offset, len(payload)))
+        writer.write(payload)
+        await asyncio.wait_for(writer.drain(), self._stall_bound(len(payload)))
+
+    def _stall_bound(self, length: int) -> float:
+        return self.write_stall + length / MIN_READ_RATE
+
+    async def _refuse(self, writer: asyncio.StreamWriter, exc: FabricError) -> bool:
+        """Send the error as an ERROR frame (the caller rebuilds the same type); False when the connection no longer takes it."""
+        payload = error_detail(exc, public_message(exc))
+        try:
+            writer.write(data_frames.frame_header(data_frames.ERROR, 0, len(payload)) + payload)
+            await asyncio.wait_for(writer.drain(), self.write_stall)
+        except (ConnectionError, OSError, asyncio.TimeoutError):
+            return False
+        return True
