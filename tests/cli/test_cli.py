@@ -120,7 +120,7 @@ def test_exit_codes_and_json_errors(nodes) -> None:
     code, error = json_error("generate", nodes[0], "--tokens", "1,2,x")
     assert code == 2 and error["type"] == "UsageError" and "'x'" in error["message"]
     bad_tokens = fabric("generate", nodes[0], "--tokens", "1,2,x", check=False)
-    assert bad_tokens.returncode == 2 and "'x' in '1,2,x' is not an integer" in bad_tokens.stderr
+    assert bad_tokens.returncode == 2 and "'x' in '1,2,x' is not a token id" in bad_tokens.stderr
 
     code, error = json_error("ls", "127.0.0.1")
     assert code == 2 and "host:port" in error["message"]  # not a silent dial of port 443
