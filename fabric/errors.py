@@ -105,6 +105,12 @@ class QuotaExceeded(FabricError):
     retryable = True
 
 
+class PinLimitReached(QuotaExceeded):
+    """Pinning another adapter would pin every slot: only an operator's unpin frees one, so retrying alone never helps."""
+
+    retryable = False
+
+
 # --- bytes and peers --------------------------------------------------------
 
 

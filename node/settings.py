@@ -11,15 +11,17 @@ whatever it holds.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
+from fabric.exit_codes import EXIT_USAGE
 from fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from fabric.serving.tiny import DEFAULT_TARGET_MODULES
+from fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
 
 STORE_ONLY = "none"
 PROG = "fabric-node"
@@ -75,8 +77,6 @@ class NodeSettings:
 # Each takes the raw text and returns the value, or raises ValueError saying what is expected.
 
 _DIGITS = re.compile(r"[0-9]+")
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def positive_int(text: str) -> int:
@@ -86,34 +86,25 @@ def positive_int(text: str) -> int:
 
 
 def chunk_size(text: str) -> int:
-    value = positive_int(text)
-    if not 4096 <= value <= 4 << 20:
-        raise ValueError(f"expected 4096 to {4 << 20} bytes")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    if not _DIGITS.fullmatch(text):
-        raise ValueError("expected a whole number, 0 or more")
-    return int(text)
-
-
-def positive_float(text: str) -> float:
-    try:
-        number = float(text)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError("expected a positive number of seconds")
-    return number
+    return parse_chunk_size(text)
 
 
 def duration(text: str) -> float:
-    """Seconds: ``90``, ``90s``, ``15m``, ``24h``, ``7d``; 0 turns the feature off."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if not match:
-        raise ValueError("expected a duration such as 3600, 90s, 15m, 24h or 7d (0 = never)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    """Seconds (fabric.units): ``90``, ``90s``, ``15m``, ``24h``, ``7d``; 0 turns the feature off."""
+    return parse_duration(text)
+
+
+def positive_duration(text: str) -> float:
+    return parse_duration(text, allow_zero=False)
+
+
+def size(text: str) -> int:
+    """Bytes (fabric.units): ``4096``, ``64MiB``, ``18GiB``; 0 where the flag says so."""
+    return parse_size(text)
+
+
+def positive_size(text: str) -> int:
+    return parse_size(text, allow_zero=False)
 
 
 def data_port(text: str) -> int:
@@ -196,13 +187,13 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--peers", peer_list, (), "comma-separated HOST:PORT of known peers (failover and lookup)", ""),
     ("--chunk-size", chunk_size, 1 << 20, "bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB); part of their digest, so "
      "keep one value across a cluster (pulled adapters keep their stager's)", ""),
-    ("--upload-rate", non_negative_int, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
-    ("--download-rate", non_negative_int, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
+    ("--upload-rate", size, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
+    ("--download-rate", size, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
     ("--data-port", data_port, 0, "port of the data channel that carries chunk bytes to peers beside gRPC, on --listen's host "
      "(same TLS and token as gRPC; 0 = a free port, announced to peers; off = peers fetch over gRPC)", ""),
-    ("--stall-timeout", positive_float, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over "
+    ("--stall-timeout", positive_duration, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over "
      "(and before this node's data channel cuts a peer that stopped reading)", ""),
     ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
@@ -213,17 +204,17 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),
     ("--trusted-signers", path_list, (), "Ed25519 public keys (PEM or 32 raw bytes; space-separated, or comma-separated in the variable); "
      "when given, the node stages, pulls, loads and serves only adapters whose manifest one of them signed", "security"),
-    ("--max-adapter-bytes", positive_int, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
-    ("--max-header-bytes", positive_int, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
+    ("--max-adapter-bytes", positive_size, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
+    ("--max-header-bytes", positive_size, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
     ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
-    ("--max-store-bytes", non_negative_int, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
+    ("--max-store-bytes", size, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
     ("--max-new-tokens", positive_int, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
-    ("--scrub-rate", non_negative_int, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
+    ("--scrub-rate", size, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
     ("--expire-abandoned-after", duration, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),
     ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
     ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
     ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR", "operations"),
-    ("--drain-timeout", positive_float, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
+    ("--drain-timeout", positive_duration, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
 ]
 _BOOLEAN_FLAGS = {"--auth-peer-reads"}
 _MANY_FLAGS = {"--trusted-signers"}  # one or more values after the flag
@@ -234,17 +225,32 @@ def env_name(flag: str) -> str:
     return "FABRIC_" + flag.lstrip("-").upper().replace("-", "_")
 
 
-def _shown(default: Any) -> str:
+_SIZE_PARSERS = (size, positive_size, chunk_size)
+_DURATION_PARSERS = (duration, positive_duration)
+
+
+def _shown(default: Any, parse: Callable[[str], Any]) -> str:
+    """The default the way the README writes it: 4 GiB, 24h, none."""
+    if parse in _SIZE_PARSERS and default:
+        return format_size(default)
+    if parse in _DURATION_PARSERS and default:
+        return format_duration(default)
     if isinstance(default, tuple):
         return ",".join(default) or "none"
     return "none" if default in (None, "") else str(default)
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors and exit status 1 (a bad start-up is an error, not a usage hint)."""
+    """argparse with one-line errors and exit status 2, as ``fabric``'s usage errors (fabric.cli.output)."""
 
     def error(self, message: str) -> NoReturn:
-        fail(f"{message} (see {PROG} --help)")
+        usage_error(f"{message} (see {PROG} --help)")
+
+
+def usage_error(message: str) -> NoReturn:
+    """Stop the process with one line on stderr and status 2: a bad flag or variable, the same code ``fabric`` uses."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
 
 
 def fail(message: str) -> NoReturn:
@@ -276,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups: dict[str, argparse._ArgumentGroup] = {}
     for flag, parse, default, text, group in _FLAGS:
         where = groups.setdefault(group, parser.add_argument_group(group)) if group else parser
-        help_text = f"{text} (default: {_shown(default)}) [{env_name(flag)}]"
+        help_text = f"{text} (default: {_shown(default, parse)}) [{env_name(flag)}]"
         if flag in _BOOLEAN_FLAGS:
             where.add_argument(flag, action="store_const", const=True, default=None, help=help_text)
         elif flag in _MANY_FLAGS:
@@ -287,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> NodeSettings:
-    """The settings from ``argv`` and ``environ`` (flags win); a bad value ends the process with one line (status 1)."""
+    """The settings from ``argv`` and ``environ`` (flags win); a bad value ends the process with one line (status 2)."""
     args = build_parser().parse_args(argv)
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
@@ -302,7 +308,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
                 try:
                     value = parse(raw)
                 except ValueError as exc:
-                    fail(f"environment variable {env_name(flag)}={raw!r} (for {flag}): {exc}")
+                    usage_error(f"environment variable {env_name(flag)}={raw!r} (for {flag}): {exc}")
             else:
                 value = default
         values[dest] = value

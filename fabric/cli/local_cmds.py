@@ -24,6 +24,13 @@ def cmd_demo(args: argparse.Namespace) -> None:
     raise SystemExit(code)
 
 
+def lora_rank(text: str) -> int:
+    """``--rank``: a LoRA rank, 1 to 1024."""
+    if not text.isdigit() or not 1 <= int(text) <= 1024:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a LoRA rank from 1 to 1024")
+    return int(text)
+
+
 def cmd_make_adapter(args: argparse.Namespace) -> None:
     import warnings
 
@@ -37,7 +44,10 @@ def cmd_make_adapter(args: argparse.Namespace) -> None:
         raise InvalidArgument(f"--model {args.model!r} is neither a built-in model ({', '.join(TINY_PRESETS)}) nor a local model directory")
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, not ours
     targets = [t for t in args.targets.split(",") if t] if args.targets != "all-linear" else "all-linear"
-    make_peft_adapter(out, base_model=load_base_model(args.model), r=args.rank, lora_alpha=args.alpha, target_modules=targets, seed=args.seed)
+    try:
+        make_peft_adapter(out, base_model=load_base_model(args.model), r=args.rank, lora_alpha=args.alpha, target_modules=targets, seed=args.seed)
+    except ValueError as exc:  # PEFT's refusal, e.g. a --targets module the model lacks
+        raise InvalidArgument(f"--model {args.model} cannot take this adapter: {str(exc).splitlines()[0][:300]}") from None
     config_path = out / "adapter_config.json"
     config = json.loads(config_path.read_text())
     # A model built in code has no name; engines (vLLM's resolvers) match adapters to their model by this field.
@@ -55,7 +65,7 @@ def register(command) -> None:
     p = command("make-adapter", cmd_make_adapter, "write a random PEFT LoRA adapter (save_pretrained) that fits a node's --model", node=False)
     p.add_argument("dir", help="new directory to write adapter_config.json and adapter_model.safetensors into")
     p.add_argument("--model", default="tiny", help="the node's --model: tiny, tiny-mistral, tiny-qwen2 or a local model directory (default: %(default)s)")
-    p.add_argument("--rank", type=int, default=8, help="LoRA rank r (default: %(default)s)")
+    p.add_argument("--rank", type=lora_rank, default=8, help="LoRA rank r (default: %(default)s)")
     p.add_argument("--alpha", type=float, default=16, help="lora_alpha (default: %(default)s)")
     p.add_argument("--targets", default="q_proj,v_proj", help="comma-separated modules, or all-linear (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="random seed of the weights (default: %(default)s)")

@@ -15,8 +15,9 @@ from typing import Callable, NoReturn, Sequence
 
 import fabric
 from fabric.cli import cluster_cmds, local_cmds, sign, slot_cmds, store_cmds, store_status
-from fabric.cli.connect import add_security_flags, node_address
-from fabric.cli.output import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for, report_error
+from fabric.cli.connect import add_security_flags, duration_arg, node_address
+from fabric.cli.output import report_error
+from fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for
 from fabric.errors import FabricError
 
 #: commands whose work survives an interruption (the node keeps what it verified): run them again to resume
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("node", metavar="NODE", type=node_address, help="the node's host:port")
         p.add_argument("--json", action="store_true", help="print the result (or the error) as one JSON object on stdout")
         if long:
-            p.add_argument("--timeout", type=float, default=LONG_TIMEOUT_S, help="seconds the call may take; 0 = no limit (default: %(default)g)")
+            p.add_argument("--timeout", type=duration_arg, default=LONG_TIMEOUT_S, help="how long the call may take: 30s, 15m, 1h (plain numbers are seconds); 0 = no limit (default: 1h)")
         if node:
             add_security_flags(p)
         p.set_defaults(handler=handler)

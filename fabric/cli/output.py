@@ -19,26 +19,6 @@ import sys
 from typing import Any
 
 from fabric.client.results import json_ready
-from fabric.errors import FabricError, SlotBusy
-
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_RETRYABLE = 3
-EXIT_INTERRUPTED = 130
-
-EXIT_CODES_HELP = """exit status:
-  0    done
-  1    refused: change something first (bad id, not found, incompatible, ...)
-  2    usage error (a bad flag or argument)
-  3    retryable: pool full, slot busy, quota, node unreachable; the same command may succeed later
-  130  interrupted (Ctrl-C)"""
-
-
-def exit_code_for(exc: FabricError) -> int:
-    """3 for conditions that pass by themselves (``retryable`` errors and a busy slot), else 1."""
-    return EXIT_RETRYABLE if exc.retryable or isinstance(exc, SlotBusy) else EXIT_REFUSED
-
 
 def emit(as_json: bool, payload: Any, human: str) -> None:
     """Print a result: ``payload`` as JSON (u64 ids as strings) or the human text."""

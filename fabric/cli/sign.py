@@ -11,31 +11,30 @@ import os
 from pathlib import Path
 
 from fabric.cli.output import emit
+from fabric.units import parse_chunk_size
 
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # fabric.store.digests.DEFAULT_CHUNK_SIZE (not imported: the CLI starts without the store)
 
 
 def chunk_size(text: str) -> int:
-    """``--chunk-size``: the node flag's bounds (4 KiB to 4 MiB)."""
+    """``--chunk-size``: the node flag's units and bounds (4KiB to 4MiB, fabric.units)."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer number of bytes") from None
-    if not 4096 <= value <= 4 << 20:
-        raise argparse.ArgumentTypeError(f"{value} is outside 4096 to {4 << 20} bytes (fabric-node --chunk-size's bounds)")
-    return value
+        return parse_chunk_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc} (fabric-node --chunk-size's bounds)") from None
 
 
 def cmd_keygen(args: argparse.Namespace) -> None:
     """Write ``OUT.key`` (private, PEM, mode 0600) and ``OUT.pub`` (public, PEM: give it to nodes' --trusted-signers)."""
+    from fabric.errors import InvalidArgument
     from fabric.trust.signing import keygen
 
-    private, public = keygen()
     key_path, pub_path = Path(f"{args.out}.key"), Path(f"{args.out}.pub")
     for path in (key_path, pub_path):
-        if path.exists():
-            raise SystemExit(f"fabric keygen: {path} exists; not overwriting a key")
+        if path.exists():  # an error like any other, so --json reports it as JSON (exit 1)
+            raise InvalidArgument(f"{path} exists: not overwriting a key (give another name, or move the old pair away first)")
+    private, public = keygen()
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(private)
@@ -62,4 +61,4 @@ def register(command) -> None:
     p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
     p.add_argument("--key", required=True, help="private key (PEM, as fabric keygen writes it)")
     p.add_argument("--chunk-size", type=chunk_size, default=DEFAULT_CHUNK_SIZE,
-                   help=f"the chunk size of the nodes that will stage it (part of the digest; default {DEFAULT_CHUNK_SIZE}, as fabric-node's)")
+                   help=f"the chunk size of the nodes that will stage it (part of the digest; default 1 MiB, as fabric-node's)")

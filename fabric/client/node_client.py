@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fabric.client.addresses import check_address, unreachable_hint
 from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult
-from fabric.errors import InvalidAdapter, PeerUnavailable
+from fabric.errors import InvalidAdapter, InvalidArgument, PeerUnavailable
 from fabric.format.config import CONFIG_FILE
 from fabric.rpc import security
 from fabric.rpc.security import TlsFiles
@@ -31,6 +31,8 @@ from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 UPLOAD_PIECE = 1 << 20
 #: default deadline of calls that move an adapter (stage, promote, pull): generous, pulls of GBs take minutes
 LONG_CALL_TIMEOUT_S = 3600.0
+#: what ``generate`` asks for when the caller does not say (``fabric generate`` too)
+DEFAULT_MAX_NEW_TOKENS = 8
 
 # Unary calls retry on UNAVAILABLE by gRPC's own retry policy (a node restarting, a
 # connection reset); streams resume by offset instead, which only the caller can do.
@@ -108,6 +110,10 @@ class NodeClient:
         if not has_detail and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return PeerUnavailable(f"node {self.address} did not answer in time (the node may go on with the work; run the same command again, or raise --timeout)")
         return error_from_rpc(exc, peer=self.address)
+
+    def _quick(self, timeout: float | None) -> float:
+        """A quick call's deadline: the caller's seconds, else the client's ``timeout``."""
+        return self.timeout if timeout is None else timeout
 
     def _long(self, timeout: float | None | bool) -> float | None:
         return self.long_timeout if timeout is False else timeout
@@ -206,20 +212,20 @@ class NodeClient:
         r = self._call(self.stub.Stage, requests(), timeout=self._long(timeout))
         return StageResult(r.adapter_id, r.digest, r.content_id, r.bytes_received, r.already_staged, resumed_from=offset)
 
-    def unstage(self, adapter_id: str) -> bool:
-        """Remove an id from the node's store; True when its bytes went too (no other id shares them)."""
-        return self._call(self.stub.Unstage, fabric_pb2.UnstageRequest(adapter_id=adapter_id)).bytes_removed
+    def unstage(self, adapter_id: str, *, timeout: float | None = None) -> bool:
+        """Remove an id from the node's store; True when its bytes went too (no other id shares them). ``timeout`` as ``locate``."""
+        return self._call(self.stub.Unstage, fabric_pb2.UnstageRequest(adapter_id=adapter_id), timeout=self._quick(timeout)).bytes_removed
 
-    def manifest(self, adapter_id: str) -> Manifest:
-        """The manifest the node holds for an id (files, sizes, digests, chunking, config, tensor index), every claim checked."""
-        return Manifest.from_proto(self.manifest_proto(adapter_id))
+    def manifest(self, adapter_id: str, *, timeout: float | None = None) -> Manifest:
+        """The manifest the node holds for an id (files, sizes, digests, chunking, config, tensor index), every claim checked. ``timeout`` as ``locate``."""
+        return Manifest.from_proto(self.manifest_proto(adapter_id, timeout=timeout))
 
-    def manifest_proto(self, adapter_id: str, *, with_sha256: bool = False) -> fabric_pb2.Manifest:
+    def manifest_proto(self, adapter_id: str, *, with_sha256: bool = False, timeout: float | None = None) -> fabric_pb2.Manifest:
         """The manifest as the wire carries it (for tools that fetch chunks themselves).
 
         ``with_sha256``: the node also answers each file's sha256 (``file_sha256``), e.g. to compare with a hub's listing.
         """
-        return self._call(self.stub.GetManifest, manifest_request(adapter_id, with_sha256=with_sha256))
+        return self._call(self.stub.GetManifest, manifest_request(adapter_id, with_sha256=with_sha256), timeout=self._quick(timeout))
 
     # ------------------------------------------------------------ slots
 
@@ -252,37 +258,47 @@ class NodeClient:
         """Pull ``adapter_id`` into the node's store from ``peer`` (and the swarm) without loading a slot (``slot`` is -1)."""
         return self.promote(adapter_id, peer=peer, stage_only=True, named_peer_only=named_peer_only, timeout=timeout)
 
-    def locate(self, adapter_id: str = "", digest: str = "") -> Location:
-        """Which of the node's known peers hold an adapter, fully or in part."""
-        r = self._call(self.stub.Locate, fabric_pb2.LocateRequest(adapter_id=adapter_id, digest=digest))
+    def locate(self, adapter_id: str = "", digest: str = "", *, timeout: float | None = None) -> Location:
+        """Which of the node's known peers hold an adapter, fully or in part. ``timeout``: seconds (None: the client's ``timeout``)."""
+        r = self._call(self.stub.Locate, fabric_pb2.LocateRequest(adapter_id=adapter_id, digest=digest), timeout=self._quick(timeout))
         return Location(r.digest, [PeerHolding(p.address, p.complete, p.verified_chunks) for p in r.peers])
 
-    def availability(self, digest: str) -> Availability:
-        """Which chunks of ``digest`` the node holds verified (also while it is still receiving them)."""
-        r = self._call(self.stub.Availability, fabric_pb2.AvailabilityRequest(digest=digest))
+    def availability(self, digest: str, *, timeout: float | None = None) -> Availability:
+        """Which chunks of ``digest`` the node holds verified (also while it is still receiving them). ``timeout`` as ``locate``."""
+        r = self._call(self.stub.Availability, fabric_pb2.AvailabilityRequest(digest=digest), timeout=self._quick(timeout))
         return Availability(r.complete, r.chunk_count, bytes(r.verified_bitmap))
 
-    def list(self) -> Listing:
-        """The node's staged adapters and its slots (name, content id, refs, pin, active)."""
-        return Listing.from_proto(self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest()))
+    def list(self, *, timeout: float | None = None) -> Listing:
+        """The node's staged adapters and its slots (name, content id, refs, pin, active). ``timeout`` as ``locate``."""
+        return Listing.from_proto(self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest(), timeout=self._quick(timeout)))
 
-    def store_status(self) -> fabric_pb2.StoreStatusResponse:
-        """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries."""
-        return self._call(self.stub.StoreStatus, fabric_pb2.StoreStatusRequest())
+    def store_status(self, *, timeout: float | None = None) -> fabric_pb2.StoreStatusResponse:
+        """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries. ``timeout`` as ``locate``."""
+        return self._call(self.stub.StoreStatus, fabric_pb2.StoreStatusRequest(), timeout=self._quick(timeout))
 
-    def set_active(self, name: str) -> ActiveSlot:
-        """Make a resident adapter the node's active one (what slot -1 means)."""
-        r = self._call(self.stub.SetActive, fabric_pb2.SetActiveRequest(name=name))
+    def set_active(self, name: str, *, timeout: float | None = None) -> ActiveSlot:
+        """Make a resident adapter the node's active one (what slot -1 means). ``timeout`` as ``locate``."""
+        r = self._call(self.stub.SetActive, fabric_pb2.SetActiveRequest(name=name), timeout=self._quick(timeout))
         return ActiveSlot(r.slot, r.content_id)
 
-    def pin(self, name: str, pinned: bool = True) -> int:
-        """Pin (or unpin) a resident adapter against eviction; returns its slot. At most slots - 1 may be pinned."""
-        return self._call(self.stub.Pin, fabric_pb2.PinRequest(name=name, pinned=pinned)).slot
+    def pin(self, name: str, pinned: bool = True, *, timeout: float | None = None) -> int:
+        """Pin (or unpin) a resident adapter against eviction; returns its slot. At most slots - 1 may be pinned. ``timeout`` as ``locate``."""
+        return self._call(self.stub.Pin, fabric_pb2.PinRequest(name=name, pinned=pinned), timeout=self._quick(timeout)).slot
 
-    def generate(self, input_ids: list[int], adapter: str = "", *, use_base: bool = False, max_new_tokens: int = 0, return_logits: bool = False) -> GenerateResult:
-        """Run the node's model on ``input_ids`` with a resident adapter (or the base model); greedy tokens and, if asked, the last logits."""
-        reply = self._call(
-            self.stub.Generate,
-            fabric_pb2.GenerateRequest(adapter=adapter, use_base=use_base, input_ids=input_ids, max_new_tokens=max_new_tokens, return_logits=return_logits),
-        )
+    def generate(
+        self, input_ids: list[int], adapter: str = "", *, use_base: bool = False, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        return_logits: bool = False, timeout: float | None = None,
+    ) -> GenerateResult:
+        """Run the node's model on ``input_ids`` with a resident adapter (or the base model); greedy tokens and, if asked, the last logits.
+
+        ``timeout``: seconds (None: the client's ``timeout``); past it, ``PeerUnavailable`` saying the node did not answer in time.
+        Ids or a count the wire cannot carry are ``InvalidArgument``, before anything is sent.
+        """
+        try:
+            request = fabric_pb2.GenerateRequest(
+                adapter=adapter, use_base=use_base, input_ids=input_ids, max_new_tokens=max_new_tokens, return_logits=return_logits
+            )
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(f"generate: input_ids must be integers 0 to 2147483647 and max_new_tokens 0 to 4294967295 ({exc})") from None
+        reply = self._call(self.stub.Generate, request, timeout=self._quick(timeout))
         return GenerateResult(list(reply.output_ids), list(reply.last_logits), reply.slot, reply.content_id)

@@ -98,7 +98,9 @@ def public_message(exc: errors.FabricError) -> str:
     """The message a caller is sent: bounded, with the advice its status code carries."""
     code = status_code_for(exc)
     message = bounded(str(exc))
-    return f"{message} ({_ADVICE[code]})" if code in _ADVICE else message
+    # a non-retryable RESOURCE_EXHAUSTED (a pin past the pin limit) gets no "retry" advice: only an unpin frees it
+    advise = code in _ADVICE and (exc.retryable or code != grpc.StatusCode.RESOURCE_EXHAUSTED)
+    return f"{message} ({_ADVICE[code]})" if advise else message
 
 
 def error_from_detail(detail_bytes: bytes) -> errors.FabricError | None:

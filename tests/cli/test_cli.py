@@ -120,7 +120,7 @@ def test_exit_codes_and_json_errors(nodes) -> None:
     code, error = json_error("generate", nodes[0], "--tokens", "1,2,x")
     assert code == 2 and error["type"] == "UsageError" and "'x'" in error["message"]
     bad_tokens = fabric("generate", nodes[0], "--tokens", "1,2,x", check=False)
-    assert bad_tokens.returncode == 2 and "'x' in '1,2,x' is not an integer" in bad_tokens.stderr
+    assert bad_tokens.returncode == 2 and "'x' in '1,2,x' is not a token id" in bad_tokens.stderr
 
     code, error = json_error("ls", "127.0.0.1")
     assert code == 2 and "host:port" in error["message"]  # not a silent dial of port 443
@@ -139,7 +139,9 @@ def test_pin_past_the_limit_is_refused_before_anything_is_evicted(nodes, adapter
     fabric("promote", node, "--id", "pin/b", "--name", "pb", "--pin")
     before = fabric_json("ls", node)["slots"]
     code, error = json_error("promote", node, "--id", "pin/c", "--name", "pc", "--pin")
-    assert code == 3 and error["type"] == "QuotaExceeded" and "unpin one first" in error["message"]
+    # exit 1, not the retryable 3: only an operator's unpin frees a pin, so a script retrying on 3 would loop forever
+    assert code == 1 and error["type"] == "PinLimitReached" and error["retryable"] is False and "unpin one first" in error["message"]
+    assert "retry" not in error["message"]
     assert fabric_json("ls", node)["slots"] == before  # nothing evicted, nothing loaded, the active adapter unchanged
     fabric("unpin", node, "--name", "pb")
 

@@ -19,6 +19,8 @@ from tests.support import ROOT
 #: each package may import only packages of a lower layer (or its own)
 LAYERS = {
     "errors": 0,
+    "units": 0,
+    "exit_codes": 1,  # one exit-status mapping for fabric and fabric-node  # durations and sizes: parsed and printed alike by every flag
     "v1": 0,
     "format": 1,
     "rpc": 1,
