@@ -47,6 +47,10 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     async def Unstage(self, request: fabric_pb2.UnstageRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.UnstageResponse:
         return await self._staging.unstage(request)
 
+    @rpc_errors
+    async def Keep(self, request: fabric_pb2.KeepRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.KeepResponse:
+        return await self._staging.keep(request)
+
     # ------------------------------------------------------------ serving peers
 
     @rpc_errors

@@ -1,4 +1,4 @@
-"""Commands on a node's store: stage, pull, unstage, ls, inspect, locate."""
+"""Commands on a node's store: stage, pull, unstage, keep, ls, inspect, locate."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def cmd_pull(args: argparse.Namespace) -> None:
         watcher.finish(f"from {reply.source_peer or 'local store'}")
     source_text = f" from {reply.source_peer} ({reply.bytes_transferred} bytes, {reply.pull_seconds:.2f} s)" if reply.source_peers else " (already here)"
     emit(args.json, {"adapter_id": args.id, **reply.to_dict()}, f"pulled {args.id} digest={reply.digest}{source_text}")
+
+
+def cmd_keep(args: argparse.Namespace) -> None:
+    with client_for(args) as client:
+        kept = client.keep(args.id, not args.unkeep)
+    emit(args.json, {"adapter_id": args.id, "kept": kept}, f"{'kept' if kept else 'no longer kept'}: {args.id}")
 
 
 def cmd_unstage(args: argparse.Namespace) -> None:
@@ -114,6 +120,10 @@ def register(command) -> None:
 
     p = command("unstage", cmd_unstage, "remove an adapter id from a node's store (its export directory entry goes too)")
     p.add_argument("--id", required=True, help="adapter id")
+
+    p = command("keep", cmd_keep, "keep an adapter on a node: its evicting store never drops it (--unkeep: may be evicted again)")
+    p.add_argument("--id", required=True, help="adapter id")
+    p.add_argument("--unkeep", action="store_true", help="stop keeping it")
 
     command("ls", cmd_ls, "list a node's staged adapters and slots")
 

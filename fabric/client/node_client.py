@@ -210,6 +210,10 @@ class NodeClient:
         """Remove an id from the node's store; True when its bytes went too (no other id shares them)."""
         return self._call(self.stub.Unstage, fabric_pb2.UnstageRequest(adapter_id=adapter_id)).bytes_removed
 
+    def keep(self, adapter_id: str, kept: bool = True) -> bool:
+        """Keep a staged adapter on the node (its evicting store never drops it), or with ``kept=False`` stop keeping it."""
+        return self._call(self.stub.Keep, fabric_pb2.KeepRequest(adapter_id=adapter_id, unkeep=not kept)).kept
+
     def manifest(self, adapter_id: str) -> Manifest:
         """The manifest the node holds for an id (files, sizes, digests, chunking, config, tensor index), every claim checked."""
         return Manifest.from_proto(self.manifest_proto(adapter_id))

@@ -385,6 +385,20 @@ class UnstageResponse(_message.Message):
     bytes_removed: bool
     def __init__(self, bytes_removed: _Optional[bool] = ...) -> None: ...
 
+class KeepRequest(_message.Message):
+    __slots__ = ("adapter_id", "unkeep")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    UNKEEP_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    unkeep: bool
+    def __init__(self, adapter_id: _Optional[str] = ..., unkeep: _Optional[bool] = ...) -> None: ...
+
+class KeepResponse(_message.Message):
+    __slots__ = ("kept",)
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    kept: bool
+    def __init__(self, kept: _Optional[bool] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
     __slots__ = ("adapter", "use_base", "input_ids", "max_new_tokens", "return_logits")
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
@@ -440,7 +454,7 @@ class DamagedEntry(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StoreStatusResponse(_message.Message):
-    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged")
+    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts")
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
@@ -448,6 +462,9 @@ class StoreStatusResponse(_message.Message):
     PARTIALS_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    EVICTS_FIELD_NUMBER: _ClassVar[int]
     used_bytes: int
     quota_bytes: int
     adapters: int
@@ -455,7 +472,10 @@ class StoreStatusResponse(_message.Message):
     partials: _containers.RepeatedCompositeFieldContainer[StoreLeftover]
     expire_after_seconds: float
     damaged: _containers.RepeatedCompositeFieldContainer[DamagedEntry]
-    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ...) -> None: ...
+    evictions: int
+    kept: int
+    evicts: bool
+    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("kind", "message", "retryable")
