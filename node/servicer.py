@@ -84,7 +84,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def ListAdapters(self, request: fabric_pb2.ListAdaptersRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.ListAdaptersResponse:
-        return await self._slots.list_adapters()
+        return await self._slots.list_adapters(request)
 
     @rpc_errors
     async def SetActive(self, request: fabric_pb2.SetActiveRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.SetActiveResponse:

@@ -55,7 +55,7 @@ def cmd_unstage(args: argparse.Namespace) -> None:
 
 def cmd_ls(args: argparse.Namespace) -> None:
     with client_for(args) as client:
-        listing = client.list()
+        listing = client.list(args.page_size)  # every page
     lines = [f"staged ({len(listing.staged)}):"]
     for a in listing.staged:
         damage = f"  DAMAGED: {a.damaged}" if a.damaged else ""
@@ -125,7 +125,8 @@ def register(command) -> None:
     p.add_argument("--id", required=True, help="adapter id")
     p.add_argument("--unkeep", action="store_true", help="stop keeping it")
 
-    command("ls", cmd_ls, "list a node's staged adapters and slots")
+    p = command("ls", cmd_ls, "list a node's staged adapters (every page) and slots")
+    p.add_argument("--page-size", type=int, default=0, help="adapters asked for per call (0 = the node's default, 1000; at most 5000)")
 
     p = command("inspect", cmd_inspect, "show an adapter's manifest on a node: files, digests, config, tensors")
     p.add_argument("--id", required=True, help="adapter id")

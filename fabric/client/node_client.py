@@ -8,6 +8,7 @@ errors the same way in-process or remote.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fabric.client.addresses import check_address, unreachable_hint
 from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult
-from fabric.errors import InvalidAdapter, PeerUnavailable
+from fabric.errors import InvalidAdapter, InvalidArgument, PeerUnavailable
 from fabric.format.config import CONFIG_FILE
 from fabric.rpc import security
 from fabric.rpc.security import TlsFiles
@@ -266,9 +267,22 @@ class NodeClient:
         r = self._call(self.stub.Availability, fabric_pb2.AvailabilityRequest(digest=digest))
         return Availability(r.complete, r.chunk_count, bytes(r.verified_bitmap))
 
-    def list(self) -> Listing:
-        """The node's staged adapters and its slots (name, content id, refs, pin, active)."""
-        return Listing.from_proto(self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest()))
+    def list(self, page_size: int = 0) -> Listing:
+        """The node's staged adapters (every page, sorted by id) and its slots (name, content id, refs, pin, active)."""
+        pages = list(self.list_pages(page_size))
+        return dataclasses.replace(pages[0], staged=[a for page in pages for a in page.staged])
+
+    def list_pages(self, page_size: int = 0) -> Iterator[Listing]:
+        """The listing one page at a time (``page_size`` adapters each; 0 = the node's default), slots on every page."""
+        if not 0 <= page_size < 1 << 32:  # a uint32 on the wire
+            raise InvalidArgument(f"page_size must be a whole number from 0 (the node's default) up, got {page_size!r}")
+        token = ""
+        while True:
+            reply = self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest(page_size=page_size, page_token=token))
+            yield Listing.from_proto(reply)
+            token = reply.next_page_token
+            if not token:
+                return
 
     def store_status(self) -> fabric_pb2.StoreStatusResponse:
         """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries."""

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from fabric.errors import AdapterNotFound
 from fabric.format.safetensors_index import MAX_HEADER_BYTES
-from fabric.store.catalog import Catalog
+from fabric.store.catalog import Catalog, Listed
 from fabric.store.committer import Committer
 from fabric.store.durable import StoreLock, TempFiles
 from fabric.store.export import ExportDir
@@ -155,6 +155,13 @@ class AdapterStore:
         A damaged entry is left out here, never failing the whole list: ``damaged()`` names it.
         """
         return self.catalog.list()
+
+    def page(self, after: str, count: int) -> list[Listed]:
+        """Up to ``count`` staged ids sorted after ``after`` ("" = the first), each with its manifest or, when damaged, its problem.
+
+        Reads only the page's entries: a paged listing stays bounded however many adapters the store holds.
+        """
+        return self.catalog.page(after, count)
 
     def blob_path(self, root: str) -> Path:
         """The path of a committed file by its root (for Fetch serving and loading)."""

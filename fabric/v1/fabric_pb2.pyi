@@ -256,8 +256,12 @@ class LocateResponse(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerHolding, _Mapping]]] = ...) -> None: ...
 
 class ListAdaptersRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StagedAdapter(_message.Message):
     __slots__ = ("adapter_id", "digest", "content_id", "size", "peft", "damaged")
@@ -298,16 +302,18 @@ class SlotInfo(_message.Message):
     def __init__(self, slot: _Optional[int] = ..., name: _Optional[str] = ..., content_id: _Optional[int] = ..., ref_count: _Optional[int] = ..., pinned: _Optional[bool] = ..., active: _Optional[bool] = ..., last_used: _Optional[int] = ..., rank: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class ListAdaptersResponse(_message.Message):
-    __slots__ = ("staged", "slots", "max_rank", "device")
+    __slots__ = ("staged", "slots", "max_rank", "device", "next_page_token")
     STAGED_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     MAX_RANK_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     staged: _containers.RepeatedCompositeFieldContainer[StagedAdapter]
     slots: _containers.RepeatedCompositeFieldContainer[SlotInfo]
     max_rank: int
     device: str
-    def __init__(self, staged: _Optional[_Iterable[_Union[StagedAdapter, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., max_rank: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, staged: _Optional[_Iterable[_Union[StagedAdapter, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., max_rank: _Optional[int] = ..., device: _Optional[str] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class PromoteRequest(_message.Message):
     __slots__ = ("peer", "adapter_id", "name", "peft", "pin", "stage_only", "named_peer_only")
