@@ -4,11 +4,13 @@
 --when-full evict (the default). The choice is pure (``fabric.store.eviction``);
 here is what holds an adapter: an operator's keep (``fabric keep``), a slot
 it is resident in, and a Fetch serving it or a promote pulling or loading it
-(``InUse``). The store's quota measures again after the victims went.
+(``InUse``), and being the last complete copy the known peers answer for
+(``CopiesElsewhere``). The store's quota measures again after the victims went.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import Counter
@@ -19,7 +21,8 @@ from fabric.errors import AdapterNotFound
 from fabric.observability import metrics
 from fabric.observability.logs import event
 from fabric.store import AdapterStore
-from fabric.store.eviction import IN_USE, KEPT, RESIDENT, Candidate, choose_victims
+from fabric.store.eviction import IN_USE, KEPT, LAST_COPY, RESIDENT, Candidate, choose_victims
+from fabric.transport.pull import PeerPuller
 
 log = logging.getLogger("fabric.node")
 
@@ -53,12 +56,31 @@ class InUse:
             return self._counts[key] > 0
 
 
+class CopiesElsewhere:
+    """Whether a known peer holds a complete copy of a digest (asked through Availability, as Locate does)."""
+
+    def __init__(self, puller: PeerPuller, peers: Callable[[], list[str]]) -> None:
+        self.puller = puller
+        self.peers = peers
+
+    def __call__(self, digest: str) -> bool:
+        for peer in self.peers():
+            holding = self.puller.availability(peer, digest)  # None when it holds nothing or does not answer
+            if holding is not None and holding.complete:
+                return True
+        return False
+
+
 class EvictWhenFull:
     """Drops cold adapters, least recently used first, down to ``LOW_WATER`` of the limit; refuses naming what holds the rest."""
 
-    def __init__(self, store: AdapterStore, in_use: InUse, resident: Callable[[], set[str]] = set) -> None:
+    def __init__(
+        self, store: AdapterStore, in_use: InUse, resident: Callable[[], set[str]] = set, elsewhere: Callable[[str], bool] | None = None
+    ) -> None:
         self.store = store
         self.in_use = in_use
+        #: whether another complete copy answers (``CopiesElsewhere``); None: every adapter may go (no peers to ask)
+        self.elsewhere = elsewhere
         #: the digests resident in a slot (set by the node once its promotes exist)
         self.resident = resident
         #: adapters (digests) evicted since the node started, for StoreStatus
@@ -71,7 +93,7 @@ class EvictWhenFull:
             used = self.store.usage()  # another eviction may have freed room meanwhile
             if used + needed <= limit:
                 return
-            victims = choose_victims(self._candidates(), needed, used, limit, LOW_WATER, what)
+            victims = self._choose(needed, used, limit, what)
             for victim in victims:
                 for adapter_id in victim.ids:
                     try:
@@ -82,6 +104,17 @@ class EvictWhenFull:
                 metrics.EVICTIONS.inc()
                 metrics.EVICTED_BYTES.inc(victim.size)
                 event(log, "evicted a cold adapter", adapter=",".join(victim.ids), digest=victim.digest, bytes=victim.size, reason=what)
+
+    def _choose(self, needed: int, used: int, limit: int, what: str) -> list[Candidate]:
+        """The LRU victims, none of them the last complete copy the known peers answer for (that one is held, and the choice made again)."""
+        candidates = self._candidates()
+        while True:
+            victims = choose_victims(candidates, needed, used, limit, LOW_WATER, what)
+            last = {v.digest for v in victims if self.elsewhere is not None and not self.elsewhere(v.digest)}
+            if not last:
+                return victims
+            # Each round holds one more candidate at least, so the rounds end.
+            candidates = [dataclasses.replace(c, held=LAST_COPY) if c.digest in last else c for c in candidates]
 
     def _candidates(self) -> list[Candidate]:
         """One candidate per digest held, with its most recent use and what holds it."""

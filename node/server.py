@@ -42,7 +42,7 @@ from fabric.trust.signing import TrustedSigners
 from fabric.v1 import fabric_pb2
 from node.context import NodeContext
 from node.data_server import DataServer
-from node.eviction import EvictWhenFull
+from node.eviction import CopiesElsewhere, EvictWhenFull
 from node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from node.peer_reads import PeerReads
 from node.promotes import Promotes
@@ -153,7 +153,9 @@ class Node:
         signed = SignedAdapters(store, puller, trusted)
         promotes = Promotes(self.context, signed)
         #: at --max-store-bytes, cold adapters are evicted (--when-full evict) or the commit is refused (node.eviction)
-        self.evictor = EvictWhenFull(store, self.context.in_use, promotes.resident_digests) if settings.when_full == "evict" else None
+        self.evictor = (
+            EvictWhenFull(store, self.context.in_use, promotes.resident_digests, CopiesElsewhere(puller, peer_source.peers)) if settings.when_full == "evict" else None
+        )
         if self.evictor is not None:
             store.quota.when_full = self.evictor
         self.peer_reads = PeerReads(self.context, puller, signed, upload_rate=settings.upload_rate)

@@ -218,7 +218,7 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--max-header-bytes", positive_int, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
     ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
     ("--max-store-bytes", non_negative_int, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
-    ("--when-full", choice("evict", "refuse"), "evict", "at --max-store-bytes: 'evict' drops least recently used adapters (never kept, resident "
+    ("--when-full", choice("evict", "refuse"), "evict", "at --max-store-bytes: 'evict' drops least recently used adapters (never kept, resident, last-copy "
      "or in-use ones) down to 90%% of the limit; 'refuse' refuses the commit (a durable node that never drops an adapter)", "limits"),
     ("--max-new-tokens", positive_int, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
     ("--scrub-rate", non_negative_int, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),

@@ -15,6 +15,7 @@ from fabric.errors import QuotaExceeded
 
 #: what may hold an adapter in the store (never dropped while it does)
 KEPT, RESIDENT, IN_USE = "kept by an operator", "resident in a slot", "in use (being served or pulled)"
+LAST_COPY = "the last complete copy among the known peers"
 
 
 @dataclass(frozen=True)

@@ -31,17 +31,18 @@ SMALL_CHUNK = ["--chunk-size", "4096"]
 
 @pytest.fixture(scope="module")
 def seeder(tmp_path_factory) -> dict:
-    """A store-only node holding a, b and c (one shape, so one size), and that size."""
+    """A store-only node holding a, b and c (one shape, so one size), and that size; "solo" (same size) is staged on no peer."""
     root, base = tmp_path_factory.mktemp("evict"), build_tiny_model()
     dirs = {
         name: make_peft_adapter(root / name, base_model=base, r=16, lora_alpha=16, target_modules=["q_proj", "v_proj"], seed=70 + i)
         for i, name in enumerate(NAMES)
     }
+    dirs["solo"] = make_peft_adapter(root / "solo", base_model=base, r=16, lora_alpha=16, target_modules=["q_proj", "v_proj"], seed=79)
     node = LocalNode(root / "S", model="none", extra_args=SMALL_CHUNK).start()
     try:
         with node.client() as c:
-            for name, path in dirs.items():
-                c.stage(path, name)
+            for name in NAMES:
+                c.stage(dirs[name], name)
             size = max(a.size for a in c.list().staged)
         yield {"node": node, "size": size, "dirs": dirs}
     finally:
@@ -148,3 +149,20 @@ def test_an_adapter_being_served_to_a_peer_is_never_evicted(tmp_path, seeder) ->
             assert staged(c) == ["a", "c"]  # b went: a is in flight
             received += sum(len(chunk.data) for chunk in stream)
         assert received == size  # the stream was not cut by an eviction
+
+
+def test_the_last_complete_copy_among_the_peers_is_never_evicted(tmp_path, seeder) -> None:
+    peer = seeder["node"].address
+    node = cache_node(tmp_path, seeder)
+    try:
+        with node.client() as c:
+            c.stage(seeder["dirs"]["solo"], "solo")  # no peer holds it, and it is the least recently used
+            c.pull("b", peer=peer)
+            c.pull("c", peer=peer)
+            assert staged(c) == ["c", "solo"]  # b went: the seeder holds it still
+            c.keep("c")
+            with pytest.raises(QuotaExceeded, match="1 kept by an operator, 1 the last complete copy among the known peers"):
+                c.pull("a", peer=peer)
+            assert staged(c) == ["c", "solo"]
+    finally:
+        node.stop()
