@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from fabric.errors import AdaptersUnsupported
 from fabric.store import AdapterStore
 from fabric.transport.discovery import PeerSource
+from node.eviction import InUse
 
 if TYPE_CHECKING:  # the model module loads torch: named for the type checker only
     from fabric.serving.multi_lora import MultiLoraModel
@@ -38,6 +39,8 @@ class NodeContext:
         # Known peers: the static list plus a DNS name, re-resolved on every use (fabric.transport.discovery).
         self.peer_source = peer_source
         self._model_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        #: adapters being served, pulled or loaded now: an evicting store never drops them (``node.eviction``)
+        self.in_use = InUse()
 
     def close(self) -> None:
         """Let the model worker finish its queued jobs, then stop it."""

@@ -39,10 +39,22 @@ class Promotes:
         """The digest a promote loaded as ``name`` with ``content_id``, or "" (a slot filled otherwise, or empty)."""
         return self._slot_digests.get((name, content_id), "")
 
+    def resident_digests(self) -> set[str]:
+        """The digests promoted into slots still resident (an evicting store never drops them)."""
+        return set(self._slot_digests.values())
+
     async def promote(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
-        """Bring the adapter here (pulled from the peers, or staged already), verified, then into a slot."""
-        if request.stage_only:
-            return await self._pull_only(request)
+        """Bring the adapter here (pulled from the peers, or staged already), verified, then into a slot (or the store only).
+
+        While it runs, the id is in use (an evicting store never drops it); once done, it is the most recently used.
+        """
+        adapter_id = validate_adapter_id(request.adapter_id)
+        with self.context.in_use.hold(adapter_id):
+            reply = await (self._pull_only(request) if request.stage_only else self._promote(request))
+        await self.context.io(self.store.recency.touch, adapter_id)
+        return reply
+
+    async def _promote(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
         model = self.context.require_model("promote adapters")
         adapter_id = validate_adapter_id(request.adapter_id)
         name = validate_name(request.name or adapter_id)  # before any byte moves

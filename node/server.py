@@ -42,6 +42,7 @@ from fabric.trust.signing import TrustedSigners
 from fabric.v1 import fabric_pb2
 from node.context import NodeContext
 from node.data_server import DataServer
+from node.eviction import CopiesElsewhere, EvictWhenFull
 from node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from node.peer_reads import PeerReads
 from node.promotes import Promotes
@@ -151,13 +152,19 @@ class Node:
         self.puller = puller
         signed = SignedAdapters(store, puller, trusted)
         promotes = Promotes(self.context, signed)
+        #: at --max-store-bytes, cold adapters are evicted (--when-full evict) or the commit is refused (node.eviction)
+        self.evictor = (
+            EvictWhenFull(store, self.context.in_use, promotes.resident_digests, CopiesElsewhere(puller, peer_source.peers)) if settings.when_full == "evict" else None
+        )
+        if self.evictor is not None:
+            store.quota.when_full = self.evictor
         self.peer_reads = PeerReads(self.context, puller, signed, upload_rate=settings.upload_rate)
         self.servicer = FabricServicer(
             staging=Staging(self.context, signed),
             peer_reads=self.peer_reads,
             promotes=promotes,
             slots=Slots(self.context, promotes, max_new_tokens=settings.max_new_tokens),
-            store_status=StoreReport(self.context, expire_after=settings.expire_abandoned_after),
+            store_status=StoreReport(self.context, expire_after=settings.expire_abandoned_after, evictor=self.evictor),
         )
         self.scrubber = Scrubber(store, peer_source, signed, rate=settings.scrub_rate)
 

@@ -47,6 +47,10 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     async def Unstage(self, request: fabric_pb2.UnstageRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.UnstageResponse:
         return await self._staging.unstage(request)
 
+    @rpc_errors
+    async def Keep(self, request: fabric_pb2.KeepRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.KeepResponse:
+        return await self._staging.keep(request)
+
     # ------------------------------------------------------------ serving peers
 
     @rpc_errors
@@ -80,7 +84,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
 
     @rpc_errors
     async def ListAdapters(self, request: fabric_pb2.ListAdaptersRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.ListAdaptersResponse:
-        return await self._slots.list_adapters()
+        return await self._slots.list_adapters(request)
 
     @rpc_errors
     async def SetActive(self, request: fabric_pb2.SetActiveRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.SetActiveResponse:

@@ -57,6 +57,7 @@ class NodeSettings:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
     max_store_bytes: int = 0  # 0 = no limit but the disk
+    when_full: str = "evict"  # at --max-store-bytes: evict cold adapters (least recently used), or refuse the commit
     max_new_tokens: int = 256  # tokens one Generate may ask for
     scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
     trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
@@ -208,6 +209,8 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--max-header-bytes", positive_size, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
     ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
     ("--max-store-bytes", size, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
+    ("--when-full", choice("evict", "refuse"), "evict", "at --max-store-bytes: 'evict' drops least recently used adapters (never kept, resident, last-copy "
+     "or in-use ones) down to 90%% of the limit; 'refuse' refuses the commit (a durable node that never drops an adapter)", "limits"),
     ("--max-new-tokens", positive_int, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
     ("--scrub-rate", size, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
     ("--expire-abandoned-after", duration, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),

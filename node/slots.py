@@ -4,16 +4,32 @@ from __future__ import annotations
 
 import grpc
 
-from fabric.errors import DeadlineExceeded
+from fabric.errors import DeadlineExceeded, InvalidArgument
 from fabric.format.peft_fields import peft_fields_of
 from fabric.serving.generation import Generation
 from fabric.serving.pool import ACTIVE
+from fabric.store.catalog import Listed, is_digest
+from fabric.store.ids import validate_adapter_id
 from fabric.v1 import fabric_pb2
 from node.context import NodeContext
 from node.promotes import Promotes
 
 #: the name a GenerateRequest uses for the base model
 BASE_NAME = "base"
+#: staged adapters in one ListAdapters page when the caller names no size, and the most it may ask for (a few hundred bytes an adapter)
+DEFAULT_PAGE_SIZE = 1000
+MAX_PAGE_SIZE = 5000
+
+
+def _staged(entry: Listed) -> fabric_pb2.StagedAdapter:
+    """A listed id on the wire; a damaged one carries its problem (fabric.store.integrity) instead of failing the list."""
+    m = entry.manifest
+    if m is None:
+        return fabric_pb2.StagedAdapter(adapter_id=entry.adapter_id, digest=entry.digest if is_digest(entry.digest) else "", damaged=entry.problem)
+    return fabric_pb2.StagedAdapter(
+        adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config),
+        damaged=entry.problem,
+    )
 
 
 class Slots:
@@ -26,21 +42,18 @@ class Slots:
         #: the most tokens one Generate may ask for (--max-new-tokens: each is a decode step on the model worker)
         self.max_new_tokens = max_new_tokens
 
-    async def list_adapters(self) -> fabric_pb2.ListAdaptersResponse:
-        """Every staged adapter (damaged ones with their problem) and, with a model, every slot."""
-        io = self.context.io
-        # A damaged entry is listed with its problem (fabric.store.integrity), never failing the whole list.
-        damaged = {d.adapter_id: d for d in await io(self.store.damaged)}
-        staged = [
-            fabric_pb2.StagedAdapter(
-                adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config),
-                damaged=damaged.pop(m.adapter_id).problem if m.adapter_id in damaged else "",
-            )
-            for m in await io(self.store.list)
-        ]
-        staged += [fabric_pb2.StagedAdapter(adapter_id=d.adapter_id, digest=d.digest, damaged=d.problem) for d in damaged.values()]
-        staged.sort(key=lambda a: a.adapter_id)
-        reply = fabric_pb2.ListAdaptersResponse(staged=staged)
+    async def list_adapters(self, request: fabric_pb2.ListAdaptersRequest) -> fabric_pb2.ListAdaptersResponse:
+        """One page of the staged adapters, sorted by id (damaged ones with their problem), and, with a model, every slot."""
+        after = request.page_token
+        if after:
+            try:
+                validate_adapter_id(after)
+            except InvalidArgument:
+                raise InvalidArgument(f"page_token {after[:100]!r} is not one this node answered; start again from an empty token") from None
+        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        listed = await self.context.io(self.store.page, after, size + 1)  # one more: is there a next page?
+        staged = [_staged(entry) for entry in listed[:size]]
+        reply = fabric_pb2.ListAdaptersResponse(staged=staged, next_page_token=staged[-1].adapter_id if len(listed) > size else "")
         model = self.context.model
         if model is not None:
             reply.max_rank = model.pool.max_rank

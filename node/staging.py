@@ -98,3 +98,9 @@ class Staging:
         """Remove a staged adapter from the store (a resident slot keeps its copy)."""
         removed = await self.context.io(self.store.unstage, validate_adapter_id(request.adapter_id))
         return fabric_pb2.UnstageResponse(bytes_removed=removed)
+
+    async def keep(self, request: fabric_pb2.KeepRequest) -> fabric_pb2.KeepResponse:
+        """Keep a staged adapter (an evicting store never drops it), or stop keeping it."""
+        adapter_id = validate_adapter_id(request.adapter_id)
+        await self.context.io(self.store.kept.set, adapter_id, not request.unkeep)
+        return fabric_pb2.KeepResponse(kept=not request.unkeep)

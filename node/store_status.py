@@ -6,13 +6,16 @@ from fabric.store import AdapterStore
 from fabric.store.hygiene import UPLOAD, leftovers
 from fabric.v1 import fabric_pb2
 from node.context import NodeContext
+from node.eviction import EvictWhenFull
 
 
 class StoreReport:
     """The StoreStatus RPC: what the store holds, what it keeps aside, and when abandoned entries expire."""
 
-    def __init__(self, context: NodeContext, expire_after: float) -> None:
+    def __init__(self, context: NodeContext, expire_after: float, evictor: EvictWhenFull | None = None) -> None:
         self.context = context
+        #: the evicting policy, when this node evicts at its limit (its count is reported)
+        self.evictor = evictor
         self.store: AdapterStore = context.store
         #: --expire-abandoned-after in seconds (0 = never), reported to the caller
         self.expire_after = expire_after
@@ -27,6 +30,9 @@ class StoreReport:
             quota_bytes=self.store.max_bytes or 0,
             adapters=len(self.store.list()),
             expire_after_seconds=self.expire_after,
+            evictions=self.evictor.evictions if self.evictor is not None else 0,
+            kept=self.store.kept.count(),
+            evicts=self.evictor is not None,
         )
         for damaged in self.store.damaged():  # ids listed apart from adapters: fabric.store.integrity
             reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))

@@ -1,4 +1,4 @@
-"""Commands on a node's store: stage, pull, unstage, ls, inspect, locate."""
+"""Commands on a node's store: stage, pull, unstage, keep, ls, inspect, locate."""
 
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ def cmd_pull(args: argparse.Namespace) -> None:
     emit(args.json, {"adapter_id": args.id, **reply.to_dict()}, f"pulled {args.id} digest={reply.digest}{source_text}")
 
 
+def cmd_keep(args: argparse.Namespace) -> None:
+    with client_for(args) as client:
+        kept = client.keep(args.id, not args.unkeep)
+    emit(args.json, {"adapter_id": args.id, "kept": kept}, f"{'kept' if kept else 'no longer kept'}: {args.id}")
+
+
 def cmd_unstage(args: argparse.Namespace) -> None:
     with client_for(args) as client:
         removed = client.unstage(args.id)
@@ -49,7 +55,7 @@ def cmd_unstage(args: argparse.Namespace) -> None:
 
 def cmd_ls(args: argparse.Namespace) -> None:
     with client_for(args) as client:
-        listing = client.list()
+        listing = client.list(args.page_size)  # every page
     lines = [f"staged ({len(listing.staged)}):"]
     for a in listing.staged:
         damage = f"  DAMAGED: {a.damaged}" if a.damaged else ""
@@ -115,7 +121,12 @@ def register(command) -> None:
     p = command("unstage", cmd_unstage, "remove an adapter id from a node's store (its export directory entry goes too)")
     p.add_argument("--id", required=True, help="adapter id")
 
-    command("ls", cmd_ls, "list a node's staged adapters and slots")
+    p = command("keep", cmd_keep, "keep an adapter on a node: its evicting store never drops it (--unkeep: may be evicted again)")
+    p.add_argument("--id", required=True, help="adapter id")
+    p.add_argument("--unkeep", action="store_true", help="stop keeping it")
+
+    p = command("ls", cmd_ls, "list a node's staged adapters (every page) and slots")
+    p.add_argument("--page-size", type=int, default=0, help="adapters asked for per call (0 = the node's default, 1000; at most 5000)")
 
     p = command("inspect", cmd_inspect, "show an adapter's manifest on a node: files, digests, config, tensors")
     p.add_argument("--id", required=True, help="adapter id")

@@ -8,6 +8,7 @@ errors the same way in-process or remote.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -216,6 +217,10 @@ class NodeClient:
         """Remove an id from the node's store; True when its bytes went too (no other id shares them). ``timeout`` as ``locate``."""
         return self._call(self.stub.Unstage, fabric_pb2.UnstageRequest(adapter_id=adapter_id), timeout=self._quick(timeout)).bytes_removed
 
+    def keep(self, adapter_id: str, kept: bool = True, *, timeout: float | None = None) -> bool:
+        """Keep a staged adapter on the node (its evicting store never drops it), or with ``kept=False`` stop keeping it. ``timeout`` as ``locate``."""
+        return self._call(self.stub.Keep, fabric_pb2.KeepRequest(adapter_id=adapter_id, unkeep=not kept), timeout=self._quick(timeout)).kept
+
     def manifest(self, adapter_id: str, *, timeout: float | None = None) -> Manifest:
         """The manifest the node holds for an id (files, sizes, digests, chunking, config, tensor index), every claim checked. ``timeout`` as ``locate``."""
         return Manifest.from_proto(self.manifest_proto(adapter_id, timeout=timeout))
@@ -268,9 +273,23 @@ class NodeClient:
         r = self._call(self.stub.Availability, fabric_pb2.AvailabilityRequest(digest=digest), timeout=self._quick(timeout))
         return Availability(r.complete, r.chunk_count, bytes(r.verified_bitmap))
 
-    def list(self, *, timeout: float | None = None) -> Listing:
-        """The node's staged adapters and its slots (name, content id, refs, pin, active). ``timeout`` as ``locate``."""
-        return Listing.from_proto(self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest(), timeout=self._quick(timeout)))
+    def list(self, page_size: int = 0, *, timeout: float | None = None) -> Listing:
+        """The node's staged adapters (every page, sorted by id) and its slots (name, content id, refs, pin, active). ``timeout`` (per page) as ``locate``."""
+        pages = list(self.list_pages(page_size, timeout=timeout))
+        return dataclasses.replace(pages[0], staged=[a for page in pages for a in page.staged])
+
+    def list_pages(self, page_size: int = 0, *, timeout: float | None = None) -> Iterator[Listing]:
+        """The listing one page at a time (``page_size`` adapters each; 0 = the node's default), slots on every page."""
+        if not 0 <= page_size < 1 << 32:  # a uint32 on the wire
+            raise InvalidArgument(f"page_size must be a whole number from 0 (the node's default) up, got {page_size!r}")
+        token = ""
+        while True:
+            request = fabric_pb2.ListAdaptersRequest(page_size=page_size, page_token=token)
+            reply = self._call(self.stub.ListAdapters, request, timeout=self._quick(timeout))
+            yield Listing.from_proto(reply)
+            token = reply.next_page_token
+            if not token:
+                return
 
     def store_status(self, *, timeout: float | None = None) -> fabric_pb2.StoreStatusResponse:
         """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries. ``timeout`` as ``locate``."""

@@ -57,6 +57,8 @@ STAGE_BYTES = Counter("fabric_stage_received_bytes_total", "Adapter bytes receiv
 
 STORE_USED = Gauge("fabric_store_used_bytes", "Bytes the store holds: blobs, partial downloads and uploads.", registry=REGISTRY)
 STORE_QUOTA = Gauge("fabric_store_quota_bytes", "The store's limit, --max-store-bytes (0 = no limit but the disk).", registry=REGISTRY)
+EVICTIONS = Counter("fabric_store_evictions_total", "Cold adapters (digests) dropped to make room for a commit past --max-store-bytes.", registry=REGISTRY)
+EVICTED_BYTES = Counter("fabric_store_evicted_bytes_total", "Bytes freed by evicting cold adapters.", registry=REGISTRY)
 EXPIRED = Counter("fabric_store_expired_total", "Abandoned uploads and partial downloads removed for age, by kind.", ["kind"], registry=REGISTRY)
 EXPIRED_BYTES = Counter("fabric_store_expired_bytes_total", "Bytes freed by expiring abandoned uploads and partial downloads.", registry=REGISTRY)
 

@@ -12,6 +12,7 @@ Built by composition, bottom up (each is handed what it needs, none holds the st
     ExportDir          PEFT directories for engines, kept in step through the committer's listener (fabric.store.export)
     DirectoryStager, Uploads, Partials   the three writers; each hands verified temp files to the committer
     Signatures         the author's signature kept beside a digest (fabric.store.signatures)
+    Recency, KeptIds   when each id was last used, and the ids an operator kept, for an evicting store (fabric.store.keeping)
 
 Concurrency: threads and processes may share a root. Metadata changes hold
 the store's flock. A partial or upload is held by one open object at a time
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from fabric.errors import AdapterNotFound
 from fabric.format.safetensors_index import MAX_HEADER_BYTES
-from fabric.store.catalog import Catalog
+from fabric.store.catalog import Catalog, Listed
 from fabric.store.committer import Committer
 from fabric.store.durable import StoreLock, TempFiles
 from fabric.store.export import ExportDir
@@ -37,6 +38,7 @@ from fabric.store.files import fsync_dir
 from fabric.store.format_marker import claim_format
 from fabric.store.ids import validate_adapter_id, validate_digest
 from fabric.store.integrity import DamagedEntry, Integrity
+from fabric.store.keeping import KeptIds, Recency
 from fabric.store.layout import StoreLayout
 from fabric.store.manifest import CONFIG_FILE, DEFAULT_CHUNK_SIZE, WEIGHTS_FILE, FileEntry, Manifest
 from fabric.store.partial import PartialDownload, Partials
@@ -112,6 +114,9 @@ class AdapterStore:
         self.uploads = Uploads(self.committer, self.quota, chunk_size)
         self.signatures = Signatures(self.layout, self.committer)
         self._stager = DirectoryStager(self.catalog, self.committer, self.quota, chunk_size)
+        #: when each id was last used (its ref's mtime), and which ids an operator kept (``fabric.store.keeping``)
+        self.recency = Recency(self.layout)
+        self.kept = KeptIds(self.layout)
 
     # ------------------------------------------------------------ limits
 
@@ -150,6 +155,13 @@ class AdapterStore:
         A damaged entry is left out here, never failing the whole list: ``damaged()`` names it.
         """
         return self.catalog.list()
+
+    def page(self, after: str, count: int) -> list[Listed]:
+        """Up to ``count`` staged ids sorted after ``after`` ("" = the first), each with its manifest or, when damaged, its problem.
+
+        Reads only the page's entries: a paged listing stays bounded however many adapters the store holds.
+        """
+        return self.catalog.page(after, count)
 
     def blob_path(self, root: str) -> Path:
         """The path of a committed file by its root (for Fetch serving and loading)."""
@@ -216,6 +228,7 @@ class AdapterStore:
         digest = self.committer.remove_ref(adapter_id)
         if digest is None:
             raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
+        self.kept.set(adapter_id, False)  # a kept id unstaged by hand is kept no more
         return not self.layout.manifest(digest).exists()
 
     def open_partial(self, manifest: Manifest) -> PartialDownload:

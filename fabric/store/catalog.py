@@ -6,13 +6,33 @@ it when a manifest was written or removed so its cache stays true.
 
 from __future__ import annotations
 
+import heapq
 import os
+from dataclasses import dataclass
 
 from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument, StoreMissing
 from fabric.store.files import decode_id
 from fabric.store.ids import validate_adapter_id, validate_digest
 from fabric.store.layout import StoreLayout
 from fabric.store.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A staged id in a page of the listing: its manifest (None when unreadable) and, when damaged, the problem ("" else)."""
+
+    adapter_id: str
+    digest: str
+    manifest: Manifest | None
+    problem: str
+
+
+def _is_id(name: str) -> bool:
+    try:
+        validate_adapter_id(name)
+    except InvalidArgument:
+        return False  # not a ref this store wrote
+    return True
 
 
 def is_digest(value: str) -> bool:
@@ -142,6 +162,30 @@ class Catalog:
             if manifest is not None:  # else unstaged while we listed
                 found.append(manifest.with_id(adapter_id))
         return found
+
+    def page(self, after: str, count: int) -> list[Listed]:
+        """Up to ``count`` staged ids sorted after ``after`` ("" = from the first), each with its manifest or its problem.
+
+        Only the page's entries and manifests are read (the ref names are scanned, never their contents).
+        """
+        try:
+            names = [decode_id(entry.name) for entry in os.scandir(self.layout.refs)]
+        except FileNotFoundError:
+            raise self.missing_store() from None
+        listed: list[Listed] = []
+        for adapter_id in heapq.nsmallest(count, (n for n in names if n > after and _is_id(n))):
+            digest = self.read_ref(adapter_id)
+            if digest is None:
+                continue  # unstaged while we listed
+            problem = self.problem(digest)
+            try:
+                manifest = self.load_manifest(digest) if is_digest(digest) else None
+            except FabricError:
+                manifest = None  # the problem says why
+            if manifest is None and not problem:
+                continue  # collected while we listed
+            listed.append(Listed(adapter_id, digest, manifest.with_id(adapter_id) if manifest is not None else None, problem))
+        return listed
 
     # ------------------------------------------------------------ damage
 

@@ -256,8 +256,12 @@ class LocateResponse(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerHolding, _Mapping]]] = ...) -> None: ...
 
 class ListAdaptersRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StagedAdapter(_message.Message):
     __slots__ = ("adapter_id", "digest", "content_id", "size", "peft", "damaged")
@@ -298,16 +302,18 @@ class SlotInfo(_message.Message):
     def __init__(self, slot: _Optional[int] = ..., name: _Optional[str] = ..., content_id: _Optional[int] = ..., ref_count: _Optional[int] = ..., pinned: _Optional[bool] = ..., active: _Optional[bool] = ..., last_used: _Optional[int] = ..., rank: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class ListAdaptersResponse(_message.Message):
-    __slots__ = ("staged", "slots", "max_rank", "device")
+    __slots__ = ("staged", "slots", "max_rank", "device", "next_page_token")
     STAGED_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     MAX_RANK_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     staged: _containers.RepeatedCompositeFieldContainer[StagedAdapter]
     slots: _containers.RepeatedCompositeFieldContainer[SlotInfo]
     max_rank: int
     device: str
-    def __init__(self, staged: _Optional[_Iterable[_Union[StagedAdapter, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., max_rank: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, staged: _Optional[_Iterable[_Union[StagedAdapter, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., max_rank: _Optional[int] = ..., device: _Optional[str] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class PromoteRequest(_message.Message):
     __slots__ = ("peer", "adapter_id", "name", "peft", "pin", "stage_only", "named_peer_only")
@@ -385,6 +391,20 @@ class UnstageResponse(_message.Message):
     bytes_removed: bool
     def __init__(self, bytes_removed: _Optional[bool] = ...) -> None: ...
 
+class KeepRequest(_message.Message):
+    __slots__ = ("adapter_id", "unkeep")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    UNKEEP_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    unkeep: bool
+    def __init__(self, adapter_id: _Optional[str] = ..., unkeep: _Optional[bool] = ...) -> None: ...
+
+class KeepResponse(_message.Message):
+    __slots__ = ("kept",)
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    kept: bool
+    def __init__(self, kept: _Optional[bool] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
     __slots__ = ("adapter", "use_base", "input_ids", "max_new_tokens", "return_logits")
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
@@ -440,7 +460,7 @@ class DamagedEntry(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StoreStatusResponse(_message.Message):
-    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged")
+    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts")
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
@@ -448,6 +468,9 @@ class StoreStatusResponse(_message.Message):
     PARTIALS_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    EVICTS_FIELD_NUMBER: _ClassVar[int]
     used_bytes: int
     quota_bytes: int
     adapters: int
@@ -455,7 +478,10 @@ class StoreStatusResponse(_message.Message):
     partials: _containers.RepeatedCompositeFieldContainer[StoreLeftover]
     expire_after_seconds: float
     damaged: _containers.RepeatedCompositeFieldContainer[DamagedEntry]
-    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ...) -> None: ...
+    evictions: int
+    kept: int
+    evicts: bool
+    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("kind", "message", "retryable")

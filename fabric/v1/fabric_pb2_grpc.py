@@ -99,6 +99,11 @@ class FabricStub:
                 request_serializer=fabric_dot_v1_dot_fabric__pb2.StoreStatusRequest.SerializeToString,
                 response_deserializer=fabric_dot_v1_dot_fabric__pb2.StoreStatusResponse.FromString,
                 _registered_method=True)
+        self.Keep = channel.unary_unary(
+                '/fabric.v1.Fabric/Keep',
+                request_serializer=fabric_dot_v1_dot_fabric__pb2.KeepRequest.SerializeToString,
+                response_deserializer=fabric_dot_v1_dot_fabric__pb2.KeepResponse.FromString,
+                _registered_method=True)
 
 
 class FabricServicer:
@@ -204,6 +209,13 @@ class FabricServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Keep(self, request, context):
+        """Keep a staged adapter (an evicting store never drops it), or stop keeping it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FabricServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -271,6 +283,11 @@ def add_FabricServicer_to_server(servicer, server):
                     servicer.StoreStatus,
                     request_deserializer=fabric_dot_v1_dot_fabric__pb2.StoreStatusRequest.FromString,
                     response_serializer=fabric_dot_v1_dot_fabric__pb2.StoreStatusResponse.SerializeToString,
+            ),
+            'Keep': grpc.unary_unary_rpc_method_handler(
+                    servicer.Keep,
+                    request_deserializer=fabric_dot_v1_dot_fabric__pb2.KeepRequest.FromString,
+                    response_serializer=fabric_dot_v1_dot_fabric__pb2.KeepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -624,6 +641,33 @@ class Fabric:
             '/fabric.v1.Fabric/StoreStatus',
             fabric_dot_v1_dot_fabric__pb2.StoreStatusRequest.SerializeToString,
             fabric_dot_v1_dot_fabric__pb2.StoreStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Keep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabric.v1.Fabric/Keep',
+            fabric_dot_v1_dot_fabric__pb2.KeepRequest.SerializeToString,
+            fabric_dot_v1_dot_fabric__pb2.KeepResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -284,7 +284,7 @@ def limits(tmp_path_factory, adapters) -> dict[str, object]:
     store_quota = sizes["heavy"] + sizes["wide"] + sizes["small"] // 2
 
     root = tmp_path_factory.mktemp("limits")
-    seeder = LocalNode(root / "S", model="none", extra_args=[*SMALL_CHUNK, "--max-store-bytes", str(store_quota)])
+    seeder = LocalNode(root / "S", model="none", extra_args=[*SMALL_CHUNK, "--max-store-bytes", str(store_quota), "--when-full", "refuse"])
     limited = LocalNode(
         root / "L",
         extra_args=[

@@ -1,0 +1,59 @@
+"""The LRU choice of a cache store: which cold adapters go so that a commit fits, or why none can.
+
+Pure: handed what the store holds (one ``Candidate`` per digest, with its
+recency and what holds it, if anything), it answers the victims, least
+recently used first, down to a low-water mark below the limit; it removes
+nothing itself (``node.eviction`` does, through the store's own paths).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from fabric.errors import QuotaExceeded
+
+#: what may hold an adapter in the store (never dropped while it does)
+KEPT, RESIDENT, IN_USE = "kept by an operator", "resident in a slot", "in use (being served or pulled)"
+LAST_COPY = "the last complete copy among the known peers"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One digest the store holds: the ids referring to it, its bytes, when it was last used, and what holds it ("" for nothing)."""
+
+    digest: str
+    ids: tuple[str, ...]
+    size: int
+    last_used: float
+    held: str = ""
+
+
+def choose_victims(candidates: list[Candidate], needed: int, used: int, limit: int, low_water: float, what: str) -> list[Candidate]:
+    """The cold candidates to drop, least recently used first, until ``used + needed`` is at most ``low_water * limit``.
+
+    Fewer when the free ones run out but the commit fits the limit itself; none, and ``QuotaExceeded`` naming what holds
+    the rest, when even dropping every free candidate would not make it fit (nothing is dropped for a refusal).
+    """
+    target = min(limit, int(limit * low_water))
+    free = sorted((c for c in candidates if not c.held), key=lambda c: (c.last_used, c.digest))
+    victims: list[Candidate] = []
+    left = used
+    for candidate in free:
+        if left + needed <= target:
+            break
+        victims.append(candidate)
+        left -= candidate.size
+    if left + needed > limit:
+        raise QuotaExceeded(refusal(candidates, needed, used, limit, what, left))
+    return victims
+
+
+def refusal(candidates: list[Candidate], needed: int, used: int, limit: int, what: str, after: int) -> str:
+    """Why no room can be made: the adapters held, counted by what holds them."""
+    held = Counter(c.held for c in candidates if c.held)
+    reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(held.items())) or "no adapters to drop"
+    return (
+        f"{what} needs {needed} bytes but the store holds {used} of its {limit}-byte limit and nothing more can be evicted "
+        f"(dropping every cold adapter would leave {after}): held are {reasons}; unkeep or unstage adapters, or raise the limit"
+    )

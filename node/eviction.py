@@ -1,0 +1,139 @@
+"""The evicting store: when a commit would pass --max-store-bytes, cold adapters go first (least recently used).
+
+``EvictWhenFull`` is the store's ``WhenFull`` policy on a node started with
+--when-full evict (the default). The choice is pure (``fabric.store.eviction``);
+here is what holds an adapter: an operator's keep (``fabric keep``), a slot
+it is resident in, and a Fetch serving it or a promote pulling or loading it
+(``InUse``), and being the last complete copy the known peers answer for
+(``CopiesElsewhere``). The store's quota measures again after the victims went.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from fabric.errors import AdapterNotFound
+from fabric.observability import metrics
+from fabric.observability.logs import event
+from fabric.store import AdapterStore
+from fabric.store.eviction import IN_USE, KEPT, LAST_COPY, RESIDENT, Candidate, choose_victims
+from fabric.transport.pull import PeerPuller
+
+log = logging.getLogger("fabric.node")
+
+#: what an eviction frees down to, as a share of --max-store-bytes: room for the next few commits without evicting again
+LOW_WATER = 0.9
+
+
+class InUse:
+    """Adapter ids and digests being served, pulled or loaded right now (counted: several may use one at once)."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()  # taken on the event loop and on I/O threads
+
+    @contextmanager
+    def hold(self, *keys: str) -> Iterator[None]:
+        """Count ``keys`` (ids or digests) in use until the block ends."""
+        with self._lock:
+            self._counts.update(keys)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._counts.subtract(keys)
+                for key in keys:
+                    if self._counts[key] <= 0:
+                        del self._counts[key]
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return self._counts[key] > 0
+
+
+class CopiesElsewhere:
+    """Whether a known peer holds a complete copy of a digest (asked through Availability, as Locate does)."""
+
+    def __init__(self, puller: PeerPuller, peers: Callable[[], list[str]]) -> None:
+        self.puller = puller
+        self.peers = peers
+
+    def __call__(self, digest: str) -> bool:
+        for peer in self.peers():
+            holding = self.puller.availability(peer, digest)  # None when it holds nothing or does not answer
+            if holding is not None and holding.complete:
+                return True
+        return False
+
+
+class EvictWhenFull:
+    """Drops cold adapters, least recently used first, down to ``LOW_WATER`` of the limit; refuses naming what holds the rest."""
+
+    def __init__(
+        self, store: AdapterStore, in_use: InUse, resident: Callable[[], set[str]] = set, elsewhere: Callable[[str], bool] | None = None
+    ) -> None:
+        self.store = store
+        self.in_use = in_use
+        #: whether another complete copy answers (``CopiesElsewhere``); None: every adapter may go (no peers to ask)
+        self.elsewhere = elsewhere
+        #: the digests resident in a slot (set by the node once its promotes exist)
+        self.resident = resident
+        #: adapters (digests) evicted since the node started, for StoreStatus
+        self.evictions = 0
+        self._lock = threading.Lock()  # one eviction at a time: two would pick the same victims
+
+    def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
+        """Free room for ``needed`` bytes by dropping cold adapters, or raise ``QuotaExceeded`` naming why none can go."""
+        with self._lock:
+            used = self.store.usage()  # another eviction may have freed room meanwhile
+            if used + needed <= limit:
+                return
+            victims = self._choose(needed, used, limit, what)
+            for victim in victims:
+                for adapter_id in victim.ids:
+                    try:
+                        self.store.unstage(adapter_id)
+                    except AdapterNotFound:
+                        pass  # unstaged by hand meanwhile
+                self.evictions += 1
+                metrics.EVICTIONS.inc()
+                metrics.EVICTED_BYTES.inc(victim.size)
+                event(log, "evicted a cold adapter", adapter=",".join(victim.ids), digest=victim.digest, bytes=victim.size, reason=what)
+
+    def _choose(self, needed: int, used: int, limit: int, what: str) -> list[Candidate]:
+        """The LRU victims, none of them the last complete copy the known peers answer for (that one is held, and the choice made again)."""
+        candidates = self._candidates()
+        while True:
+            victims = choose_victims(candidates, needed, used, limit, LOW_WATER, what)
+            last = {v.digest for v in victims if self.elsewhere is not None and not self.elsewhere(v.digest)}
+            if not last:
+                return victims
+            # Each round holds one more candidate at least, so the rounds end.
+            candidates = [dataclasses.replace(c, held=LAST_COPY) if c.digest in last else c for c in candidates]
+
+    def _candidates(self) -> list[Candidate]:
+        """One candidate per digest held, with its most recent use and what holds it."""
+        resident = self.resident()
+        ids: dict[str, list[str]] = {}
+        sizes: dict[str, int] = {}
+        for manifest in self.store.list():
+            ids.setdefault(manifest.digest, []).append(manifest.adapter_id)
+            sizes[manifest.digest] = manifest.total_size
+        return [
+            Candidate(digest, tuple(names), sizes[digest], max(self.store.recency.last_used(i) for i in names), self._held(digest, names, resident))
+            for digest, names in ids.items()
+        ]
+
+    def _held(self, digest: str, ids: list[str], resident: set[str]) -> str:
+        if any(i in self.store.kept for i in ids):
+            return KEPT
+        if digest in resident:
+            return RESIDENT
+        if digest in self.in_use or any(i in self.in_use for i in ids):
+            return IN_USE
+        return ""
