@@ -101,6 +101,12 @@ class QuotaExceeded(FabricError):
     retryable = True
 
 
+class PinLimit(QuotaExceeded):
+    """Pinning one more adapter would pass the pin limit (slots - 1): only an unpin frees it, so it is not retryable."""
+
+    retryable = False
+
+
 # --- bytes and peers --------------------------------------------------------
 
 

@@ -11,15 +11,17 @@ whatever it holds.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
+from fabric.exit_codes import EXIT_CODES_HELP, EXIT_REFUSED, EXIT_USAGE
 from fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from fabric.serving.tiny import DEFAULT_TARGET_MODULES
+from fabric.units import argparse_type, clip, count_parser, duration_parser, show_duration, show_size, size_parser
 
 STORE_ONLY = "none"
 PROG = "fabric-node"
@@ -75,45 +77,22 @@ class NodeSettings:
 # Each takes the raw text and returns the value, or raises ValueError saying what is expected.
 
 _DIGITS = re.compile(r"[0-9]+")
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# sizes, durations and counts: one parser for both commands (fabric.units)
 
 
-def positive_int(text: str) -> int:
-    if not _DIGITS.fullmatch(text) or int(text) <= 0:
-        raise ValueError("expected a positive integer")
-    return int(text)
-
-
-def chunk_size(text: str) -> int:
-    value = positive_int(text)
-    if not 4096 <= value <= 4 << 20:
-        raise ValueError(f"expected 4096 to {4 << 20} bytes")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    if not _DIGITS.fullmatch(text):
-        raise ValueError("expected a whole number, 0 or more")
-    return int(text)
-
-
-def positive_float(text: str) -> float:
-    try:
-        number = float(text)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError("expected a positive number of seconds")
-    return number
-
-
-def duration(text: str) -> float:
-    """Seconds: ``90``, ``90s``, ``15m``, ``24h``, ``7d``; 0 turns the feature off."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if not match:
-        raise ValueError("expected a duration such as 3600, 90s, 15m, 24h or 7d (0 = never)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+stall_timeout = duration_parser(high=3600.0)
+drain_timeout = duration_parser(high=3600.0)
+expire_after = duration_parser(zero="never")
+adapter_bytes = size_parser()
+header_bytes = size_parser(high=1 << 30)
+store_bytes = size_parser(zero="no limit but the disk")
+rate = size_parser(zero="unlimited", rate=True)
+scrub_rate = size_parser(zero="off", rate=True)
+chunk_size = size_parser(low=4096, high=4 << 20)
+slots = count_parser(high=4096)
+max_rank = count_parser(high=4096)
+streams = count_parser(high=100_000)
+new_tokens = count_parser(high=1 << 20)
 
 
 def data_port(text: str) -> int:
@@ -190,19 +169,19 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--store", path, Path("./fabric-store"), "directory of the adapter store", ""),
     ("--model", str, "tiny", "'tiny', 'tiny-mistral', 'tiny-qwen2', a local transformers model directory, or 'none' (store-only seeder)", ""),
     ("--device", choice("auto", "cpu", "cuda"), "auto", "where the slot pool lives: auto, cpu or cuda (auto = CUDA when present)", ""),
-    ("--slots", positive_int, 4, "adapter slots in the pool", ""),
-    ("--max-rank", positive_int, 16, "largest LoRA rank a slot holds", ""),
+    ("--slots", slots, 4, "adapter slots in the pool", ""),
+    ("--max-rank", max_rank, 16, "largest LoRA rank a slot holds", ""),
     ("--target-modules", csv, tuple(DEFAULT_TARGET_MODULES), "comma-separated linear module names the pool adapts", ""),
     ("--peers", peer_list, (), "comma-separated HOST:PORT of known peers (failover and lookup)", ""),
     ("--chunk-size", chunk_size, 1 << 20, "bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB); part of their digest, so "
      "keep one value across a cluster (pulled adapters keep their stager's)", ""),
-    ("--upload-rate", non_negative_int, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
-    ("--download-rate", non_negative_int, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
+    ("--upload-rate", rate, 0, "bytes/s this node serves to peers in all, e.g. 64MiB/s; 0 = unlimited", ""),
+    ("--download-rate", rate, 0, "bytes/s this node pulls from peers in all, e.g. 64MiB/s; 0 = unlimited", ""),
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
     ("--data-port", data_port, 0, "port of the data channel that carries chunk bytes to peers beside gRPC, on --listen's host "
      "(same TLS and token as gRPC; 0 = a free port, announced to peers; off = peers fetch over gRPC)", ""),
-    ("--stall-timeout", positive_float, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over "
+    ("--stall-timeout", stall_timeout, 10.0, "how long without a byte (e.g. 10s) before a peer's stream is dropped and the pull fails over "
      "(and before this node's data channel cuts a peer that stopped reading)", ""),
     ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
@@ -213,19 +192,20 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),
     ("--trusted-signers", path_list, (), "Ed25519 public keys (PEM or 32 raw bytes; space-separated, or comma-separated in the variable); "
      "when given, the node stages, pulls, loads and serves only adapters whose manifest one of them signed", "security"),
-    ("--max-adapter-bytes", positive_int, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
-    ("--max-header-bytes", positive_int, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
-    ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
-    ("--max-store-bytes", non_negative_int, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
-    ("--max-new-tokens", positive_int, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
-    ("--scrub-rate", non_negative_int, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
-    ("--expire-abandoned-after", duration, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),
+    ("--max-adapter-bytes", adapter_bytes, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
+    ("--max-header-bytes", header_bytes, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
+    ("--max-streams-per-peer", streams, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
+    ("--max-store-bytes", store_bytes, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
+    ("--max-new-tokens", new_tokens, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
+    ("--scrub-rate", scrub_rate, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
+    ("--expire-abandoned-after", expire_after, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),
     ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
     ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
     ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR", "operations"),
-    ("--drain-timeout", positive_float, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
+    ("--drain-timeout", drain_timeout, 10.0, "how long in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
 ]
 _BOOLEAN_FLAGS = {"--auth-peer-reads"}
+_METAVARS = {"duration": "DURATION", "size": "SIZE", "rate": "RATE"}
 _MANY_FLAGS = {"--trusted-signers"}  # one or more values after the flag
 
 
@@ -234,33 +214,41 @@ def env_name(flag: str) -> str:
     return "FABRIC_" + flag.lstrip("-").upper().replace("-", "_")
 
 
-def _shown(default: Any) -> str:
+def _shown(default: Any, parse: Callable[[str], Any]) -> str:
+    """The default as the README writes it: 4 GiB, 64 MiB/s, 24h."""
+    unit = getattr(parse, "unit", "")
+    if unit in ("size", "rate") and default:
+        return show_size(default, rate=unit == "rate")
+    if unit == "duration":
+        return show_duration(default)
     if isinstance(default, tuple):
         return ",".join(default) or "none"
     return "none" if default in (None, "") else str(default)
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors and exit status 1 (a bad start-up is an error, not a usage hint)."""
+    """argparse with one-line errors and exit status 2 (usage), as ``fabric``'s."""
 
     def error(self, message: str) -> NoReturn:
-        fail(f"{message} (see {PROG} --help)")
+        fail(f"{message} (see {PROG} --help)", EXIT_USAGE)
 
 
-def fail(message: str) -> NoReturn:
-    """Stop the process with one line on stderr and status 1 (Python prints a SystemExit's message so)."""
-    raise SystemExit(f"{PROG}: {message}")
+class Stop(SystemExit):
+    """A node that stops at start: its one line is already on stderr; ``str()`` is that line (for tests and callers)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
-def _argparse_type(flag: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-
-    convert.__name__ = flag  # argparse names the type in some messages
-    return convert
+def fail(message: str, code: int = EXIT_REFUSED) -> NoReturn:
+    """Stop the process with one line on stderr: status 1 for a start-up refused, 2 (``EXIT_USAGE``) for a bad flag or variable."""
+    line = f"{PROG}: {message}"
+    print(line, file=sys.stderr, flush=True)
+    raise Stop(line, code)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,25 +257,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Run an adapter-fabric node: stage adapters, serve them to peers, promote them into a slot pool.",
-        epilog="Every flag can also be set by an environment variable: --max-rank is FABRIC_MAX_RANK, and so on "
-        "(booleans: true/false, 1/0, yes/no, on/off; an empty variable counts as unset).",
+        epilog="Every flag can also be set by an environment variable: --max-rank is FABRIC_MAX_RANK, and so on\n"
+        "(booleans: true/false, 1/0, yes/no, on/off; an empty variable counts as unset).\n"
+        "Durations read 30s, 15m, 24h, 7d; sizes 4GiB, 64MiB; rates 64MiB/s; plain numbers are seconds or bytes.\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     groups: dict[str, argparse._ArgumentGroup] = {}
     for flag, parse, default, text, group in _FLAGS:
         where = groups.setdefault(group, parser.add_argument_group(group)) if group else parser
-        help_text = f"{text} (default: {_shown(default)}) [{env_name(flag)}]"
+        help_text = f"{text} (default: {_shown(default, parse)}) [{env_name(flag)}]"
         if flag in _BOOLEAN_FLAGS:
             where.add_argument(flag, action="store_const", const=True, default=None, help=help_text)
         elif flag in _MANY_FLAGS:
-            where.add_argument(flag, nargs="+", type=_argparse_type(flag, path), default=None, metavar="FILE", help=help_text)
+            where.add_argument(flag, nargs="+", type=argparse_type(path, flag), default=None, metavar="FILE", help=help_text)
         else:
-            where.add_argument(flag, type=_argparse_type(flag, parse), default=None, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_text)
+            where.add_argument(flag, type=argparse_type(parse, flag), default=None, metavar=_METAVARS.get(getattr(parse, "unit", ""), flag.lstrip("-").upper().replace("-", "_")), help=help_text)
     return parser
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> NodeSettings:
-    """The settings from ``argv`` and ``environ`` (flags win); a bad value ends the process with one line (status 1)."""
+    """The settings from ``argv`` and ``environ`` (flags win); a bad value ends the process with one line (status 2)."""
     args = build_parser().parse_args(argv)
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
@@ -302,7 +292,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
                 try:
                     value = parse(raw)
                 except ValueError as exc:
-                    fail(f"environment variable {env_name(flag)}={raw!r} (for {flag}): {exc}")
+                    fail(f"environment variable {env_name(flag)}={clip(raw)!r} (for {flag}): {exc}", EXIT_USAGE)
             else:
                 value = default
         values[dest] = value

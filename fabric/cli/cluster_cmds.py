@@ -9,6 +9,7 @@ from fabric.cli.connect import client_for, node_address
 from fabric.cli.output import EXIT_RETRYABLE, emit
 from fabric.cli.progress import PullWatcher, on_terminal, run_polled
 from fabric.client.rollout import NodeRollout
+from fabric.units import argparse_type, duration_parser
 
 
 
@@ -90,7 +91,8 @@ def register(command) -> None:
 
     p = command("wait", cmd_wait, "wait until every listed node answers health SERVING (scripts run this before their first call)")
     p.add_argument("nodes", nargs="*", metavar="NODE", type=node_address, help="more nodes (host:port)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all of them; 0 = forever (default: %(default)s)")
+    p.add_argument("--timeout", type=argparse_type(duration_parser(zero="forever"), "--timeout"), default=120.0, metavar="DURATION",
+                   help="how long to wait for all of them, e.g. 30s, 5m; 0 = forever (default: 2m)")
 
     p = command("rollout", cmd_rollout, "promote one adapter on many nodes at once (they share chunks as they arrive); prints each node's time", long=True)
     p.add_argument("nodes", nargs="*", metavar="NODE", type=node_address, help="more nodes (host:port)")

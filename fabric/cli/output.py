@@ -1,15 +1,7 @@
-"""How ``fabric`` reports: results as text or JSON, errors as one line (or a JSON object), and its exit codes.
+"""How ``fabric`` reports: results as text or JSON, errors as one line (or a JSON object).
 
-Exit codes (documented in the README and ``fabric --help``):
-
-====  =====================================================================
-0     done
-1     refused for good: change something first (bad id, not found, ...)
-2     usage: a bad flag or argument
-3     retryable: the same command may succeed later (pool full, slot busy,
-      quota, a node unreachable or too slow)
-130   interrupted (Ctrl-C)
-====  =====================================================================
+Exit codes (documented in the README and ``fabric --help``) are in
+``fabric.exit_codes``, shared with ``fabric-node``.
 """
 
 from __future__ import annotations
@@ -19,25 +11,9 @@ import sys
 from typing import Any
 
 from fabric.client.results import json_ready
-from fabric.errors import FabricError, SlotBusy
+from fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_RETRYABLE, EXIT_USAGE, exit_code_for
 
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_RETRYABLE = 3
-EXIT_INTERRUPTED = 130
-
-EXIT_CODES_HELP = """exit status:
-  0    done
-  1    refused: change something first (bad id, not found, incompatible, ...)
-  2    usage error (a bad flag or argument)
-  3    retryable: pool full, slot busy, quota, node unreachable; the same command may succeed later
-  130  interrupted (Ctrl-C)"""
-
-
-def exit_code_for(exc: FabricError) -> int:
-    """3 for conditions that pass by themselves (``retryable`` errors and a busy slot), else 1."""
-    return EXIT_RETRYABLE if exc.retryable or isinstance(exc, SlotBusy) else EXIT_REFUSED
+__all__ = ["EXIT_CODES_HELP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_REFUSED", "EXIT_RETRYABLE", "EXIT_USAGE", "exit_code_for", "emit", "report_error"]
 
 
 def emit(as_json: bool, payload: Any, human: str) -> None:

@@ -11,31 +11,26 @@ import os
 from pathlib import Path
 
 from fabric.cli.output import emit
+from fabric.units import argparse_type, size_parser
 
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # fabric.store.digests.DEFAULT_CHUNK_SIZE (not imported: the CLI starts without the store)
 
 
-def chunk_size(text: str) -> int:
-    """``--chunk-size``: the node flag's bounds (4 KiB to 4 MiB)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer number of bytes") from None
-    if not 4096 <= value <= 4 << 20:
-        raise argparse.ArgumentTypeError(f"{value} is outside 4096 to {4 << 20} bytes (fabric-node --chunk-size's bounds)")
-    return value
+#: the node flag's bounds (4 KiB to 4 MiB), the same parser
+chunk_size = argparse_type(size_parser(low=4096, high=4 << 20), "--chunk-size")
 
 
 def cmd_keygen(args: argparse.Namespace) -> None:
     """Write ``OUT.key`` (private, PEM, mode 0600) and ``OUT.pub`` (public, PEM: give it to nodes' --trusted-signers)."""
+    from fabric.errors import InvalidArgument
     from fabric.trust.signing import keygen
 
-    private, public = keygen()
     key_path, pub_path = Path(f"{args.out}.key"), Path(f"{args.out}.pub")
     for path in (key_path, pub_path):
         if path.exists():
-            raise SystemExit(f"fabric keygen: {path} exists; not overwriting a key")
+            raise InvalidArgument(f"{path} exists; not overwriting a key (give another OUT, or move the old pair away first)")
+    private, public = keygen()
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(private)

@@ -7,6 +7,11 @@ import argparse
 from fabric.cli.connect import client_for, node_address
 from fabric.cli.output import emit
 from fabric.cli.progress import PullWatcher, on_terminal, run_polled
+from fabric.client.node_client import DEFAULT_MAX_NEW_TOKENS
+from fabric.units import argparse_type, count_parser
+
+#: token ids and counts travel as uint32/int32 on the wire: past this they are a typo, refused before any call
+MAX_TOKEN = (1 << 31) - 1
 
 
 def cmd_promote(args: argparse.Namespace) -> None:
@@ -52,8 +57,8 @@ def token_ids(text: str) -> list[int]:
     if not items:
         raise argparse.ArgumentTypeError("give at least one token id, e.g. --tokens 1,2,3")
     for item in items:
-        if not item.lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not an integer token id (e.g. --tokens 1,2,3)")
+        if not item.isascii() or not item.isdigit() or int(item) > MAX_TOKEN:
+            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not a token id from 0 to {MAX_TOKEN} (e.g. --tokens 1,2,3)")
     return [int(t) for t in items]
 
 
@@ -82,4 +87,5 @@ def register(command) -> None:
     p.add_argument("--adapter", help="resident adapter name (default: the active one)")
     p.add_argument("--base", action="store_true", help="use the base model, no adapter")
     p.add_argument("--tokens", required=True, type=token_ids, help="comma-separated input token ids, e.g. 1,2,3")
-    p.add_argument("--max-new-tokens", type=int, default=8, help="greedy tokens to generate")
+    p.add_argument("--max-new-tokens", type=argparse_type(count_parser(low=0, high=MAX_TOKEN), "--max-new-tokens"), default=DEFAULT_MAX_NEW_TOKENS,
+                   help="greedy tokens to generate; the node refuses more than its --max-new-tokens (default: %(default)s)")

@@ -38,6 +38,7 @@ _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
     (errors.Untrusted, grpc.StatusCode.PERMISSION_DENIED),
     (errors.AdapterNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.PoolFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.PinLimit, grpc.StatusCode.FAILED_PRECONDITION),  # an unpin must come first: not a quota that frees itself
     (errors.QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Busy, grpc.StatusCode.ABORTED),
     (errors.SlotBusy, grpc.StatusCode.FAILED_PRECONDITION),

@@ -139,7 +139,8 @@ def test_pin_past_the_limit_is_refused_before_anything_is_evicted(nodes, adapter
     fabric("promote", node, "--id", "pin/b", "--name", "pb", "--pin")
     before = fabric_json("ls", node)["slots"]
     code, error = json_error("promote", node, "--id", "pin/c", "--name", "pc", "--pin")
-    assert code == 3 and error["type"] == "QuotaExceeded" and "unpin one first" in error["message"]
+    # not 3 (retryable): only an operator's unpin frees a pin, so a script retrying on 3 would loop forever
+    assert code == 1 and error["type"] == "PinLimit" and error["retryable"] is False and "unpin one first" in error["message"]
     assert fabric_json("ls", node)["slots"] == before  # nothing evicted, nothing loaded, the active adapter unchanged
     fabric("unpin", node, "--name", "pb")
 

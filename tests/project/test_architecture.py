@@ -19,6 +19,8 @@ from tests.support import ROOT
 #: each package may import only packages of a lower layer (or its own)
 LAYERS = {
     "errors": 0,
+    "exit_codes": 1,  # the exit statuses both commands share
+    "units": 0,  # durations, sizes, counts of both commands' flags (stdlib only)
     "v1": 0,
     "format": 1,
     "rpc": 1,
