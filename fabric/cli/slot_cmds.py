@@ -58,7 +58,7 @@ def token_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError("give at least one token id, e.g. --tokens 1,2,3")
     for item in items:
         if not item.isascii() or not item.isdigit() or int(item) > MAX_TOKEN:
-            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not a token id from 0 to {MAX_TOKEN} (e.g. --tokens 1,2,3)")
+            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not a token id: expected 0 to {MAX_TOKEN}, e.g. --tokens 1,2,3")
     return [int(t) for t in items]
 
 

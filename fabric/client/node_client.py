@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fabric.client.addresses import check_address, unreachable_hint
-from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult
+from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult, StoreStatus
 from fabric.errors import InvalidAdapter, InvalidArgument, PeerUnavailable
 from fabric.format.config import CONFIG_FILE
 from fabric.rpc import security
@@ -278,9 +278,9 @@ class NodeClient:
         """The node's staged adapters and its slots (name, content id, refs, pin, active)."""
         return Listing.from_proto(self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest(), timeout=self._deadline(timeout)))
 
-    def store_status(self) -> fabric_pb2.StoreStatusResponse:
+    def store_status(self, *, timeout: float | None = None) -> StoreStatus:
         """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries."""
-        return self._call(self.stub.StoreStatus, fabric_pb2.StoreStatusRequest())
+        return StoreStatus.from_proto(self._call(self.stub.StoreStatus, fabric_pb2.StoreStatusRequest(), timeout=self._deadline(timeout)))
 
     def set_active(self, name: str, *, timeout: float | None = None) -> ActiveSlot:
         """Make a resident adapter the node's active one (what slot -1 means)."""

@@ -140,6 +140,19 @@ def test_public_api() -> None:
                 assert inspect.getdoc(member), f"fabric.{name}.{attr} has no docstring"
 
 
+def test_every_error_type_is_importable_from_fabric() -> None:
+    """A caller catches what the client raises by importing from ``fabric`` (``from fabric import Untrusted``)."""
+    import inspect
+
+    import fabric
+    from fabric import errors
+
+    kinds = {name for name, value in vars(errors).items() if inspect.isclass(value) and issubclass(value, errors.FabricError)}
+    assert {"Untrusted", "IncompatibleFormat", "StoreMissing", "Busy", "DeadlineExceeded", "PinLimit"} <= kinds
+    missing = sorted(name for name in kinds if name not in fabric.__all__ or getattr(fabric, name, None) is not getattr(errors, name))
+    assert not missing, f"add to fabric/__init__.py: {missing}"
+
+
 def test_import_fabric_stays_light() -> None:
     """The CLI imports ``fabric`` on every call: torch and grpc load only when a name needs them."""
     code = "import sys, fabric; print(sorted(m for m in ('torch', 'grpc', 'peft') if m in sys.modules))"
