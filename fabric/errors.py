@@ -133,3 +133,11 @@ class Untrusted(FabricError):
 
 class Unauthenticated(FabricError):
     """The call carried no valid bearer token while the node requires one."""
+
+
+class PermissionDenied(FabricError):
+    """The caller is known but its principal lacks the verb on the id's prefix (the message never says whether the id exists)."""
+
+
+class InvalidPolicy(InvalidArgument):
+    """An access policy file that is not valid TOML or breaks one of its rules (the message names which)."""

@@ -83,6 +83,30 @@ cpu_index_pip() {
     )
 }
 
+# vLLM's own code for tests/integrations/test_vllm.py: the pinned package without its dependencies (they
+# include a CUDA torch) plus the pure-Python ones its plugin loader, resolver registry and OpenAI serving
+# layer import, with torch held at the installed build. Soft: when it cannot be installed (no registry),
+# say why; the suite still runs and those tests skip, naming the reason.
+VLLM_TESTED="vllm==0.34.0"
+VLLM_IMPORTS=(packaging msgspec pyzmq urllib3 aiohttp requests pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo
+              llguidance "xgrammar==0.2.8" cbor2 fastapi)
+drop_pip_noise() {
+    grep -v -e "is ignored: it is neither" -e "^vllm .* requires " -e "dependency resolver does not currently take into account" || true
+}
+install_vllm_for_tests() {
+    local torch_now hold
+    torch_now="$("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+    hold="$(mktemp)"
+    echo "torch==$torch_now" > "$hold"
+    echo "bootstrap: installing $VLLM_TESTED without its dependencies, for the vLLM tests" >&2
+    # pip reports vLLM's own pins (a CUDA torch and more) as unmet: left so on purpose, so that noise is dropped.
+    if ! "${pip[@]}" --no-deps "$VLLM_TESTED" 2> >(drop_pip_noise >&2) \
+       || ! PIP_CONSTRAINT="$hold" "${pip[@]}" "${VLLM_IMPORTS[@]}" 2> >(drop_pip_noise >&2); then
+        echo "bootstrap: could not install $VLLM_TESTED and its imports (see above): the vLLM tests will skip" >&2
+    fi
+    rm -f "$hold"
+}
+
 if [ "${FABRIC_TORCH_PICK_ONLY:-}" = 1 ]; then
     pick_cpu_torch "$python"
     exit $?
@@ -114,6 +138,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     fi
     echo "bootstrap: installing adapter-fabric and its test tools" >&2
     "${pip[@]}" -e "$root[test]" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+    install_vllm_for_tests
     echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

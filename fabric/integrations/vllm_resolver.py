@@ -6,32 +6,53 @@ it (``Locate``, then a stage-only ``Promote``), and hands vLLM the node's
 exported PEFT directory for it. Nothing is copied: the export is hard links
 into the node's store.
 
-``resolve`` is the whole lookup-and-pull, plain Python, tested here against
-real nodes. ``register`` (the ``vllm.general_plugins`` entry point) is the
-vLLM glue: it needs vLLM installed (a CUDA build of torch), so it is not run
-by this project's tests; it is kept to the few lines below.
+It fails safe inside the engine: vLLM calls resolvers outside any ``try``
+(``OpenAIServingModels.resolve_lora``) and does not guard its plugin loader,
+so ``register`` never raises (bad settings, or a vLLM without the resolver
+interface, are logged and the resolver is not registered) and the resolver
+never raises (a fabric error is logged with its type and the answer is None:
+vLLM then asks its other resolvers and answers 404, not 500). Every pull has
+a deadline, and an adapter for another base model is refused from its peer's
+manifest before any byte moves.
+
+Names: vLLM's ``model`` field is the adapter id (``team-a/support-v3``), one
+canonical name per adapter; the export directory's escaped name
+(``team-a%2Fsupport-v3``) is not resolved, so one directory never becomes two
+LoRAs in vLLM.
 
 Configuration (environment, read by ``register``):
-  FABRIC_EXPORT_DIR   the node's --export-dir (required; without it the resolver is not registered)
-  FABRIC_NODE         the local node's host:port (default 127.0.0.1:50051)
+  FABRIC_EXPORT_DIR       the node's --export-dir (required; without it the resolver is not registered)
+  FABRIC_NODE             the local node's host:port (default 127.0.0.1:50051)
+  FABRIC_RESOLVE_TIMEOUT  seconds a resolve (locate and pull) may take, 1 to 3600 (default 120)
   FABRIC_TLS_CA, FABRIC_TLS_CERT, FABRIC_TLS_KEY, FABRIC_AUTH_TOKEN_FILE  as for the ``fabric`` command
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
+import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from fabric.client.node_client import NodeClient
-from fabric.errors import AdapterNotFound, InvalidArgument
+from fabric.errors import AdapterNotFound, FabricError, InvalidArgument
 from fabric.rpc.security import TlsFiles, read_token
-from fabric.store.export import adapter_id_of, export_name
+from fabric.store.export import export_name
 from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import CONFIG_FILE
 
 DEFAULT_NODE = "127.0.0.1:50051"
+#: seconds one resolve (locate, manifest, pull) may take; vLLM holds its per-name lock meanwhile
+DEFAULT_RESOLVE_TIMEOUT_S = 120.0
+MAX_RESOLVE_TIMEOUT_S = 3600.0
+#: the name the resolver registers under in vLLM's LoRAResolverRegistry
+RESOLVER_NAME = "adapter-fabric"
+
+log = logging.getLogger("fabric.vllm")
 
 
 def _matches(directory: Path, base_model_name: str | None) -> bool:
@@ -53,22 +74,27 @@ def resolve(
     *,
     tls: TlsFiles | None = None,
     token: str | None = None,
-    timeout: float | None = None,
+    timeout: float = DEFAULT_RESOLVE_TIMEOUT_S,
 ) -> Path | None:
     """The exported directory of adapter ``lora_name``, pulled onto the node at ``node_addr`` first if needed.
 
-    ``lora_name`` is an adapter id (``team-a/support-v3``) or its export name
-    (``team-a%2Fsupport-v3``). None when no known peer holds it, or when its
-    config is not a LoRA for ``base_model_name``. Other failures (a node
-    unreachable) raise the library's errors.
+    ``lora_name`` is an adapter id (``team-a/support-v3``). None when it is not
+    one, when no known peer holds it, or when it is not a LoRA for
+    ``base_model_name`` (checked on the holder's manifest before the pull).
+    Other failures (a node unreachable, the ``timeout`` passed) raise the
+    library's errors; the vLLM resolver turns them into None.
     """
+    if "%" in lora_name:
+        log.info("not resolving %r: ask for the adapter by its id (the export directory's name is escaped)", lora_name[:200])
+        return None
     try:
-        adapter_id = validate_adapter_id(adapter_id_of(lora_name))
+        adapter_id = validate_adapter_id(lora_name)
     except InvalidArgument:
         return None  # not a name the fabric can hold
     directory = Path(export_dir) / export_name(adapter_id)
     if not (directory / CONFIG_FILE).is_file():
-        with NodeClient(node_addr, tls=tls, token=token, long_timeout=timeout) as node:
+        deadline = time.monotonic() + timeout
+        with NodeClient(node_addr, tls=tls, token=token, timeout=timeout, long_timeout=timeout) as node:
             try:
                 holders = node.locate(adapter_id).peers
             except AdapterNotFound:
@@ -77,10 +103,23 @@ def resolve(
                 return None
             # A complete copy first; the swarm fills in from partial holders too.
             seed = sorted(holders, key=lambda p: (not p.complete, -p.verified_chunks))[0]
-            node.pull(adapter_id, peer=seed.address)
+            if base_model_name is not None and not _for_base(seed.address, adapter_id, base_model_name, tls, token, deadline):
+                return None
+            node.pull(adapter_id, peer=seed.address, timeout=max(0.001, deadline - time.monotonic()))
         if not (directory / CONFIG_FILE).is_file():
-            raise InvalidArgument(f"node {node_addr} pulled {adapter_id!r} but {directory} is absent: is the node's --export-dir {export_dir}?")
+            raise InvalidArgument(f"node {node_addr} pulled {adapter_id!r} but its export entry is absent: is the node's --export-dir {export_dir}?")
     return directory if _matches(directory, base_model_name) else None
+
+
+def _for_base(peer: str, adapter_id: str, base_model_name: str, tls: TlsFiles | None, token: str | None, deadline: float) -> bool:
+    """Whether ``peer``'s manifest of ``adapter_id`` is a LoRA for ``base_model_name`` (asked before any byte moves)."""
+    with NodeClient(peer, tls=tls, token=token, timeout=max(0.001, deadline - time.monotonic())) as holder:
+        config = holder.manifest(adapter_id).config
+    if config.base_model_name_or_path != base_model_name:
+        log.info("not pulling %r: it is an adapter for base model %r, and this engine serves %r",
+                 adapter_id, config.base_model_name_or_path, base_model_name)
+        return False
+    return True
 
 
 def lora_int_id(lora_name: str) -> int:
@@ -90,30 +129,84 @@ def lora_int_id(lora_name: str) -> int:
 
 def settings_from_env() -> dict:
     """resolve()'s connection settings from the same variables as the ``fabric`` command."""
-    cert, key, ca = (os.environ.get(f"FABRIC_TLS_{k}") for k in ("CERT", "KEY", "CA"))
-    tls = TlsFiles(Path(cert) if cert else None, Path(key) if key else None, Path(ca) if ca else None)
+    paths = {k: os.environ.get(f"FABRIC_TLS_{k}") for k in ("CERT", "KEY", "CA")}
+    for kind, path in paths.items():
+        if path and not Path(path).is_file():
+            raise InvalidArgument(f"FABRIC_TLS_{kind}={path[:200]!r} is not a readable file")
+    tls = TlsFiles(*(Path(paths[k]) if paths[k] else None for k in ("CERT", "KEY", "CA")))
     token_file = os.environ.get("FABRIC_AUTH_TOKEN_FILE")
-    return {"tls": tls if tls.enabled else None, "token": read_token(token_file) if token_file else None}
+    try:
+        token = read_token(token_file) if token_file else None
+    except FabricError as exc:
+        raise InvalidArgument(f"FABRIC_AUTH_TOKEN_FILE: {exc}") from None
+    return {"tls": tls if tls.enabled else None, "token": token}
 
 
-# ---- vLLM glue (needs vLLM; untested here: vLLM requires a CUDA torch build) ----
+@dataclass(frozen=True)
+class ResolverConfig:
+    """What ``register`` reads from the environment, checked before vLLM is touched."""
+
+    export_dir: Path
+    node: str
+    timeout: float
+    connection: dict
+
+    @classmethod
+    def from_env(cls) -> ResolverConfig | None:
+        """The configuration, None when FABRIC_EXPORT_DIR is unset; a bad value raises a FabricError naming it."""
+        export_dir = os.environ.get("FABRIC_EXPORT_DIR")
+        if not export_dir:
+            return None
+        if not Path(export_dir).is_dir():
+            raise InvalidArgument(f"FABRIC_EXPORT_DIR={export_dir[:200]!r} is not a directory (the node's --export-dir)")
+        node = os.environ.get("FABRIC_NODE", DEFAULT_NODE)
+        host, sep, port = node.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgument(f"FABRIC_NODE={node[:200]!r} is not HOST:PORT")
+        raw = os.environ.get("FABRIC_RESOLVE_TIMEOUT", str(DEFAULT_RESOLVE_TIMEOUT_S))
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = math.nan
+        if not 1 <= timeout <= MAX_RESOLVE_TIMEOUT_S:  # nan fails too
+            raise InvalidArgument(f"FABRIC_RESOLVE_TIMEOUT={raw[:50]!r}: expected seconds from 1 to {MAX_RESOLVE_TIMEOUT_S:g}")
+        return cls(Path(export_dir), node, timeout, settings_from_env())
 
 
-def register() -> None:  # pragma: no cover - the vllm.general_plugins entry point
-    """Register the fabric resolver with vLLM when FABRIC_EXPORT_DIR is set."""
-    import asyncio
+# ---- vLLM glue: run against vLLM's own plugin loader and serving layer by tests/integrations/test_vllm.py ----
 
-    from vllm.lora.request import LoRARequest
-    from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
 
-    export_dir, node = os.environ.get("FABRIC_EXPORT_DIR"), os.environ.get("FABRIC_NODE", DEFAULT_NODE)
-    if not export_dir:
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: register the resolver; never raises (vLLM would not start)."""
+    try:
+        config = ResolverConfig.from_env()
+    except FabricError as exc:
+        log.warning("adapter-fabric: the vLLM LoRA resolver is not registered: %s", exc)
         return
-    settings = settings_from_env()
+    if config is None:
+        log.info("adapter-fabric: FABRIC_EXPORT_DIR is not set: the vLLM LoRA resolver is not registered")
+        return
+    try:
+        from vllm.lora.request import LoRARequest
+        from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
+    except ImportError as exc:
+        log.warning("adapter-fabric: this vLLM has no LoRA resolver interface (vllm.lora.resolver, from vLLM 0.8.5): %s", exc)
+        return
 
     class FabricResolver(LoRAResolver):
         async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
-            path = await asyncio.to_thread(resolve, node, lora_name, base_model_name, export_dir, **settings)
+            import asyncio
+
+            try:
+                path = await asyncio.to_thread(
+                    resolve, config.node, lora_name, base_model_name, config.export_dir, timeout=config.timeout, **config.connection
+                )
+            except Exception as exc:  # noqa: BLE001 (never into vLLM: it would answer 500 and skip the other resolvers)
+                log.warning("adapter-fabric: resolving %r failed: %s: %s; answering None", lora_name[:200], type(exc).__name__, str(exc)[:500])
+                return None
             return None if path is None else LoRARequest(lora_name=lora_name, lora_int_id=lora_int_id(lora_name), lora_path=str(path))
 
-    LoRAResolverRegistry.register_resolver("adapter-fabric", FabricResolver())
+    try:
+        LoRAResolverRegistry.register_resolver(RESOLVER_NAME, FabricResolver())
+    except Exception as exc:  # noqa: BLE001 (a registry of another vLLM version: logged, vLLM starts without us)
+        log.warning("adapter-fabric: vLLM refused the resolver: %s: %s", type(exc).__name__, exc)

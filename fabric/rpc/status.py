@@ -36,6 +36,7 @@ ERROR_DOMAIN = "fabric.v1"
 _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.Untrusted, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.AdapterNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.PoolFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.PinLimit, grpc.StatusCode.FAILED_PRECONDITION),  # an unpin must come first: not a quota that frees itself

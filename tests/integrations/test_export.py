@@ -132,8 +132,9 @@ def test_resolver_pulls_from_a_peer_and_returns_a_dir_peft_loads(tmp_path: Path,
             with sidecar.client() as client:
                 assert [a.adapter_id for a in client.list().staged] == ["team-a/support"]
             assert torch.allclose(peft_logits(path), peft_logits(adapters["a"]), atol=0, rtol=0)
-            # The export name works too, and a base model it was not made for is no match (as vLLM's own resolver).
-            assert resolve(sidecar.address, "team-a%2Fsupport", "tiny", export) == path
+            # One name per adapter: the escaped export name is not resolved (vLLM would hold two LoRAs for one directory);
+            # a base model it was not made for is no match (as vLLM's own resolver).
+            assert resolve(sidecar.address, "team-a%2Fsupport", "tiny", export) is None
             assert resolve(sidecar.address, "team-a/support", "another-model", export) is None
             assert resolve(sidecar.address, "../escape", "tiny", export) is None
             with sidecar.client() as client:
@@ -155,13 +156,14 @@ def test_removed_entries_are_deleted_after_their_grace_period(tmp_path: Path, ad
 
 
 def test_the_vllm_plugin_reads_its_connection_from_the_fabric_variables(tmp_path: Path, monkeypatch) -> None:
-    """What register() hands resolve(): the same variables as the fabric command (the vLLM glue itself needs vLLM)."""
+    """What register() hands resolve(): the same variables as the fabric command (register itself: tests/integrations/test_vllm.py)."""
     from fabric.integrations.vllm_resolver import settings_from_env, lora_int_id
 
     for name in ("FABRIC_TLS_CERT", "FABRIC_TLS_KEY", "FABRIC_TLS_CA", "FABRIC_AUTH_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
     assert settings_from_env() == {"tls": None, "token": None}
     (tmp_path / "token").write_text("s3cret\n")
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
     monkeypatch.setenv("FABRIC_TLS_CA", str(tmp_path / "ca.pem"))
     monkeypatch.setenv("FABRIC_AUTH_TOKEN_FILE", str(tmp_path / "token"))
     settings = settings_from_env()

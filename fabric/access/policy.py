@@ -1,0 +1,216 @@
+"""The access policy: principals, the verbs each is granted, and on which adapter-id prefixes.
+
+A policy file is TOML::
+
+    [[principal]]
+    name = "team-a-ci"
+    token_sha256 = "<sha256 hex of the token>"   # never the token itself
+    grants = [{ verbs = ["read", "pull", "publish"], prefixes = ["team-a/"] }]
+
+    [[principal]]
+    name = "node-2"
+    san = "node-2.fabric.internal"                # the identity in its mTLS client certificate
+    grants = [{ verbs = ["read", "pull"], prefixes = ["*"] }]
+
+Pure: plain functions over plain data (no file, socket or clock), so every
+rule is testable alone. Matching is per ``/`` segment and case-blind, over
+ids that ``validate_adapter_id`` already restricted to ASCII
+``[A-Za-z0-9._-/]`` without ``.``/``..`` segments: so ``%2F``, Unicode
+look-alikes, ``team-a/../team-b/x`` never reach a match, ``Team-A/x`` is
+in ``team-a/``, and ``team-a./x`` is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import tomllib
+from dataclasses import dataclass
+
+from fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
+from fabric.store.ids import validate_adapter_id
+
+#: verbs, each on an id prefix: read (describe, list, locate), pull (an adapter's bytes), publish (stage,
+#: promote, overwrite), unstage, operate (pin, load into slots, evict), admin (every verb)
+VERBS = ("read", "pull", "publish", "unstage", "operate", "admin")
+#: the prefix that covers every id
+EVERYTHING = "*"
+#: bounds, so a policy file cannot make a lookup or an error message grow without limit
+MAX_PRINCIPALS = 1000
+MAX_GRANTS = 100
+MAX_PREFIXES = 100
+_NAME = re.compile(r"[A-Za-z0-9._\-@:]{1,64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_SAN = re.compile(r"[A-Za-z0-9.\-_:@/*]{1,253}")
+_PRINCIPAL_KEYS = {"name", "token_sha256", "san", "grants"}
+_GRANT_KEYS = {"verbs", "prefixes"}
+
+
+def token_sha256(token: str) -> str:
+    """The hex SHA-256 of a bearer token: what a policy file stores in its place."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def canonical_id(adapter_id: object) -> str:
+    """The form an id is matched in: valid (``validate_adapter_id``), case-folded; raises ``InvalidAdapterId``."""
+    return validate_adapter_id(adapter_id).lower()
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Verbs on prefixes (each ``"*"`` or segments ending in ``/``, kept lower-case)."""
+
+    verbs: frozenset[str]
+    prefixes: tuple[str, ...]
+
+    def allows(self, verb: str, canonical: str) -> bool:
+        """Whether this grant covers ``verb`` on an id already in ``canonical_id`` form."""
+        if verb not in self.verbs and "admin" not in self.verbs:
+            return False
+        return any(p == EVERYTHING or canonical.startswith(p) for p in self.prefixes)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """A caller the policy knows: by a token's hash or by a certificate identity (SAN)."""
+
+    name: str
+    grants: tuple[Grant, ...]
+    token_sha256: str = ""
+    san: str = ""
+
+    def allows(self, verb: str, adapter_id: str) -> bool:
+        """Whether this principal may ``verb`` on ``adapter_id`` (an invalid id is never allowed)."""
+        try:
+            canonical = canonical_id(adapter_id)
+        except InvalidAdapterId:
+            return False
+        return any(g.allows(verb, canonical) for g in self.grants)
+
+    def may_anywhere(self, verb: str) -> bool:
+        """Whether some grant gives ``verb`` (on any prefix): for calls that name no id."""
+        return any(verb in g.verbs or "admin" in g.verbs for g in self.grants)
+
+    def check(self, verb: str, adapter_id: str) -> None:
+        """Raise ``PermissionDenied`` naming the verb and the id's top prefix unless allowed.
+
+        The message depends only on the caller's own input, never on whether the id exists.
+        """
+        if verb not in VERBS:
+            raise ValueError(f"unknown verb {verb!r}")
+        if not self.allows(verb, adapter_id):
+            top = adapter_id.split("/", 1)[0] + "/" if isinstance(adapter_id, str) and "/" in adapter_id else adapter_id
+            raise PermissionDenied(f"principal {self.name!r} lacks {verb!r} on {str(top)[:80]!r}")
+
+    def describe(self) -> list[str]:
+        """One line per grant (``read,pull on team-a/``): what ``fabric whoami`` shows."""
+        return [f"{','.join(sorted(g.verbs))} on {' '.join(g.prefixes)}" for g in self.grants]
+
+
+#: the single cluster token of a node without a policy file: every verb on every id, as before policies
+CLUSTER = Principal(name="cluster-token", grants=(Grant(frozenset({"admin"}), (EVERYTHING,)),))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The principals of one policy file, looked up by token or by certificate identity."""
+
+    principals: tuple[Principal, ...]
+
+    def by_token(self, token: str) -> Principal | None:
+        """The principal whose token hash matches ``token`` (constant-time per comparison), else ``None``."""
+        digest = token_sha256(token)
+        found = None
+        for p in self.principals:
+            # compare every hash, so the time taken does not say which principal matched
+            if p.token_sha256 and hmac.compare_digest(p.token_sha256, digest):
+                found = p
+        return found
+
+    def by_san(self, identities: list[str]) -> Principal | None:
+        """The principal named by one of a client certificate's identities (SANs), else ``None``."""
+        wanted = {i.lower() for i in identities}
+        return next((p for p in self.principals if p.san and p.san.lower() in wanted), None)
+
+
+def _fail(where: str, problem: str) -> InvalidPolicy:
+    return InvalidPolicy(f"policy {where}: {problem}")
+
+
+def _prefix(value: object, where: str) -> str:
+    if value == EVERYTHING:
+        return EVERYTHING
+    if not isinstance(value, str) or not value.endswith("/"):
+        raise _fail(where, f"prefix {str(value)[:80]!r} must be '*' or end with '/' (like 'team-a/')")
+    try:
+        canonical_id(value[:-1])
+    except InvalidAdapterId as exc:
+        raise _fail(where, f"prefix {value[:80]!r} is not an id's leading segments: {exc}") from None
+    return value.lower()
+
+
+def _strings(value: object, where: str, what: str, limit: int) -> list:
+    if not isinstance(value, list) or not value or len(value) > limit:
+        raise _fail(where, f"'{what}' must be a list of 1 to {limit} entries")
+    return value
+
+
+def _grant(raw: object, where: str) -> Grant:
+    if not isinstance(raw, dict):
+        raise _fail(where, "a grant must be a table like { verbs = [...], prefixes = [...] }")
+    unknown = sorted(set(raw) - _GRANT_KEYS)
+    if unknown or set(raw) != _GRANT_KEYS:
+        raise _fail(where, f"a grant has exactly the keys verbs and prefixes (unknown: {unknown[:5]})")
+    verbs = _strings(raw["verbs"], where, "verbs", len(VERBS))
+    for verb in verbs:
+        if verb not in VERBS:
+            raise _fail(where, f"unknown verb {str(verb)[:40]!r} (known: {', '.join(VERBS)})")
+    prefixes = tuple(_prefix(p, where) for p in _strings(raw["prefixes"], where, "prefixes", MAX_PREFIXES))
+    return Grant(frozenset(verbs), prefixes)
+
+
+def _principal(raw: object, index: int) -> Principal:
+    where = f"principal #{index + 1}"
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be a [[principal]] table")
+    unknown = sorted(set(raw) - _PRINCIPAL_KEYS)
+    if unknown:
+        raise _fail(where, f"unknown key {unknown[0][:40]!r} (known: {', '.join(sorted(_PRINCIPAL_KEYS))})")
+    name = raw.get("name")
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        raise _fail(where, "needs a name of 1 to 64 characters from [A-Za-z0-9._-@:]")
+    where = f"principal {name!r}"
+    token, san = raw.get("token_sha256", ""), raw.get("san", "")
+    if bool(token) == bool(san):
+        raise _fail(where, "needs exactly one of token_sha256 (a token's sha256 hex) and san (a certificate identity)")
+    if token and (not isinstance(token, str) or _SHA256.fullmatch(token) is None):
+        raise _fail(where, "token_sha256 must be 64 lowercase hex characters (the sha256 of the token, never the token)")
+    if san and (not isinstance(san, str) or _SAN.fullmatch(san) is None):
+        raise _fail(where, "san must be a DNS name or URI of 1 to 253 characters")
+    grants = tuple(_grant(g, where) for g in _strings(raw.get("grants"), where, "grants", MAX_GRANTS))
+    return Principal(name=name, grants=grants, token_sha256=token, san=san)
+
+
+def parse_policy(text: str) -> Policy:
+    """The policy a TOML text describes; raises ``InvalidPolicy`` naming the first problem, in one line."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidPolicy(f"policy is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - {"principal"})
+    if unknown:
+        raise _fail("file", f"unknown top-level key {unknown[0][:40]!r} (only [[principal]] tables)")
+    raws = data.get("principal", [])
+    if not isinstance(raws, list) or not 1 <= len(raws) <= MAX_PRINCIPALS:
+        raise _fail("file", f"needs 1 to {MAX_PRINCIPALS} [[principal]] tables")
+    principals = tuple(_principal(r, i) for i, r in enumerate(raws))
+    for field in ("name", "token_sha256", "san"):
+        seen: set[str] = set()
+        for p in principals:
+            value = getattr(p, field).lower()
+            if value and value in seen:
+                # never echo a token hash: name the principal instead
+                raise _fail(f"principal {p.name!r}", f"repeats another principal's {field}")
+            seen.add(value)
+    return Policy(principals)

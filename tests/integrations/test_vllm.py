@@ -1,0 +1,131 @@
+"""The vLLM hand-off against vLLM's own code: its plugin loader, resolver registry and OpenAI serving layer.
+
+scripts/bootstrap.sh installs the pinned vLLM (``VLLM_TESTED``) without its
+dependencies; these tests skip, saying why, when it could not. Each case runs
+``tests/support/vllm_probe.py`` in a process of its own (vLLM loads plugins
+once per process), configured through the FABRIC_* variables as an engine
+container is, against real node processes: only vLLM's engine core is
+replaced.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fabric.harness.cluster import LocalNode, free_port
+from fabric.integrations.vllm_resolver import RESOLVER_NAME
+from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from fabric.store.manifest import CONFIG_FILE
+from tests.support import ROOT
+
+VLLM_MISSING = importlib.util.find_spec("vllm") is None
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(VLLM_MISSING, reason="vLLM is not installed here (scripts/bootstrap.sh could not install it; see its output)"),
+]
+
+PROBE = ROOT / "tests" / "support" / "vllm_probe.py"
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory) -> Path:
+    directory = make_peft_adapter(tmp_path_factory.mktemp("vllm") / "a", base_model=build_tiny_model(), r=8, target_modules=["q_proj", "v_proj"], seed=7)
+    config = json.loads((directory / CONFIG_FILE).read_text())
+    config["base_model_name_or_path"] = "tiny"  # what vLLM's served model is called here
+    (directory / CONFIG_FILE).write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, adapter):
+    """A seed holding the adapter and a store-only sidecar exporting what it holds, as beside an engine."""
+    root = tmp_path_factory.mktemp("vllm-cluster")
+    seed = LocalNode(root / "seed", model="none", port=free_port()).start()
+    export = root / "export"
+    sidecar = LocalNode(root / "sidecar", model="none", port=free_port(), peers=[seed.address], extra_args=["--export-dir", str(export)]).start()
+    with seed.client() as client:
+        client.stage(adapter, "team-a/support")
+    yield seed, sidecar, export
+    sidecar.stop()
+    seed.stop()
+
+
+def probe(env: dict[str, str], *args: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    done = subprocess.run([sys.executable, str(PROBE), *args], env={**clean, **env}, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, f"vLLM did not get through (rc {done.returncode}): {done.stderr[-3000:]}"
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "log": done.stderr}
+
+
+def test_the_plugin_is_found_through_its_entry_point_and_resolves_a_pull_from_a_peer(cluster) -> None:
+    _, sidecar, export = cluster
+    answer = probe({"FABRIC_EXPORT_DIR": str(export), "FABRIC_NODE": sidecar.address}, "tiny", "team-a/support")
+    assert RESOLVER_NAME in answer["registered"]
+    assert answer["kind"] == "lora" and answer["added"] == 1, answer
+    assert Path(answer["path"]) == export / "team-a%2Fsupport" and (Path(answer["path"]) / CONFIG_FILE).is_file()
+    with sidecar.client() as client:
+        assert "team-a/support" in [a.adapter_id for a in client.list().staged]  # pulled from the seed on the miss
+
+
+def test_an_unreachable_node_gives_vllms_404_not_a_500(cluster, tmp_path) -> None:
+    (tmp_path / "export").mkdir()
+    env = {"FABRIC_EXPORT_DIR": str(tmp_path / "export"), "FABRIC_NODE": f"127.0.0.1:{free_port()}", "FABRIC_RESOLVE_TIMEOUT": "5"}
+    answer = probe(env, "tiny", "team-a/support")
+    assert answer["kind"] == "error" and answer["code"] == 404, answer
+    assert "PeerUnavailable" in answer["log"]  # logged with its type
+
+
+def test_a_wrong_base_model_is_refused_without_a_pull(cluster, tmp_path) -> None:
+    seed, _, _ = cluster
+    export = tmp_path / "export"
+    fresh = LocalNode(tmp_path / "fresh", model="none", port=free_port(), peers=[seed.address], extra_args=["--export-dir", str(export)]).start()
+    try:
+        answer = probe({"FABRIC_EXPORT_DIR": str(export), "FABRIC_NODE": fresh.address}, "another-model", "team-a/support")
+        assert answer["kind"] == "error" and answer["code"] == 404, answer
+        with fresh.client() as client:
+            assert client.list().staged == [] and client.store_status().partials == []  # not a byte moved
+    finally:
+        fresh.stop()
+
+
+def test_the_export_name_is_not_a_second_name_for_the_adapter(cluster) -> None:
+    _, sidecar, export = cluster
+    answer = probe({"FABRIC_EXPORT_DIR": str(export), "FABRIC_NODE": sidecar.address}, "tiny", "team-a%2Fsupport")
+    assert answer["kind"] == "error" and answer["code"] == 404, answer
+
+
+BAD_SETTINGS = {
+    "FABRIC_AUTH_TOKEN_FILE": "/nonexistent/token",
+    "FABRIC_RESOLVE_TIMEOUT": "nan",
+    "FABRIC_NODE": "no-port",
+    "FABRIC_TLS_CA": "/nonexistent/ca.pem",
+    "FABRIC_EXPORT_DIR": "/nonexistent/export",
+}
+
+
+def test_a_bad_setting_leaves_vllm_starting_without_the_resolver(cluster) -> None:
+    """One vLLM start per bad variable (vLLM's loader run from scratch each time, in one process to save imports)."""
+    _, sidecar, export = cluster
+    good = {"FABRIC_EXPORT_DIR": str(export), "FABRIC_NODE": sidecar.address}
+    cases = [good] + [{**good, name: value} for name, value in BAD_SETTINGS.items()]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    done = subprocess.run([sys.executable, str(PROBE), "--starts", json.dumps(cases)], env=clean, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, f"vLLM did not start (rc {done.returncode}): {done.stderr[-3000:]}"
+    first, *bad = json.loads(done.stdout.strip().splitlines()[-1])
+    assert RESOLVER_NAME in first["registered"]  # the loop itself registers a good configuration
+    for name, answer in zip(BAD_SETTINGS, bad):
+        assert RESOLVER_NAME not in answer["registered"], name
+        assert "not registered" in answer["log"] and name in answer["log"], (name, answer["log"])
+
+
+def test_without_an_export_dir_the_plugin_stays_out_of_the_way() -> None:
+    answer = probe({})
+    assert RESOLVER_NAME not in answer["registered"]

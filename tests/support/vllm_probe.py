@@ -1,0 +1,92 @@
+"""Run vLLM's own plugin loader and OpenAI serving layer against fabric nodes; print what vLLM answers, as JSON.
+
+    python tests/support/vllm_probe.py                      # load_general_plugins(): which resolvers registered
+    python tests/support/vllm_probe.py BASE_MODEL LORA_NAME # ... then OpenAIServingModels.resolve_lora(LORA_NAME)
+    python tests/support/vllm_probe.py --starts JSON        # vLLM's start-up once per environment in the JSON list
+
+Only the engine core is replaced (``FakeEngine``: a model config naming the
+base model, and ``add_lora`` recording what it is given); the plugin is found
+through adapter-fabric's real ``vllm.general_plugins`` entry point, and the
+request goes through vLLM's ``OpenAIServingModels`` as an HTTP request naming
+an unknown model would. Configuration comes from the FABRIC_* environment,
+as in an engine's container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from types import SimpleNamespace
+
+
+class FakeEngine:
+    """The engine core's place: what OpenAIServingModels reads, and add_lora."""
+
+    def __init__(self, base_model: str) -> None:
+        self.model_config = SimpleNamespace(model=base_model, max_model_len=2048)
+        self.renderer = None
+        self.input_processor = None
+        self.added: list = []
+
+    async def add_lora(self, request) -> bool:
+        self.added.append(request)
+        return True
+
+
+def starts(cases: list[dict[str, str]]) -> list[dict]:
+    """For each environment: vLLM's plugin loading from scratch (its once-per-process flag and the registry reset),
+    what registered, and what the plugin logged."""
+    import io
+    import logging
+    import os
+
+    import vllm.plugins
+    from vllm.lora.resolver import LoRAResolverRegistry
+
+    results = []
+    for case in cases:
+        for name in [n for n in os.environ if n.startswith("FABRIC_")]:
+            del os.environ[name]
+        os.environ.update(case)
+        vllm.plugins.plugins_loaded = False
+        LoRAResolverRegistry.resolvers.clear()
+        captured = io.StringIO()
+        handler = logging.StreamHandler(captured)
+        logging.getLogger("fabric.vllm").addHandler(handler)
+        logging.getLogger("fabric.vllm").setLevel(logging.INFO)
+        try:
+            vllm.plugins.load_general_plugins()  # raises here if a plugin would stop vLLM from starting
+        finally:
+            logging.getLogger("fabric.vllm").removeHandler(handler)
+        results.append({"registered": sorted(LoRAResolverRegistry.get_supported_resolvers()), "log": captured.getvalue()})
+    return results
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--starts"]:
+        print(json.dumps(starts(json.loads(sys.argv[2]))))
+        return
+    from vllm.lora.request import LoRARequest
+    from vllm.lora.resolver import LoRAResolverRegistry
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    out: dict = {"registered": sorted(LoRAResolverRegistry.get_supported_resolvers())}
+    if len(sys.argv) == 3:
+        from vllm.entrypoints.openai.models.protocol import BaseModelPath
+        from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+
+        base_model, lora_name = sys.argv[1], sys.argv[2]
+        engine = FakeEngine(base_model)
+        models = OpenAIServingModels(engine_client=engine, base_model_paths=[BaseModelPath(name=base_model, model_path=base_model)])
+        result = asyncio.run(models.resolve_lora(lora_name))
+        if isinstance(result, LoRARequest):
+            out.update(kind="lora", name=result.lora_name, path=result.lora_path, added=len(engine.added))
+        else:
+            out.update(kind="error", code=result.error.code, message=result.error.message)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
