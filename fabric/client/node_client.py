@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fabric.client.addresses import check_address, unreachable_hint
+from fabric.client.addresses import WAIT_HINT, check_address, unreachable_hint
 from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult, StoreStatus
 from fabric.errors import InvalidAdapter, InvalidArgument, PeerUnavailable
 from fabric.format.config import CONFIG_FILE
@@ -145,6 +145,8 @@ class NodeClient:
             except PeerUnavailable as exc:
                 last = str(exc)
             if deadline is not None and time.monotonic() > deadline:
+                # the unreachable hint suggests `fabric wait`, which is what timed out: say what else to check
+                last = last.replace(WAIT_HINT, "is fabric-node running and listening there? (its log says why it stopped, or raise --timeout)")
                 raise PeerUnavailable(f"node {self.address} not SERVING after {timeout:g} s: {last}")
             time.sleep(poll)
 
