@@ -6,8 +6,7 @@ What a user needs is importable from here::
     from fabric import MultiLoraModel, ModelAdapters # serve adapters in-process
     from fabric import AdapterStore, Manifest        # the content-addressed store
     from fabric import PeftAdapterConfig             # the strict adapter_config.json
-    from fabric import FabricError, PoolFull, ...    # every error type the client raises, to catch
-    from fabric import build_tiny_model              # the tiny base model built in code (a PEFT check's base)
+    from fabric import FabricError, PoolFull, ...    # errors a caller can act on
 
 The subpackages are the map for people who change the code: ``format``
 (the adapter format), ``store``, ``serving``, ``transport`` (moving bytes),
@@ -24,7 +23,7 @@ import importlib
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
-from fabric.errors import (  # every error the library and the client raise: catch them from here
+from fabric.errors import (
     AdapterNotFound,
     AdaptersUnsupported,
     Busy,
@@ -44,7 +43,7 @@ from fabric.errors import (  # every error the library and the client raise: cat
     LimitExceeded,
     PeerUnavailable,
     PermissionDenied,
-    PinLimit,
+    PinLimitReached,
     PoolFull,
     QuotaExceeded,
     SlotBusy,
@@ -66,9 +65,6 @@ _LAZY = {
     "PromoteResult": "fabric.client.results",
     "Listing": "fabric.client.results",
     "StoreStatus": "fabric.client.results",
-    "Location": "fabric.client.results",
-    "Availability": "fabric.client.results",
-    "ActiveSlot": "fabric.client.results",
     "rollout": "fabric.client.rollout",
     "NodeRollout": "fabric.client.rollout",
     "TlsFiles": "fabric.rpc.security",
@@ -105,7 +101,7 @@ __all__ = [
     "LimitExceeded",
     "PeerUnavailable",
     "PermissionDenied",
-    "PinLimit",
+    "PinLimitReached",
     "PoolFull",
     "QuotaExceeded",
     "SlotBusy",
@@ -130,7 +126,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the lazy names, eagerly
     from fabric.client.node_client import NodeClient
-    from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PromoteResult, StageResult, StoreStatus
+    from fabric.client.results import GenerateResult, Listing, PromoteResult, StageResult, StoreStatus
     from fabric.client.rollout import NodeRollout, rollout
     from fabric.format.config import PeftAdapterConfig
     from fabric.rpc.security import TlsFiles

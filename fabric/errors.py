@@ -101,8 +101,8 @@ class QuotaExceeded(FabricError):
     retryable = True
 
 
-class PinLimit(QuotaExceeded):
-    """Pinning one more adapter would pass the pin limit (slots - 1): only an unpin frees it, so it is not retryable."""
+class PinLimitReached(QuotaExceeded):
+    """Pinning another adapter would pin every slot: only an operator's unpin frees one, so retrying alone never helps."""
 
     retryable = False
 

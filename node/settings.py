@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from fabric.exit_codes import EXIT_CODES_HELP, EXIT_REFUSED, EXIT_USAGE
+from fabric.exit_codes import EXIT_USAGE
 from fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from fabric.serving.tiny import DEFAULT_TARGET_MODULES
-from fabric.units import argparse_type, clip, count_parser, duration_parser, show_duration, show_size, size_parser
+from fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
 
 STORE_ONLY = "none"
 PROG = "fabric-node"
@@ -77,22 +77,34 @@ class NodeSettings:
 # Each takes the raw text and returns the value, or raises ValueError saying what is expected.
 
 _DIGITS = re.compile(r"[0-9]+")
-# sizes, durations and counts: one parser for both commands (fabric.units)
 
 
-stall_timeout = duration_parser(high=3600.0)
-drain_timeout = duration_parser(high=3600.0)
-expire_after = duration_parser(zero="never")
-adapter_bytes = size_parser()
-header_bytes = size_parser(high=1 << 30)
-store_bytes = size_parser(zero="no limit but the disk")
-rate = size_parser(zero="unlimited", rate=True)
-scrub_rate = size_parser(zero="off", rate=True)
-chunk_size = size_parser(low=4096, high=4 << 20)
-slots = count_parser(high=4096)
-max_rank = count_parser(high=4096)
-streams = count_parser(high=100_000)
-new_tokens = count_parser(high=1 << 20)
+def positive_int(text: str) -> int:
+    if not _DIGITS.fullmatch(text) or int(text) <= 0:
+        raise ValueError("expected a positive integer")
+    return int(text)
+
+
+def chunk_size(text: str) -> int:
+    return parse_chunk_size(text)
+
+
+def duration(text: str) -> float:
+    """Seconds (fabric.units): ``90``, ``90s``, ``15m``, ``24h``, ``7d``; 0 turns the feature off."""
+    return parse_duration(text)
+
+
+def positive_duration(text: str) -> float:
+    return parse_duration(text, allow_zero=False)
+
+
+def size(text: str) -> int:
+    """Bytes (fabric.units): ``4096``, ``64MiB``, ``18GiB``; 0 where the flag says so."""
+    return parse_size(text)
+
+
+def positive_size(text: str) -> int:
+    return parse_size(text, allow_zero=False)
 
 
 def data_port(text: str) -> int:
@@ -169,19 +181,19 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--store", path, Path("./fabric-store"), "directory of the adapter store", ""),
     ("--model", str, "tiny", "'tiny', 'tiny-mistral', 'tiny-qwen2', a local transformers model directory, or 'none' (store-only seeder)", ""),
     ("--device", choice("auto", "cpu", "cuda"), "auto", "where the slot pool lives: auto, cpu or cuda (auto = CUDA when present)", ""),
-    ("--slots", slots, 4, "adapter slots in the pool", ""),
-    ("--max-rank", max_rank, 16, "largest LoRA rank a slot holds", ""),
+    ("--slots", positive_int, 4, "adapter slots in the pool", ""),
+    ("--max-rank", positive_int, 16, "largest LoRA rank a slot holds", ""),
     ("--target-modules", csv, tuple(DEFAULT_TARGET_MODULES), "comma-separated linear module names the pool adapts", ""),
     ("--peers", peer_list, (), "comma-separated HOST:PORT of known peers (failover and lookup)", ""),
     ("--chunk-size", chunk_size, 1 << 20, "bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB); part of their digest, so "
      "keep one value across a cluster (pulled adapters keep their stager's)", ""),
-    ("--upload-rate", rate, 0, "bytes/s this node serves to peers in all, e.g. 64MiB/s; 0 = unlimited", ""),
-    ("--download-rate", rate, 0, "bytes/s this node pulls from peers in all, e.g. 64MiB/s; 0 = unlimited", ""),
+    ("--upload-rate", size, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
+    ("--download-rate", size, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
     ("--data-port", data_port, 0, "port of the data channel that carries chunk bytes to peers beside gRPC, on --listen's host "
      "(same TLS and token as gRPC; 0 = a free port, announced to peers; off = peers fetch over gRPC)", ""),
-    ("--stall-timeout", stall_timeout, 10.0, "how long without a byte (e.g. 10s) before a peer's stream is dropped and the pull fails over "
+    ("--stall-timeout", positive_duration, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over "
      "(and before this node's data channel cuts a peer that stopped reading)", ""),
     ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
@@ -192,20 +204,19 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),
     ("--trusted-signers", path_list, (), "Ed25519 public keys (PEM or 32 raw bytes; space-separated, or comma-separated in the variable); "
      "when given, the node stages, pulls, loads and serves only adapters whose manifest one of them signed", "security"),
-    ("--max-adapter-bytes", adapter_bytes, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
-    ("--max-header-bytes", header_bytes, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
-    ("--max-streams-per-peer", streams, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
-    ("--max-store-bytes", store_bytes, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
-    ("--max-new-tokens", new_tokens, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
-    ("--scrub-rate", scrub_rate, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
-    ("--expire-abandoned-after", expire_after, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),
+    ("--max-adapter-bytes", positive_size, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
+    ("--max-header-bytes", positive_size, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
+    ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
+    ("--max-store-bytes", size, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
+    ("--max-new-tokens", positive_int, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
+    ("--scrub-rate", size, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
+    ("--expire-abandoned-after", duration, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),
     ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
     ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
     ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR", "operations"),
-    ("--drain-timeout", drain_timeout, 10.0, "how long in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
+    ("--drain-timeout", positive_duration, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
 ]
 _BOOLEAN_FLAGS = {"--auth-peer-reads"}
-_METAVARS = {"duration": "DURATION", "size": "SIZE", "rate": "RATE"}
 _MANY_FLAGS = {"--trusted-signers"}  # one or more values after the flag
 
 
@@ -214,41 +225,48 @@ def env_name(flag: str) -> str:
     return "FABRIC_" + flag.lstrip("-").upper().replace("-", "_")
 
 
+_SIZE_PARSERS = (size, positive_size, chunk_size)
+_DURATION_PARSERS = (duration, positive_duration)
+
+
 def _shown(default: Any, parse: Callable[[str], Any]) -> str:
-    """The default as the README writes it: 4 GiB, 64 MiB/s, 24h."""
-    unit = getattr(parse, "unit", "")
-    if unit in ("size", "rate") and default:
-        return show_size(default, rate=unit == "rate")
-    if unit == "duration":
-        return show_duration(default)
+    """The default the way the README writes it: 4 GiB, 24h, none."""
+    if parse in _SIZE_PARSERS and default:
+        return format_size(default)
+    if parse in _DURATION_PARSERS and default:
+        return format_duration(default)
     if isinstance(default, tuple):
         return ",".join(default) or "none"
     return "none" if default in (None, "") else str(default)
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors and exit status 2 (usage), as ``fabric``'s."""
+    """argparse with one-line errors and exit status 2, as ``fabric``'s usage errors (fabric.cli.output)."""
 
     def error(self, message: str) -> NoReturn:
-        fail(f"{message} (see {PROG} --help)", EXIT_USAGE)
+        usage_error(f"{message} (see {PROG} --help)")
 
 
-class Stop(SystemExit):
-    """A node that stops at start: its one line is already on stderr; ``str()`` is that line (for tests and callers)."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(code)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+def usage_error(message: str) -> NoReturn:
+    """Stop the process with one line on stderr and status 2: a bad flag or variable, the same code ``fabric`` uses."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
 
 
-def fail(message: str, code: int = EXIT_REFUSED) -> NoReturn:
-    """Stop the process with one line on stderr: status 1 for a start-up refused, 2 (``EXIT_USAGE``) for a bad flag or variable."""
-    line = f"{PROG}: {message}"
-    print(line, file=sys.stderr, flush=True)
-    raise Stop(line, code)
+def fail(message: str) -> NoReturn:
+    """Stop the process with one line on stderr and status 1 (Python prints a SystemExit's message so)."""
+    raise SystemExit(f"{PROG}: {message}")
+
+
+def _argparse_type(flag: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+    convert.__name__ = flag  # argparse names the type in some messages
+    return convert
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,10 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Run an adapter-fabric node: stage adapters, serve them to peers, promote them into a slot pool.",
-        epilog="Every flag can also be set by an environment variable: --max-rank is FABRIC_MAX_RANK, and so on\n"
-        "(booleans: true/false, 1/0, yes/no, on/off; an empty variable counts as unset).\n"
-        "Durations read 30s, 15m, 24h, 7d; sizes 4GiB, 64MiB; rates 64MiB/s; plain numbers are seconds or bytes.\n\n" + EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Every flag can also be set by an environment variable: --max-rank is FABRIC_MAX_RANK, and so on "
+        "(booleans: true/false, 1/0, yes/no, on/off; an empty variable counts as unset).",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -270,9 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
         if flag in _BOOLEAN_FLAGS:
             where.add_argument(flag, action="store_const", const=True, default=None, help=help_text)
         elif flag in _MANY_FLAGS:
-            where.add_argument(flag, nargs="+", type=argparse_type(path, flag), default=None, metavar="FILE", help=help_text)
+            where.add_argument(flag, nargs="+", type=_argparse_type(flag, path), default=None, metavar="FILE", help=help_text)
         else:
-            where.add_argument(flag, type=argparse_type(parse, flag), default=None, metavar=_METAVARS.get(getattr(parse, "unit", ""), flag.lstrip("-").upper().replace("-", "_")), help=help_text)
+            where.add_argument(flag, type=_argparse_type(flag, parse), default=None, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_text)
     return parser
 
 
@@ -292,7 +308,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
                 try:
                     value = parse(raw)
                 except ValueError as exc:
-                    fail(f"environment variable {env_name(flag)}={clip(raw)!r} (for {flag}): {exc}", EXIT_USAGE)
+                    usage_error(f"environment variable {env_name(flag)}={raw!r} (for {flag}): {exc}")
             else:
                 value = default
         values[dest] = value

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from fabric.cli.connect import client_for, node_address
-from fabric.cli.output import EXIT_RETRYABLE, emit
+from fabric.cli.connect import client_for, duration_arg, node_address
+from fabric.cli.output import emit
+from fabric.exit_codes import EXIT_RETRYABLE
 from fabric.cli.progress import PullWatcher, on_terminal, run_polled
 from fabric.client.rollout import NodeRollout
-from fabric.units import argparse_type, duration_parser
 
 
 
@@ -91,8 +91,7 @@ def register(command) -> None:
 
     p = command("wait", cmd_wait, "wait until every listed node answers health SERVING (scripts run this before their first call)")
     p.add_argument("nodes", nargs="*", metavar="NODE", type=node_address, help="more nodes (host:port)")
-    p.add_argument("--timeout", type=argparse_type(duration_parser(zero="forever"), "--timeout"), default=120.0, metavar="DURATION",
-                   help="how long to wait for all of them, e.g. 30s, 5m; 0 = forever (default: 2m)")
+    p.add_argument("--timeout", type=duration_arg, default=120.0, help="how long to wait for all of them: 30s, 2m (plain numbers are seconds); 0 = forever (default: 2m)")
 
     p = command("rollout", cmd_rollout, "promote one adapter on many nodes at once (they share chunks as they arrive); prints each node's time", long=True)
     p.add_argument("nodes", nargs="*", metavar="NODE", type=node_address, help="more nodes (host:port)")

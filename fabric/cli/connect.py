@@ -9,6 +9,7 @@ from pathlib import Path
 from fabric.client.addresses import check_address
 from fabric.client.node_client import NodeClient
 from fabric.errors import InvalidArgument
+from fabric.units import parse_duration
 
 
 def add_security_flags(parser: argparse.ArgumentParser) -> None:
@@ -51,3 +52,11 @@ def node_address(text: str) -> str:
         return check_address(text)
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def duration_arg(text: str) -> float:
+    """An argparse type: seconds as ``30``, ``30s``, ``15m``, ``1h`` (fabric.units); negative, nan, inf or past a year is a usage error."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None

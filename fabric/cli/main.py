@@ -15,17 +15,15 @@ from typing import Callable, NoReturn, Sequence
 
 import fabric
 from fabric.cli import cluster_cmds, local_cmds, sign, slot_cmds, store_cmds, store_status
-from fabric.cli.connect import add_security_flags, node_address
-from fabric.cli.output import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for, report_error
+from fabric.cli.connect import add_security_flags, duration_arg, node_address
+from fabric.cli.output import report_error
+from fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for
 from fabric.errors import FabricError
-from fabric.units import argparse_type, duration_parser, show_duration
 
 #: commands whose work survives an interruption (the node keeps what it verified): run them again to resume
 RESUMABLE = frozenset({"stage", "promote", "pull", "rollout"})
 #: default --timeout of commands that move adapters: pulls of GBs over slow links take many minutes
 LONG_TIMEOUT_S = 3600.0
-#: every --timeout: a duration (30s, 15m, 2h; plain seconds too), 0 = no limit
-TIMEOUT = argparse_type(duration_parser(zero="no limit"), "--timeout")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,8 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("node", metavar="NODE", type=node_address, help="the node's host:port")
         p.add_argument("--json", action="store_true", help="print the result (or the error) as one JSON object on stdout")
         if long:
-            p.add_argument("--timeout", type=TIMEOUT, default=LONG_TIMEOUT_S, metavar="DURATION",
-                           help=f"how long the call may take, e.g. 30s, 15m, 2h; 0 = no limit (default: {show_duration(LONG_TIMEOUT_S)})")
+            p.add_argument("--timeout", type=duration_arg, default=LONG_TIMEOUT_S, help="how long the call may take: 30s, 15m, 1h (plain numbers are seconds); 0 = no limit (default: 1h)")
         if node:
             add_security_flags(p)
         p.set_defaults(handler=handler)
@@ -78,10 +75,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     command = args.command
     try:
         args.handler(args)
-    except SystemExit as exc:  # a handler's own status; one that carries a message is reported like any refusal
-        if isinstance(exc.code, int):
-            return exc.code
-        return report_error(command, args.json, "Refused", str(exc.code), False, EXIT_REFUSED)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_REFUSED
     except FabricError as exc:
         return report_error(command, args.json, type(exc).__name__, str(exc), exit_code_for(exc) != EXIT_REFUSED, exit_code_for(exc))
     except KeyboardInterrupt:

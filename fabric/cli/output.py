@@ -1,7 +1,15 @@
-"""How ``fabric`` reports: results as text or JSON, errors as one line (or a JSON object).
+"""How ``fabric`` reports: results as text or JSON, errors as one line (or a JSON object), and its exit codes.
 
-Exit codes (documented in the README and ``fabric --help``) are in
-``fabric.exit_codes``, shared with ``fabric-node``.
+Exit codes (documented in the README and ``fabric --help``):
+
+====  =====================================================================
+0     done
+1     refused for good: change something first (bad id, not found, ...)
+2     usage: a bad flag or argument
+3     retryable: the same command may succeed later (pool full, slot busy,
+      quota, a node unreachable or too slow)
+130   interrupted (Ctrl-C)
+====  =====================================================================
 """
 
 from __future__ import annotations
@@ -11,10 +19,6 @@ import sys
 from typing import Any
 
 from fabric.client.results import json_ready
-from fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_RETRYABLE, EXIT_USAGE, exit_code_for
-
-__all__ = ["EXIT_CODES_HELP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_REFUSED", "EXIT_RETRYABLE", "EXIT_USAGE", "exit_code_for", "emit", "report_error"]
-
 
 def emit(as_json: bool, payload: Any, human: str) -> None:
     """Print a result: ``payload`` as JSON (u64 ids as strings) or the human text."""

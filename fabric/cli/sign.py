@@ -11,14 +11,18 @@ import os
 from pathlib import Path
 
 from fabric.cli.output import emit
-from fabric.units import argparse_type, size_parser
+from fabric.units import parse_chunk_size
 
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # fabric.store.digests.DEFAULT_CHUNK_SIZE (not imported: the CLI starts without the store)
 
 
-#: the node flag's bounds (4 KiB to 4 MiB), the same parser
-chunk_size = argparse_type(size_parser(low=4096, high=4 << 20), "--chunk-size")
+def chunk_size(text: str) -> int:
+    """``--chunk-size``: the node flag's units and bounds (4KiB to 4MiB, fabric.units)."""
+    try:
+        return parse_chunk_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc} (fabric-node --chunk-size's bounds)") from None
 
 
 def cmd_keygen(args: argparse.Namespace) -> None:
@@ -28,8 +32,8 @@ def cmd_keygen(args: argparse.Namespace) -> None:
 
     key_path, pub_path = Path(f"{args.out}.key"), Path(f"{args.out}.pub")
     for path in (key_path, pub_path):
-        if path.exists():
-            raise InvalidArgument(f"{path} exists; not overwriting a key (give another OUT, or move the old pair away first)")
+        if path.exists():  # an error like any other, so --json reports it as JSON (exit 1)
+            raise InvalidArgument(f"{path} exists: not overwriting a key (give another name, or move the old pair away first)")
     private, public = keygen()
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -57,4 +61,4 @@ def register(command) -> None:
     p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
     p.add_argument("--key", required=True, help="private key (PEM, as fabric keygen writes it)")
     p.add_argument("--chunk-size", type=chunk_size, default=DEFAULT_CHUNK_SIZE,
-                   help=f"the chunk size of the nodes that will stage it (part of the digest; default {DEFAULT_CHUNK_SIZE}, as fabric-node's)")
+                   help=f"the chunk size of the nodes that will stage it (part of the digest; default 1 MiB, as fabric-node's)")

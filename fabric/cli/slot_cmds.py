@@ -8,10 +8,6 @@ from fabric.cli.connect import client_for, node_address
 from fabric.cli.output import emit
 from fabric.cli.progress import PullWatcher, on_terminal, run_polled
 from fabric.client.node_client import DEFAULT_MAX_NEW_TOKENS
-from fabric.units import argparse_type, count_parser
-
-#: token ids and counts travel as uint32/int32 on the wire: past this they are a typo, refused before any call
-MAX_TOKEN = (1 << 31) - 1
 
 
 def cmd_promote(args: argparse.Namespace) -> None:
@@ -52,14 +48,24 @@ def cmd_set_active(args: argparse.Namespace) -> None:
     emit(args.json, {"name": args.name, **active.to_dict()}, f"{args.name} is active (slot {active.slot}, content_id={active.content_id:#018x})")
 
 
+MAX_WIRE_INT = (1 << 31) - 1  # token ids travel as int32
+
+
+def new_tokens(text: str) -> int:
+    """``--max-new-tokens``: 1 to 2147483647 (the node refuses more than its own --max-new-tokens by name)."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_WIRE_INT:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number from 1 to {MAX_WIRE_INT}")
+    return int(text)
+
+
 def token_ids(text: str) -> list[int]:
-    """``1,2,3`` -> [1, 2, 3]; a usage error naming the item that is not an integer."""
+    """``1,2,3`` -> [1, 2, 3]; a usage error naming the item that is not a token id (0 to 2147483647)."""
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise argparse.ArgumentTypeError("give at least one token id, e.g. --tokens 1,2,3")
     for item in items:
-        if not item.isascii() or not item.isdigit() or int(item) > MAX_TOKEN:
-            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not a token id: expected 0 to {MAX_TOKEN}, e.g. --tokens 1,2,3")
+        if not item.isdigit() or int(item) > MAX_WIRE_INT:
+            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not a token id from 0 to {MAX_WIRE_INT} (e.g. --tokens 1,2,3)")
     return [int(t) for t in items]
 
 
@@ -88,5 +94,4 @@ def register(command) -> None:
     p.add_argument("--adapter", help="resident adapter name (default: the active one)")
     p.add_argument("--base", action="store_true", help="use the base model, no adapter")
     p.add_argument("--tokens", required=True, type=token_ids, help="comma-separated input token ids, e.g. 1,2,3")
-    p.add_argument("--max-new-tokens", type=argparse_type(count_parser(low=0, high=MAX_TOKEN), "--max-new-tokens"), default=DEFAULT_MAX_NEW_TOKENS,
-                   help="greedy tokens to generate; the node refuses more than its --max-new-tokens (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=new_tokens, default=DEFAULT_MAX_NEW_TOKENS, help="greedy tokens to generate (default: %(default)s, as NodeClient.generate)")

@@ -31,10 +31,8 @@ from fabric.v1 import fabric_pb2, fabric_pb2_grpc
 UPLOAD_PIECE = 1 << 20
 #: default deadline of calls that move an adapter (stage, promote, pull): generous, pulls of GBs take minutes
 LONG_CALL_TIMEOUT_S = 3600.0
-#: greedy tokens a Generate asks for when the caller names no number (the CLI's default too)
+#: what ``generate`` asks for when the caller does not say (``fabric generate`` too)
 DEFAULT_MAX_NEW_TOKENS = 8
-#: the longest per-call ``timeout=`` taken (a year); 1e308 is a typo
-MAX_TIMEOUT_S = 365 * 86400.0
 
 # Unary calls retry on UNAVAILABLE by gRPC's own retry policy (a node restarting, a
 # connection reset); streams resume by offset instead, which only the caller can do.
@@ -62,10 +60,7 @@ class NodeClient:
 
     Use it as a context manager, or call ``close`` to drop the channel.
     ``timeout`` bounds quick calls; ``long_timeout`` (None: no deadline) bounds
-    the calls that move an adapter (stage, promote, pull). Every call also takes
-    ``timeout=`` for itself: seconds; ``None`` (the default) = the client's own
-    bound above; ``0`` = no deadline. A call past its deadline raises
-    ``PeerUnavailable`` ("did not answer in time").
+    the calls that move an adapter, and each of those also takes ``timeout=``.
     """
 
     def __init__(
@@ -116,13 +111,12 @@ class NodeClient:
             return PeerUnavailable(f"node {self.address} did not answer in time (the node may go on with the work; run the same command again, or raise --timeout)")
         return error_from_rpc(exc, peer=self.address)
 
-    def _deadline(self, timeout: float | None, *, long: bool = False) -> float | None:
-        """gRPC's deadline for one call's ``timeout=`` (None: the client's; 0: none); a negative, nan or inf one is refused by name."""
-        if timeout is None:
-            return self.long_timeout if long else self.timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= MAX_TIMEOUT_S:
-            raise InvalidArgument(f"timeout={timeout!r}: expected seconds from 0 to {MAX_TIMEOUT_S:g} (0 = no deadline; None = the client's default)")
-        return float(timeout) or None
+    def _quick(self, timeout: float | None) -> float:
+        """A quick call's deadline: the caller's seconds, else the client's ``timeout``."""
+        return self.timeout if timeout is None else timeout
+
+    def _long(self, timeout: float | None | bool) -> float | None:
+        return self.long_timeout if timeout is False else timeout
 
     # ------------------------------------------------------------ health
 
@@ -152,13 +146,13 @@ class NodeClient:
 
     # ------------------------------------------------------------ staging
 
-    def upload_offset(self, adapter_id: str, blake3: str, *, timeout: float | None = None) -> int:
+    def upload_offset(self, adapter_id: str, blake3: str) -> int:
         """How many bytes of an interrupted upload of these weights (their whole-file BLAKE3, ``b3sum``) the node holds (0: none)."""
-        return self._upload_target(adapter_id, blake3, timeout).offset
+        return self._upload_target(adapter_id, blake3).offset
 
-    def _upload_target(self, adapter_id: str, blake3: str, timeout: float | None = None) -> fabric_pb2.UploadOffsetResponse:
+    def _upload_target(self, adapter_id: str, blake3: str) -> fabric_pb2.UploadOffsetResponse:
         """The node's kept offset and the chunk size it stages with; a node of another digest scheme is refused by name."""
-        reply = self._call(self.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_blake3=blake3), timeout=self._deadline(timeout))
+        reply = self._call(self.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_blake3=blake3))
         check_scheme(reply.digest_scheme, f"node {self.address}")
         return reply
 
@@ -169,7 +163,7 @@ class NodeClient:
         progress: Callable[[int, int], None] | None = None,
         piece_size: int = UPLOAD_PIECE,
         *,
-        timeout: float | None = None,
+        timeout: float | None | bool = False,
         on_resume: Callable[[int, int], None] | None = None,
         sign_key: bytes | None = None,
     ) -> StageResult:
@@ -177,7 +171,7 @@ class NodeClient:
 
         ``progress(done, total)`` is called as bytes go out; ``on_resume(offset, total)``
         once, before any byte, when the node already held ``offset`` bytes.
-        ``timeout``: seconds for the whole upload (None: ``long_timeout``; 0: no deadline).
+        ``timeout``: seconds for the whole upload (default ``long_timeout``; None: no deadline).
         ``sign_key``: an Ed25519 private key (PEM or 32 raw bytes); the adapter's digest is signed with it
         and the signature travels with its manifest (``fabric.trust.signing``).
         """
@@ -217,15 +211,15 @@ class NodeClient:
                     if progress:
                         progress(position, size)
 
-        r = self._call(self.stub.Stage, requests(), timeout=self._deadline(timeout, long=True))
+        r = self._call(self.stub.Stage, requests(), timeout=self._long(timeout))
         return StageResult(r.adapter_id, r.digest, r.content_id, r.bytes_received, r.already_staged, resumed_from=offset)
 
     def unstage(self, adapter_id: str, *, timeout: float | None = None) -> bool:
-        """Remove an id from the node's store; True when its bytes went too (no other id shares them)."""
-        return self._call(self.stub.Unstage, fabric_pb2.UnstageRequest(adapter_id=adapter_id), timeout=self._deadline(timeout)).bytes_removed
+        """Remove an id from the node's store; True when its bytes went too (no other id shares them). ``timeout`` as ``locate``."""
+        return self._call(self.stub.Unstage, fabric_pb2.UnstageRequest(adapter_id=adapter_id), timeout=self._quick(timeout)).bytes_removed
 
     def manifest(self, adapter_id: str, *, timeout: float | None = None) -> Manifest:
-        """The manifest the node holds for an id (files, sizes, digests, chunking, config, tensor index), every claim checked."""
+        """The manifest the node holds for an id (files, sizes, digests, chunking, config, tensor index), every claim checked. ``timeout`` as ``locate``."""
         return Manifest.from_proto(self.manifest_proto(adapter_id, timeout=timeout))
 
     def manifest_proto(self, adapter_id: str, *, with_sha256: bool = False, timeout: float | None = None) -> fabric_pb2.Manifest:
@@ -233,7 +227,7 @@ class NodeClient:
 
         ``with_sha256``: the node also answers each file's sha256 (``file_sha256``), e.g. to compare with a hub's listing.
         """
-        return self._call(self.stub.GetManifest, manifest_request(adapter_id, with_sha256=with_sha256), timeout=self._deadline(timeout))
+        return self._call(self.stub.GetManifest, manifest_request(adapter_id, with_sha256=with_sha256), timeout=self._quick(timeout))
 
     # ------------------------------------------------------------ slots
 
@@ -247,66 +241,66 @@ class NodeClient:
         pin: bool = False,
         stage_only: bool = False,
         named_peer_only: bool = False,
-        timeout: float | None = None,
+        timeout: float | None | bool = False,
     ) -> PromoteResult:
         """Make the node pull ``adapter_id`` (from ``peer`` and the swarm) and load it as ``name``; the result names slot and evicted adapter.
 
         ``stage_only``: pull into the store, load no slot (see ``pull``); ``named_peer_only``: pull from
         ``peer`` alone, not the swarm; ``pin``: pin it too (refused before anything is evicted when
-        the pin limit is reached, ``PinLimit``). ``timeout``: seconds (None: ``long_timeout``; 0: no deadline).
+        the pin limit is reached). ``timeout``: seconds (default ``long_timeout``; None: no deadline).
         """
         request = fabric_pb2.PromoteRequest(
             peer=peer, adapter_id=adapter_id, name=name, pin=pin, stage_only=stage_only, named_peer_only=named_peer_only
         )
         if peft is not None:
             request.peft.CopyFrom(peft)
-        return PromoteResult.from_proto(self._call(self.stub.Promote, request, timeout=self._deadline(timeout, long=True)))
+        return PromoteResult.from_proto(self._call(self.stub.Promote, request, timeout=self._long(timeout)))
 
-    def pull(self, adapter_id: str, *, peer: str = "", named_peer_only: bool = False, timeout: float | None = None) -> PromoteResult:
+    def pull(self, adapter_id: str, *, peer: str = "", named_peer_only: bool = False, timeout: float | None | bool = False) -> PromoteResult:
         """Pull ``adapter_id`` into the node's store from ``peer`` (and the swarm) without loading a slot (``slot`` is -1)."""
         return self.promote(adapter_id, peer=peer, stage_only=True, named_peer_only=named_peer_only, timeout=timeout)
 
     def locate(self, adapter_id: str = "", digest: str = "", *, timeout: float | None = None) -> Location:
-        """Which of the node's known peers hold an adapter, fully or in part."""
-        r = self._call(self.stub.Locate, fabric_pb2.LocateRequest(adapter_id=adapter_id, digest=digest), timeout=self._deadline(timeout))
+        """Which of the node's known peers hold an adapter, fully or in part. ``timeout``: seconds (None: the client's ``timeout``)."""
+        r = self._call(self.stub.Locate, fabric_pb2.LocateRequest(adapter_id=adapter_id, digest=digest), timeout=self._quick(timeout))
         return Location(r.digest, [PeerHolding(p.address, p.complete, p.verified_chunks) for p in r.peers])
 
     def availability(self, digest: str, *, timeout: float | None = None) -> Availability:
-        """Which chunks of ``digest`` the node holds verified (also while it is still receiving them)."""
-        r = self._call(self.stub.Availability, fabric_pb2.AvailabilityRequest(digest=digest), timeout=self._deadline(timeout))
+        """Which chunks of ``digest`` the node holds verified (also while it is still receiving them). ``timeout`` as ``locate``."""
+        r = self._call(self.stub.Availability, fabric_pb2.AvailabilityRequest(digest=digest), timeout=self._quick(timeout))
         return Availability(r.complete, r.chunk_count, bytes(r.verified_bitmap))
 
     def list(self, *, timeout: float | None = None) -> Listing:
-        """The node's staged adapters and its slots (name, content id, refs, pin, active)."""
-        return Listing.from_proto(self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest(), timeout=self._deadline(timeout)))
+        """The node's staged adapters and its slots (name, content id, refs, pin, active). ``timeout`` as ``locate``."""
+        return Listing.from_proto(self._call(self.stub.ListAdapters, fabric_pb2.ListAdaptersRequest(), timeout=self._quick(timeout)))
 
     def store_status(self, *, timeout: float | None = None) -> StoreStatus:
-        """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries."""
-        return StoreStatus.from_proto(self._call(self.stub.StoreStatus, fabric_pb2.StoreStatusRequest(), timeout=self._deadline(timeout)))
+        """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries. ``timeout`` as ``locate``."""
+        return StoreStatus.from_proto(self._call(self.stub.StoreStatus, fabric_pb2.StoreStatusRequest(), timeout=self._quick(timeout)))
 
     def set_active(self, name: str, *, timeout: float | None = None) -> ActiveSlot:
-        """Make a resident adapter the node's active one (what slot -1 means)."""
-        r = self._call(self.stub.SetActive, fabric_pb2.SetActiveRequest(name=name), timeout=self._deadline(timeout))
+        """Make a resident adapter the node's active one (what slot -1 means). ``timeout`` as ``locate``."""
+        r = self._call(self.stub.SetActive, fabric_pb2.SetActiveRequest(name=name), timeout=self._quick(timeout))
         return ActiveSlot(r.slot, r.content_id)
 
     def pin(self, name: str, pinned: bool = True, *, timeout: float | None = None) -> int:
-        """Pin (or unpin) a resident adapter against eviction; returns its slot. At most slots - 1 may be pinned."""
-        return self._call(self.stub.Pin, fabric_pb2.PinRequest(name=name, pinned=pinned), timeout=self._deadline(timeout)).slot
+        """Pin (or unpin) a resident adapter against eviction; returns its slot. At most slots - 1 may be pinned. ``timeout`` as ``locate``."""
+        return self._call(self.stub.Pin, fabric_pb2.PinRequest(name=name, pinned=pinned), timeout=self._quick(timeout)).slot
 
     def generate(
-        self,
-        input_ids: list[int],
-        adapter: str = "",
-        *,
-        use_base: bool = False,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        return_logits: bool = False,
-        timeout: float | None = None,
+        self, input_ids: list[int], adapter: str = "", *, use_base: bool = False, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        return_logits: bool = False, timeout: float | None = None,
     ) -> GenerateResult:
-        """Run the node's model on ``input_ids`` with a resident adapter (or the base model); greedy tokens and, if asked, the last logits."""
-        reply = self._call(
-            self.stub.Generate,
-            fabric_pb2.GenerateRequest(adapter=adapter, use_base=use_base, input_ids=input_ids, max_new_tokens=max_new_tokens, return_logits=return_logits),
-            timeout=self._deadline(timeout),
-        )
+        """Run the node's model on ``input_ids`` with a resident adapter (or the base model); greedy tokens and, if asked, the last logits.
+
+        ``timeout``: seconds (None: the client's ``timeout``); past it, ``PeerUnavailable`` saying the node did not answer in time.
+        Ids or a count the wire cannot carry are ``InvalidArgument``, before anything is sent.
+        """
+        try:
+            request = fabric_pb2.GenerateRequest(
+                adapter=adapter, use_base=use_base, input_ids=input_ids, max_new_tokens=max_new_tokens, return_logits=return_logits
+            )
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(f"generate: input_ids must be integers 0 to 2147483647 and max_new_tokens 0 to 4294967295 ({exc})") from None
+        reply = self._call(self.stub.Generate, request, timeout=self._quick(timeout))
         return GenerateResult(list(reply.output_ids), list(reply.last_logits), reply.slot, reply.content_id)

@@ -39,7 +39,6 @@ _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
     (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.AdapterNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.PoolFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (errors.PinLimit, grpc.StatusCode.FAILED_PRECONDITION),  # an unpin must come first: not a quota that frees itself
     (errors.QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Busy, grpc.StatusCode.ABORTED),
     (errors.SlotBusy, grpc.StatusCode.FAILED_PRECONDITION),
@@ -96,7 +95,9 @@ def public_message(exc: errors.FabricError) -> str:
     """The message a caller is sent: bounded, with the advice its status code carries."""
     code = status_code_for(exc)
     message = bounded(str(exc))
-    return f"{message} ({_ADVICE[code]})" if code in _ADVICE else message
+    # a non-retryable RESOURCE_EXHAUSTED (a pin past the pin limit) gets no "retry" advice: only an unpin frees it
+    advise = code in _ADVICE and (exc.retryable or code != grpc.StatusCode.RESOURCE_EXHAUSTED)
+    return f"{message} ({_ADVICE[code]})" if advise else message
 
 
 def error_from_detail(detail_bytes: bytes) -> errors.FabricError | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from fabric.errors import PinLimit, PoolFull
+from fabric.errors import PinLimitReached, PoolFull
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def choose_victim(slots: Sequence[SlotView], exclude: Iterable[int] = ()) -> int
 def check_pin_limit(pinned_now: int, slots: int) -> None:
     """At most ``slots - 1`` adapters may be pinned, so one slot always stays evictable."""
     if pinned_now + 1 > slots - 1:
-        raise PinLimit(
+        raise PinLimitReached(
             f"cannot pin another adapter: {pinned_now} of {slots} slots are pinned and at most "
             f"{slots - 1} may be; unpin one first"
         )

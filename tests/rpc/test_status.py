@@ -15,6 +15,7 @@ EXPECTED = {
     errors.AdapterNotFound: grpc.StatusCode.NOT_FOUND,
     errors.PoolFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.PinLimitReached: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.SlotBusy: grpc.StatusCode.FAILED_PRECONDITION,
     errors.IncompatibleAdapter: grpc.StatusCode.FAILED_PRECONDITION,
     errors.AdaptersUnsupported: grpc.StatusCode.FAILED_PRECONDITION,
@@ -55,6 +56,14 @@ def test_no_error_type_falls_through_to_internal() -> None:
 def test_only_pool_full_quota_busy_and_peers_are_retryable() -> None:
     retryable = {kind for kind in _every_error_type() if kind.retryable}
     assert retryable == {errors.PoolFull, errors.QuotaExceeded, errors.Busy, errors.PeerUnavailable}
+    assert not errors.PinLimitReached.retryable  # only an operator's unpin frees a pin
+
+
+def test_every_error_type_is_importable_from_fabric() -> None:
+    import fabric
+
+    for kind in _every_error_type() | {errors.FabricError}:
+        assert getattr(fabric, kind.__name__) is kind and kind.__name__ in fabric.__all__, kind.__name__
 
 
 class _FakeRpcError(grpc.RpcError):
