@@ -53,6 +53,10 @@ class LimitExceeded(InvalidArgument):
     """A request passes a size limit this node is configured with (adapter bytes, header bytes): send less or raise the limit."""
 
 
+class FieldTooLarge(InvalidArgument):
+    """A request field is longer than its bound (``fabric.rpc.bounds``): the refusal names the field and the limit, never the value."""
+
+
 # --- the adapter does not fit this node -------------------------------------
 
 

@@ -25,6 +25,7 @@ from contextlib import aclosing
 
 from fabric.errors import FabricError, InvalidArgument, QuotaExceeded, Unauthenticated
 from fabric.observability.metrics import DATA_STREAMS_SERVED
+from fabric.rpc import bounds
 from fabric.rpc.limits import PeerStreamLimit
 from fabric.rpc.security import BearerAuth
 from fabric.rpc.status import error_detail, public_message
@@ -127,9 +128,11 @@ class DataServer:
     async def _hello(self, reader: asyncio.StreamReader):
         try:
             length = data_frames.hello_length(await reader.readexactly(data_frames.HELLO_PREFIX.size))
-            return data_frames.decode_hello(await reader.readexactly(length))
+            hello = data_frames.decode_hello(await reader.readexactly(length))
         except asyncio.IncompleteReadError:
             raise InvalidArgument("the data channel connection closed before its hello ended") from None
+        bounds.check(hello)  # the same bounds as every RPC's fields, before the hello is used or logged
+        return hello
 
     async def _send(self, writer: asyncio.StreamWriter, piece: Piece) -> None:
         if isinstance(piece, FilePiece):

@@ -19,6 +19,7 @@ import grpc
 from fabric import errors
 from fabric.observability import metrics
 from fabric.observability.logs import event
+from fabric.rpc.bounds import shown
 from fabric.rpc.status import ERROR_DETAIL_KEY
 from fabric.store import AdapterStore
 from fabric.transport.pull import PeerPuller, PullStats
@@ -69,7 +70,8 @@ class _Call:
 
     def note_request(self, request: Any) -> None:
         self.request = request
-        self.adapter_id = getattr(request, "adapter_id", None) or getattr(request, "digest", None) or None
+        named = getattr(request, "adapter_id", None) or getattr(request, "digest", None) or None
+        self.adapter_id = shown(named) if named else None  # logged even when the servicer refuses an oversized one
 
     def note_response(self, response: Any) -> Any:
         """``response``, kept for the log line (a Promote's bytes and source peer)."""
@@ -81,7 +83,7 @@ class _Call:
         async for message in requests:
             kind = message.WhichOneof("kind")
             if kind == "begin":
-                self.adapter_id = message.begin.adapter_id
+                self.adapter_id = shown(message.begin.adapter_id)
             elif kind == "data":
                 self.bytes += len(message.data.data)
             yield message

@@ -152,8 +152,11 @@ def parse_header(
     return index
 
 
-def read_index(path: str | os.PathLike[str], *, max_header_bytes: int = MAX_HEADER_BYTES) -> SafetensorsIndex:
-    """The index of a safetensors file, reading only its ``8 + N`` header bytes."""
+def read_index(path: str | os.PathLike[str], *, max_header_bytes: int = MAX_HEADER_BYTES, name: str = "") -> SafetensorsIndex:
+    """The index of a safetensors file, reading only its ``8 + N`` header bytes.
+
+    A refusal starts with ``name`` (a node passes the adapter's id: its own paths are no caller's business), else the path.
+    """
     with open(path, "rb") as f:
         file_size = os.fstat(f.fileno()).st_size
         try:
@@ -163,7 +166,7 @@ def read_index(path: str | os.PathLike[str], *, max_header_bytes: int = MAX_HEAD
                 raise InvalidHeader(f"truncated header: the length says {n} bytes but the file has only {file_size - 8} after it")
             return parse_header(prefix + f.read(n), file_size, max_header_bytes=max_header_bytes)
         except InvalidHeader as exc:
-            raise InvalidHeader(f"{os.fspath(path)}: {exc}") from None
+            raise InvalidHeader(f"{name or os.fspath(path)}: {exc}") from None
 
 
 # ---------------------------------------------------------------- JSON

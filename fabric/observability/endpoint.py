@@ -3,11 +3,19 @@
 Plain HTTP on purpose: a kubelet probe or a Prometheus scraper needs no client
 certificate, while every Fabric RPC stays behind mTLS on the gRPC port. It
 serves only what these three paths say (nothing of the store or the model).
+
+Anyone who reaches the port may connect, so it holds no one for long: a
+connection that sends nothing for ``READ_TIMEOUT_S`` is closed, at most
+``MAX_CONNECTIONS`` are served at once (more are closed at once, so threads
+and file descriptors stay bounded and gRPC never runs out of them), and a
+client that hangs up is one debug log record, never a traceback on stderr.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -15,6 +23,13 @@ from typing import Callable
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from fabric.observability import metrics
+
+log = logging.getLogger(__name__)
+
+#: seconds a connection may stay silent (mid-request or between requests) before it is closed
+READ_TIMEOUT_S = 10.0
+#: connections served at once; a probe and a scraper need a few
+MAX_CONNECTIONS = 32
 
 
 class ProbeEndpoint:
@@ -24,6 +39,8 @@ class ProbeEndpoint:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = READ_TIMEOUT_S  # socketserver sets it on the connection: reads past it end the connection
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
@@ -49,6 +66,32 @@ class ProbeEndpoint:
         class Server(ThreadingHTTPServer):
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
             daemon_threads = True
+            slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+            def process_request(self, request, client_address) -> None:
+                if not self.slots.acquire(blocking=False):
+                    log.debug("metrics endpoint: %s closed, %d connections are open already", client_address, MAX_CONNECTIONS)
+                    self.shutdown_request(request)
+                    return
+                try:
+                    super().process_request(request, client_address)
+                except BaseException:
+                    self.slots.release()
+                    raise
+
+            def process_request_thread(self, request, client_address) -> None:
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    self.slots.release()
+
+            def handle_error(self, request, client_address) -> None:
+                """A client that hung up is routine; anything else is logged as one record (never a raw traceback)."""
+                exc = sys.exc_info()[1]
+                if isinstance(exc, (ConnectionError, TimeoutError)):
+                    log.debug("metrics endpoint: %s went away: %s", client_address, exc)
+                else:
+                    log.warning("metrics endpoint: a request from %s failed", client_address, exc_info=True)
 
         self.ready = ready
         self._server = Server((host.strip("[]"), port), Handler)  # OSError (in use, bad host) goes to the caller

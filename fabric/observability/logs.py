@@ -2,6 +2,11 @@
 
 ``event`` logs one line with structured fields; both formats carry them, so a
 grep and a log pipeline see the same facts.
+
+Whatever a caller sent (an id, a peer address) may reach a message, so the text
+format escapes control characters (newline, ESC, NUL, backspace, ...): one
+record is one line, and no input forges a line, a level or a terminal colour.
+The json format gets the same from ``json.dumps``'s escapes.
 """
 
 from __future__ import annotations
@@ -21,14 +26,35 @@ def event(logger: logging.Logger, message: str, level: int = logging.INFO, **fie
         logger.log(level, message, extra={_FIELDS: {k: v for k, v in fields.items() if v is not None}})
 
 
+#: C0 controls, DEL, C1 controls and Unicode's line and paragraph separators, each as a visible escape
+_ESCAPES = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0))} | {0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\n``, ``\\x1b``, ``\\x00``)."""
+    return text.translate(_ESCAPES)
+
+
 def _text_value(value: Any) -> str:
     text = f"{value:.4f}" if isinstance(value, float) else str(value)
-    return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) else text
+    quote = not text or any(c.isspace() or c in '"=' or ord(c) in _ESCAPES for c in text)
+    return json.dumps(text) if quote else text
 
 
 class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message key=value ...``, one line a record (control characters escaped)."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The record's line with its message's control characters escaped."""
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei) -> str:
+        """A traceback keeps its lines, each indented, so none can pass for a record of its own."""
+        return "\n".join("  " + escape_controls(line) for line in super().formatException(ei).splitlines())
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
@@ -37,6 +63,8 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, the event's fields (escaped by ``json.dumps``)."""
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",

@@ -3,7 +3,8 @@
 Servicer methods raise ``fabric.errors`` types; ``rpc_errors`` turns each into
 its code, with the message and a serialized ``ErrorDetail`` in the trailing
 metadata so a client in any language can act on the kind. Clients turn a
-status back into the same library type with ``error_from_rpc``.
+status back into the same library type with ``error_from_rpc``. Before a
+method sees its request, ``rpc_errors`` holds it to ``fabric.rpc.bounds``.
 
 Beside that trailer, the standard ``grpc-status-details-bin`` carries a
 ``google.rpc.Status`` whose ``ErrorInfo`` names the error type (``reason``,
@@ -20,10 +21,12 @@ from typing import Any, Callable
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from fabric import errors
+from fabric.rpc import bounds
 from fabric.v1 import fabric_pb2
 
 log = logging.getLogger(__name__)
@@ -121,14 +124,22 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError)
     await context.abort(code, message, trailer)
 
 
+def within_bounds(request: Any) -> Any:
+    """``request`` checked against ``fabric.rpc.bounds`` (a client stream: each message as it arrives), before any use of it."""
+    if isinstance(request, Message):
+        bounds.check(request)
+        return request
+    return bounds.checked_stream(request)
+
+
 def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a grpc.aio servicer method (coroutine or async generator) to map FabricError."""
+    """Decorate a grpc.aio servicer method (coroutine or async generator) to bound its request and map FabricError."""
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
         async def stream_wrapper(self, request, context):
             try:
-                async for item in method(self, request, context):
+                async for item in method(self, within_bounds(request), context):
                     yield item
             except errors.FabricError as exc:
                 log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, bounded(str(exc)))
@@ -139,7 +150,7 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def unary_wrapper(self, request, context):
         try:
-            return await method(self, request, context)
+            return await method(self, within_bounds(request), context)
         except errors.FabricError as exc:
             log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, bounded(str(exc)))
             await abort_with(context, exc)

@@ -100,7 +100,7 @@ class AdapterStore:
         with self.lock.held():
             recover(self.layout, collector)
             #: the export directory, when the store keeps one
-            self.exports = ExportDir(export_dir, self.layout.blob, self.layout.lock) if export_dir is not None else None
+            self.exports = ExportDir(export_dir, self.layout.blob, self.layout.lock, self.root) if export_dir is not None else None
             self.integrity = Integrity(self.layout, self.catalog, self.lock, self.exports)
             if self.exports is not None:
                 # Only whole adapters: a blob quarantined before the restart has nothing to link to.

@@ -32,6 +32,8 @@ from typing import Callable, Iterable
 
 from fabric.errors import InvalidArgument
 from fabric.store.files import decode_id, encode_id, fsync_dir
+from fabric.store.digests import FILE_NAMES
+from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest
 
 _TEMP_PREFIX = "%tmp-"
@@ -50,16 +52,44 @@ def adapter_id_of(name: str) -> str:
     return decode_id(name)
 
 
+def check_apart(export_root: Path, store_root: Path) -> None:
+    """Refuse an export directory that is the store, holds it, or lies inside it (``InvalidArgument`` naming both)."""
+    export, store = export_root.resolve(), store_root.resolve()
+    if export == store or store.is_relative_to(export) or export.is_relative_to(store):
+        where = "is" if export == store else "holds" if store.is_relative_to(export) else "lies inside"
+        raise InvalidArgument(f"--export-dir {export_root} {where} the store {store_root}: give the export directory one of its own, outside the store")
+
+
+def is_export(entry: Path) -> bool:
+    """Whether ``entry`` is what ``export`` makes: a directory named by an id, holding nothing but an adapter's files.
+
+    An empty one counts (removing it loses nothing); one holding anything else is an operator's, and stays.
+    """
+    if entry.name.startswith("%") or entry.is_symlink() or not entry.is_dir():
+        return False
+    try:
+        validate_adapter_id(adapter_id_of(entry.name))
+        names = list(entry.iterdir())
+    except (InvalidArgument, OSError):
+        return False
+    return all(child.name in FILE_NAMES and child.is_file() and not child.is_symlink() for child in names)
+
+
 class ExportDir:
     """Keeps ``root`` in step with a store: one PEFT directory per staged id, hard links into ``blob_path(root)``."""
 
-    def __init__(self, root: Path | str, blob_path: Callable[[str], Path], probe: Path) -> None:
-        """``probe``: any file in the store, linked once to prove ``root`` is on the same filesystem."""
+    def __init__(self, root: Path | str, blob_path: Callable[[str], Path], probe: Path, store_root: Path) -> None:
+        """``probe``: any file in the store, linked once to prove ``root`` is on the same filesystem.
+
+        ``root`` must not overlap ``store_root`` (be it, hold it, or lie in it): the export directory removes entries of
+        ids no longer staged, and the store's own directories would be among them.
+        """
         self.root = Path(root)
+        check_apart(self.root, store_root)
         self._blob_path = blob_path
         self.root.mkdir(parents=True, exist_ok=True)
-        for stale in self.root.glob("%*"):  # temp and trash entries of a node that died mid-swap
-            shutil.rmtree(stale, ignore_errors=True)
+        for stale in (*self.root.glob(f"{_TEMP_PREFIX}*"), *self.root.glob(f"{_TRASH_PREFIX}*")):  # of a node that died mid-swap
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
         test = self.root / f"{_TEMP_PREFIX}probe-{secrets.token_hex(4)}"
         try:
             os.link(probe, test)
@@ -122,7 +152,7 @@ class ExportDir:
         for manifest in staged:
             keep.add(self.export(manifest.adapter_id, manifest).name)
         for entry in self.root.iterdir():
-            if entry.name not in keep and not entry.name.startswith("%") and entry.is_dir():
+            if entry.name not in keep and is_export(entry):  # an operator's own files here are never touched
                 self._set_aside(entry)
 
     def _holds(self, dest: Path, manifest: Manifest) -> bool:

@@ -153,7 +153,8 @@ def writer_alive(temp_name: str) -> bool:
 
 
 def check_header(manifest: Manifest, path: Path) -> None:
-    """The file's own header must be the one the manifest describes."""
-    index = read_index(path)
+    """The file's own header must be the one the manifest describes (refusals name the adapter, not the node's path)."""
+    what = f"the weights of {manifest.adapter_id!r} ({manifest.digest})"
+    index = read_index(path, name=what)
     if index.header_size != manifest.header_size or index.tensors != manifest.tensors:
-        raise IntegrityError(f"{path}: the safetensors header differs from the tensor index in the manifest of {manifest.digest}")
+        raise IntegrityError(f"{what}: the safetensors header differs from the tensor index in its manifest")

@@ -169,9 +169,9 @@ class Upload:
             if offset == 0 and len(data) >= 8:  # refuse an oversized header before storing a byte of it
                 try:
                     header_length(bytes(data[:8]), max_header_bytes=self._max_header_bytes)
-                except InvalidHeader:
+                except InvalidHeader as exc:
                     self._close_locked(remove=True)  # nothing to resume: the same bytes would be refused again
-                    raise
+                    raise InvalidHeader(f"the weights of {self.adapter_id!r}: {exc}") from None
             pwrite_all(self._fd, data, offset)
             os.fdatasync(self._fd)
             self._written_stamp = write_stamp(self._fd)
@@ -211,7 +211,7 @@ class Upload:
                         f"upload of {self.adapter_id!r}: received {self.size} bytes with root {weights.root}, "
                         f"declared {self.weights_root} (the file changed while it was sent, or the client hashed it at another chunk size)"
                     )
-                index = read_index(data_path, max_header_bytes=self._max_header_bytes)
+                index = read_index(data_path, max_header_bytes=self._max_header_bytes, name=f"the weights of {self.adapter_id!r}")
                 manifest = manifest_of(self.adapter_id, self.config_json, weights, index)
                 config_blob = self._committer.temps.blob(self.config_json)
                 try:
