@@ -65,6 +65,7 @@ _LAZY = {
     "StageResult": "fabric.client.results",
     "PromoteResult": "fabric.client.results",
     "Listing": "fabric.client.results",
+    "StoreStatus": "fabric.client.results",
     "rollout": "fabric.client.rollout",
     "NodeRollout": "fabric.client.rollout",
     "TlsFiles": "fabric.rpc.security",
@@ -127,7 +128,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the lazy names, eagerly
     from fabric.client.node_client import NodeClient
-    from fabric.client.results import GenerateResult, Listing, PromoteResult, StageResult
+    from fabric.client.results import GenerateResult, Listing, PromoteResult, StageResult, StoreStatus
     from fabric.client.rollout import NodeRollout, rollout
     from fabric.format.config import PeftAdapterConfig
     from fabric.rpc.security import TlsFiles

@@ -92,7 +92,8 @@ class Promotes:
         resident = {info["name"] for info in model.slots_info()}
         self._slot_digests = {k: v for k, v in self._slot_digests.items() if k[0] in resident and k[0] != name}
         self._slot_digests[(name, prepared.content_id)] = manifest.digest
-        log.info("promoted %s as %r into slot %d (evicted %r, %d bytes moved, %s)", adapter_id, name, slot, evicted, stats.bytes_transferred,
+        log.info("promoted %s as %r into slot %d (%s, %d bytes moved, %s)", adapter_id, name, slot,
+                 f"evicted {evicted!r}" if evicted else "nothing evicted", stats.bytes_transferred,
                  "row staged while receiving" if staged is not None else "row staged from the store")
         return fabric_pb2.PromoteResponse(
             slot=slot,

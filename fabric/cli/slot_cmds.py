@@ -21,10 +21,11 @@ def cmd_promote(args: argparse.Namespace) -> None:
         finally:
             if source is not None:
                 source.close()
-    evicted = f", evicted {reply.evicted_name}" if reply.evicted_name else ""
-    moved = f" from {reply.source_peer} ({reply.bytes_transferred} bytes, {reply.pull_seconds:.2f} s)" if reply.source_peers else ""
-    pinned = ", pinned" if args.pin else ""
-    emit(args.json, {"adapter_id": args.id, "name": args.name or args.id, **reply.to_dict()}, f"promoted {args.id} as {args.name or args.id} into slot {reply.slot}{pinned}{evicted}{moved}")
+    # "(evicted X)" sits by the slot it left: after the peer, it read as if the peer had evicted it
+    notes = ([f"evicted {reply.evicted_name}"] if reply.evicted_name else []) + (["pinned"] if args.pin else [])
+    where = f"into slot {reply.slot}" + (f" ({', '.join(notes)})" if notes else "")
+    moved = f"; pulled {reply.bytes_transferred} bytes from {reply.source_peer} in {reply.pull_seconds:.2f} s" if reply.source_peers else ""
+    emit(args.json, {"adapter_id": args.id, "name": args.name or args.id, **reply.to_dict()}, f"promoted {args.id} as {args.name or args.id} {where}{moved}")
 
 
 def _pin(args: argparse.Namespace, pinned: bool) -> None:

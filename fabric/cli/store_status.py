@@ -14,8 +14,6 @@ def _size(n: int) -> str:
 
 
 def cmd_store_status(args: argparse.Namespace) -> None:
-    from google.protobuf.json_format import MessageToDict
-
     from fabric.cli.connect import client_for
     from fabric.cli.output import emit
 
@@ -32,8 +30,7 @@ def cmd_store_status(args: argparse.Namespace) -> None:
             lines.append(f"  {kind:8} {item.adapter_id or '?':30} {_size(item.bytes):>10}  {state}  {item.digest[:16]}")
     for entry in reply.damaged:
         lines.append(f"  damaged  {entry.adapter_id or '?':30} {entry.digest[:16] or '-':16}  {entry.reason}")
-    payload = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    emit(args.json, payload, "\n".join(lines))
+    emit(args.json, reply.to_dict(), "\n".join(lines))
 
 
 def register(command) -> None:

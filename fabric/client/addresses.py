@@ -20,11 +20,15 @@ def check_address(address: str) -> str:
     return address
 
 
+#: the hint for a refused connection (a node not started yet, or stopped)
+WAIT_HINT = "is fabric-node running and listening there? (`fabric wait NODE` waits for it)"
+
+
 def unreachable_hint(details: str, *, tls: bool, client_cert: bool) -> str:
     """What a person can change when a node's transport fails (gRPC UNAVAILABLE with no fabric error inside)."""
     text = details.lower()
     if "connection refused" in text or "name resolution" in text or "dns" in text:
-        return "is fabric-node running and listening there? (`fabric wait NODE` waits for it)"
+        return WAIT_HINT
     if not tls:
         return (
             "if the node serves TLS, pass --tls-ca FILE (or FABRIC_TLS_CA), and --tls-cert/--tls-key "

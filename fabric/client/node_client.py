@@ -17,8 +17,8 @@ from typing import Callable, Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fabric.client.addresses import check_address, unreachable_hint
-from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult
+from fabric.client.addresses import WAIT_HINT, check_address, unreachable_hint
+from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult, StoreStatus
 from fabric.errors import InvalidAdapter, InvalidArgument, PeerUnavailable
 from fabric.format.config import CONFIG_FILE
 from fabric.rpc import security
@@ -140,6 +140,8 @@ class NodeClient:
             except PeerUnavailable as exc:
                 last = str(exc)
             if deadline is not None and time.monotonic() > deadline:
+                # the unreachable hint suggests `fabric wait`, which is what timed out: say what else to check
+                last = last.replace(WAIT_HINT, "is fabric-node running and listening there? (its log says why it stopped, or raise --timeout)")
                 raise PeerUnavailable(f"node {self.address} not SERVING after {timeout:g} s: {last}")
             time.sleep(poll)
 
@@ -291,9 +293,9 @@ class NodeClient:
             if not token:
                 return
 
-    def store_status(self, *, timeout: float | None = None) -> fabric_pb2.StoreStatusResponse:
+    def store_status(self, *, timeout: float | None = None) -> StoreStatus:
         """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries. ``timeout`` as ``locate``."""
-        return self._call(self.stub.StoreStatus, fabric_pb2.StoreStatusRequest(), timeout=self._quick(timeout))
+        return StoreStatus.from_proto(self._call(self.stub.StoreStatus, fabric_pb2.StoreStatusRequest(), timeout=self._quick(timeout)))
 
     def set_active(self, name: str, *, timeout: float | None = None) -> ActiveSlot:
         """Make a resident adapter the node's active one (what slot -1 means). ``timeout`` as ``locate``."""

@@ -190,3 +190,50 @@ class GenerateResult(_Result):
     last_logits: list[float]
     slot: int
     content_id: int
+
+
+@dataclass(frozen=True)
+class StoreLeftover(_Result):
+    """An upload or partial download the store keeps to resume. ``digest``: a partial's adapter digest, an upload's weights BLAKE3."""
+
+    adapter_id: str
+    digest: str
+    bytes: int  # what it counts against --max-store-bytes
+    age_seconds: float  # since its last write
+    in_use: bool  # a stream is writing it now (never expired while so)
+
+
+@dataclass(frozen=True)
+class DamagedEntry(_Result):
+    """A store entry that failed verification (quarantined; pulled again from a peer when one has it)."""
+
+    adapter_id: str
+    digest: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StoreStatus(_Result):
+    """A node's store: bytes used and the quota (0: no limit but the disk), what it keeps to resume, what is damaged."""
+
+    used_bytes: int
+    quota_bytes: int
+    adapters: int
+    uploads: list[StoreLeftover]
+    partials: list[StoreLeftover]
+    expire_after_seconds: float  # 0: abandoned entries are kept
+    damaged: list[DamagedEntry]
+    evictions: int = 0  # cold adapters evicted since the node started
+    kept: int = 0  # adapter ids an operator kept (fabric keep)
+    evicts: bool = False  # the node evicts cold adapters at its limit (--when-full evict), else refuses
+
+    @classmethod
+    def from_proto(cls, pb: fabric_pb2.StoreStatusResponse) -> "StoreStatus":
+        """The result of a ``StoreStatusResponse``."""
+        def leftovers(items) -> list[StoreLeftover]:
+            return [StoreLeftover(i.adapter_id, i.digest, i.bytes, i.age_seconds, i.in_use) for i in items]
+
+        return cls(
+            pb.used_bytes, pb.quota_bytes, pb.adapters, leftovers(pb.uploads), leftovers(pb.partials), pb.expire_after_seconds,
+            [DamagedEntry(d.adapter_id, d.digest, d.reason) for d in pb.damaged], pb.evictions, pb.kept, pb.evicts,
+        )

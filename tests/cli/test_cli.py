@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,14 +130,16 @@ def test_exit_codes_and_json_errors(nodes) -> None:
     code, error = json_error("ls", dead)
     assert code == 3 and error["retryable"] is True and dead in error["message"] and "fabric wait" in error["message"]
     code, error = json_error("wait", dead, "--timeout", "1")
-    assert code == 3 and dead in error["message"]
+    assert code == 3 and dead in error["message"] and "fabric wait" not in error["message"]  # not: run what just timed out
 
 
 def test_pin_past_the_limit_is_refused_before_anything_is_evicted(nodes, adapters) -> None:
     node = nodes[0]
     for name in ("b", "c"):
         fabric("stage", node, str(adapters[name]), "--id", f"pin/{name}")
-    fabric("promote", node, "--id", "pin/b", "--name", "pb", "--pin")
+    said = fabric("promote", node, "--id", "pin/b", "--name", "pb", "--pin").stdout
+    # what was evicted sits by the slot it left (after the peer it read as if the peer had evicted it)
+    assert re.fullmatch(r"promoted pin/b as pb into slot \d \((evicted [^,()]+, )?pinned\)\n", said), said
     before = fabric_json("ls", node)["slots"]
     code, error = json_error("promote", node, "--id", "pin/c", "--name", "pc", "--pin")
     # exit 1, not the retryable 3: only an operator's unpin frees a pin, so a script retrying on 3 would loop forever

@@ -96,6 +96,7 @@ def test_chain_a_b_c_matches_peft(cluster, clients, adapters) -> None:
     for node in cluster.nodes[1:]:
         assert "promoted chain/alpha as 'alpha' into slot" in node.log_path.read_text()
         assert "row staged while receiving" in node.log_path.read_text()
+        assert "evicted None" not in node.log_path.read_text() and "nothing evicted" in node.log_path.read_text()
 
 
 def test_evicted_names_follow_lru(cluster, clients, adapters) -> None:

@@ -11,6 +11,7 @@ every process a section starts is stopped after it. A block preceded by
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -77,10 +78,10 @@ def test_every_skipped_block_says_why() -> None:
 def test_section_runs_as_pasted(section: Section, tmp_path: Path) -> None:
     ports: dict[str, str] = {}
     script = PORT.sub(lambda m: "127.0.0.1:" + ports.setdefault(m.group(1), str(free_port())), "\n\n".join(section.blocks))
-    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
+    clone = _fresh_clone(tmp_path / "clone")
     log = tmp_path / "output.log"
     with open(log, "w") as out:
-        shell = subprocess.Popen(["bash", "-e", "-c", script], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        shell = subprocess.Popen(["bash", "-e", "-c", script], cwd=clone, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = shell.wait(timeout=600)
         finally:
@@ -88,6 +89,31 @@ def test_section_runs_as_pasted(section: Section, tmp_path: Path) -> None:
     output = log.read_text()
     assert code == 0, f"README section {section.title!r} failed ({code}):\n{script}\n--- output ---\n{output}"
     assert "Traceback" not in output, output
+    # What the blocks wrote (pki/, keys, the token, stores, logs, adapters) is neither committed by `git add -A`
+    # nor shipped by `docker build .`.
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=clone, capture_output=True, text=True, check=True).stdout
+    assert status == "", f"README section {section.title!r} leaves files git would commit (add them to .gitignore):\n{status}"
+    shipped = [p.name for p in clone.iterdir() if p.name not in (".git", ".gitignore", ".dockerignore") and not _docker_ignores(p.name)]
+    assert shipped == [], f"README section {section.title!r} writes {shipped}, which docker build . would send: add them to .dockerignore"
+
+
+def _fresh_clone(where: Path) -> Path:
+    """A git repository holding the project's ignore files, committed, with ``.venv`` linked to this suite's environment."""
+    where.mkdir()
+    for name in (".gitignore", ".dockerignore"):
+        (where / name).write_bytes((ROOT / name).read_bytes())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], cwd=where, check=True)
+    subprocess.run([*git, "add", ".gitignore", ".dockerignore"], cwd=where, check=True)
+    subprocess.run([*git, "commit", "-qm", "ignore files"], cwd=where, check=True)
+    (where / ".venv").symlink_to(Path(sys.prefix))
+    return where
+
+
+def _docker_ignores(name: str) -> bool:
+    """Whether a top-level entry matches a .dockerignore pattern (Docker matches from the context's root; ``**/`` any depth)."""
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return any(fnmatch.fnmatchcase(name, pattern.removeprefix("**/")) for pattern in patterns)
 
 
 def _stop_group(pgid: int) -> None:
