@@ -83,9 +83,13 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_node, bad, logits) ->
 
 def test_input_longer_than_the_positions_is_refused(tiny_node) -> None:
     started = time.monotonic()
-    error = _generate_error(tiny_node, adapter="one", input_ids=[7] * 100_000, max_new_tokens=1)
+    # 60,000 ids: under the field bound on input_ids (fabric.rpc.bounds, 65,536), far over the model's positions.
+    error = _generate_error(tiny_node, adapter="one", input_ids=[7] * 60_000, max_new_tokens=1)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "max_position_embeddings" in error.details() and "128" in error.details()
+    # Past the field bound it is refused at the service edge, by field name.
+    error = _generate_error(tiny_node, adapter="one", input_ids=[7] * 100_000, max_new_tokens=1)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "GenerateRequest.input_ids" in error.details()
     assert time.monotonic() - started < 60  # refused up front (was 28 s of model work); loose: the machine is shared
     # Input plus new tokens is what must fit.
     error = _generate_error(tiny_node, adapter="one", input_ids=[7] * 100, max_new_tokens=60)
