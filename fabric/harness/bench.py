@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from blake3 import blake3
 
@@ -280,43 +280,48 @@ def _client_sync(path: TransferPath, port: int, size: int, out: bytearray) -> fl
     from fabric.v1 import fabric_pb2
 
     view = memoryview(out)
-    got = 0
     options = [tuple(o) for o in path.resolved_options()]
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
         grpc.channel_ready_future(channel).result(timeout=30)
         start = time.perf_counter()
-        for offset, data in wire.fetch_stub(channel)(fabric_pb2.FetchRequest(digest="bench")):
-            view[offset : offset + len(data)] = data
-            got += len(data)
+        got = _copy_into(view, wire.fetch_stub(channel)(fabric_pb2.FetchRequest(digest="bench")))
         seconds = time.perf_counter() - start
+    _check_size(path, got, size)
+    return seconds
+
+
+def _copy_into(view: memoryview, chunks: Any, each: Callable[[memoryview], Any] | None = None) -> int:
+    """Copy every ``(offset, data)`` of a stream into ``view`` (``each`` sees each chunk first); returns the bytes moved."""
+    got = 0
+    for offset, data in chunks:
+        if each is not None:
+            each(data)
+        view[offset : offset + len(data)] = data
+        got += len(data)
+    return got
+
+
+def _check_size(path: TransferPath, got: int, size: int) -> None:
     if got != size:
         raise SystemExit(f"{path.label}: got {got} of {size} bytes")
-    return seconds
 
 
 def _client_data_channel(path: TransferPath, port: int, size: int, out: bytearray) -> float:
     """The puller's data channel client (fabric.transport.data_channel): recv_into one buffer, then the copy into ``out``."""
-    import blake3
-
     from fabric.transport import fetch_metadata
     from fabric.transport.data_channel import DataChannels
     from fabric.v1 import fabric_pb2
 
     channels, peer = DataChannels(), "127.0.0.1:1"
     channels.learn(peer, fetch_metadata.announce_data_port(port))
-    view, got, verify = memoryview(out), 0, path.client.endswith("blake3")
+    view, verify = memoryview(out), path.client.endswith("blake3")
     start = time.perf_counter()
     call = channels.open(peer, fabric_pb2.FetchRequest(digest="bench"), None, path.chunk)
     if call is None:
         raise SystemExit(f"{path.label}: the data channel on port {port} could not be reached")
-    for offset, data in call:
-        if verify:
-            blake3.blake3(data).digest()
-        view[offset : offset + len(data)] = data
-        got += len(data)
+    got = _copy_into(view, call, (lambda data: blake3(data).digest()) if verify else None)
     seconds = time.perf_counter() - start
-    if got != size:
-        raise SystemExit(f"{path.label}: got {got} of {size} bytes")
+    _check_size(path, got, size)
     return seconds
 
 

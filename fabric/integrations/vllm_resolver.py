@@ -44,6 +44,7 @@ from fabric.rpc.security import TlsFiles, read_token
 from fabric.store.export import export_name
 from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import CONFIG_FILE
+from fabric.transport.discovery import split_host_port
 
 DEFAULT_NODE = "127.0.0.1:50051"
 #: seconds one resolve (locate, manifest, pull) may take; vLLM holds its per-name lock meanwhile
@@ -160,9 +161,10 @@ class ResolverConfig:
         if not Path(export_dir).is_dir():
             raise InvalidArgument(f"FABRIC_EXPORT_DIR={export_dir[:200]!r} is not a directory (the node's --export-dir)")
         node = os.environ.get("FABRIC_NODE", DEFAULT_NODE)
-        host, sep, port = node.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgument(f"FABRIC_NODE={node[:200]!r} is not HOST:PORT")
+        try:
+            split_host_port(node)
+        except InvalidArgument:
+            raise InvalidArgument(f"FABRIC_NODE={node[:200]!r} is not HOST:PORT") from None
         raw = os.environ.get("FABRIC_RESOLVE_TIMEOUT", str(DEFAULT_RESOLVE_TIMEOUT_S))
         try:
             timeout = float(raw)

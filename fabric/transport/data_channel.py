@@ -26,6 +26,7 @@ from fabric.errors import FabricError, IntegrityError, PeerUnavailable
 from fabric.observability.metrics import DATA_FALLBACKS
 from fabric.rpc.status import error_from_detail
 from fabric.transport import data_frames, fetch_metadata
+from fabric.transport.discovery import split_host_port
 from fabric.v1 import fabric_pb2
 
 __all__ = ["CONNECT_TIMEOUT_S", "DataCall", "DataChannelFailed", "DataChannels", "RETRY_AFTER_S"]
@@ -46,11 +47,6 @@ class DataChannelFailed(Exception):
     def __init__(self, error: FabricError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _host(peer: str) -> str:
-    host = peer.rpartition(":")[0]
-    return host[1:-1] if host.startswith("[") else host
 
 
 class DataChannels:
@@ -92,7 +88,7 @@ class DataChannels:
         port = self.port(peer)
         if port is None:
             return None
-        host = _host(peer)
+        host = split_host_port(peer)[0]
         hello = fabric_pb2.DataHello(token=self._token, fetch=request)
         if holder is not None:
             hello.holder_port, hello.holder_bitmap = holder
