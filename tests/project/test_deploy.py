@@ -86,3 +86,106 @@ def test_the_dockerfile_installs_through_the_project_and_copies_what_exists() ->
         assert (ROOT / source).exists(), source
     statefulset_port = {p["name"]: p["containerPort"] for p in _kind("StatefulSet")["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert f"EXPOSE {statefulset_port['grpc']} {statefulset_port['metrics']}" in text
+
+
+# ------------------------------------------------------------ an engine with its node: deploy/vllm-sidecar.yaml
+
+PLUGIN_SOURCE = ROOT / "fabric" / "integrations" / "vllm_resolver.py"
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+def _mounted(container: dict, path: Path) -> tuple[str, Path]:
+    """(volume name, path inside that volume) of a path a container sees."""
+    for mount in sorted(container["volumeMounts"], key=lambda m: -len(m["mountPath"])):
+        if path.is_relative_to(mount["mountPath"]):
+            return mount["name"], path.relative_to(mount["mountPath"])
+    raise AssertionError(f"{container['name']}: {path} is on no volume")
+
+
+def _engine_pod() -> tuple[dict, dict, dict]:
+    """(pod template, its node sidecar, its vLLM container)."""
+    pod = _kind("Deployment")["spec"]["template"]
+    (node,) = pod["spec"]["initContainers"]
+    (vllm,) = pod["spec"]["containers"]
+    return pod, node, vllm
+
+
+def test_the_engine_pod_runs_a_store_only_node_as_a_sidecar_that_starts_first() -> None:
+    pod, node, _ = _engine_pod()
+    settings = parse_settings(node.get("args", []), _env(node))  # the node would accept this configuration
+    assert node["restartPolicy"] == "Always", "a native sidecar: started before vLLM, kept running beside it"
+    assert node["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}  # vLLM waits for recovery and export
+    assert node["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert node["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert settings.store_only and settings.export_dir is not None
+    # export entries are hard links into the store: both on one volume
+    assert _mounted(node, settings.export_dir)[0] == _mounted(node, settings.store)[0]
+    ports = {p["name"]: p["containerPort"] for p in node["ports"]}
+    assert int(settings.metrics_listen.rsplit(":", 1)[1]) == ports["metrics"] == int(pod["metadata"]["annotations"]["prometheus.io/port"])
+    assert pod["spec"]["terminationGracePeriodSeconds"] > settings.drain_timeout
+
+
+def test_the_engine_pods_nodes_are_peers_of_the_statefulsets() -> None:
+    service, statefulset, deployment = _kind("Service"), _kind("StatefulSet"), _kind("Deployment")
+    pod, node, _ = _engine_pod()
+    settings = parse_settings(node.get("args", []), _env(node))
+    dns_name, dns_port = settings.peers_dns.rsplit(":", 1)
+    assert dns_name == service["metadata"]["name"]
+    assert int(dns_port) == next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc")
+    for template in (pod, statefulset["spec"]["template"]):
+        assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    # the two controllers never select each other's pods
+    assert not deployment["spec"]["selector"]["matchLabels"].items() <= statefulset["spec"]["template"]["metadata"]["labels"].items()
+    assert not statefulset["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert settings.peer_tls_name == service["metadata"]["name"]
+
+
+def test_the_vllm_container_loads_the_plugin_configured_for_its_sidecar() -> None:
+    pod, node, vllm = _engine_pod()
+    settings = parse_settings(node.get("args", []), _env(node))
+    env = _env(vllm)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    plugin = re.search(r'\[project\.entry-points\."vllm\.general_plugins"\]\n(\w+) = ', pyproject).group(1)
+    assert env["VLLM_PLUGINS"] == plugin and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "true"
+    read = set(re.findall(r"FABRIC_[A-Z_]+", PLUGIN_SOURCE.read_text()))
+    assert {name for name in env if name.startswith("FABRIC_")} <= read | {"FABRIC_TLS_CERT", "FABRIC_TLS_KEY", "FABRIC_TLS_CA"}
+    host, port = env["FABRIC_NODE"].rsplit(":", 1)
+    assert host in ("localhost", "127.0.0.1") and int(port) == int(settings.listen.rsplit(":", 1)[1])
+    # the plugin's export dir is the node's, on the same volume, read-only for vLLM
+    assert _mounted(vllm, Path(env["FABRIC_EXPORT_DIR"])) == _mounted(node, settings.export_dir)
+    assert next(m for m in vllm["volumeMounts"] if m["name"] == _mounted(node, settings.export_dir)[0])["readOnly"]
+    for key in ("FABRIC_TLS_CERT", "FABRIC_TLS_KEY", "FABRIC_TLS_CA", "FABRIC_AUTH_TOKEN_FILE"):
+        assert _mounted(vllm, Path(env[key])) == _mounted(node, Path(_env(node)[key])), key  # the node's own credentials
+    http = {p["name"]: p["containerPort"] for p in vllm["ports"]}["http"]
+    assert f"--port={http}" in vllm["args"] and "--enable-lora" in vllm["args"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    assert vllm["image"] in (ROOT / "deploy" / "vllm.Dockerfile").read_text()
+
+
+def test_the_vllm_image_installs_the_wheel_from_the_clone_holding_torch() -> None:
+    text = (ROOT / "deploy" / "vllm.Dockerfile").read_text()
+    for sources in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
+        for source in sources.split():
+            assert (ROOT / source).exists(), source
+    copied = {s for line in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M) for s in line.split()}
+    assert {"pyproject.toml", "setup.py", "fabric", "node"} <= copied
+    assert "pip wheel --no-cache-dir --no-deps" in text and "--constraint /tmp/hold-torch.txt" in text
+
+
+def test_the_readmes_kubernetes_names_are_the_manifests() -> None:
+    readme = (ROOT / "README.md").read_text()
+    names = {(doc["kind"], doc["metadata"]["name"]) for doc in _docs()}
+    service_ports = {p["port"] for p in _kind("Service")["spec"]["ports"]}
+    for host, port in re.findall(r"(?:--peers-dns[ =]|FABRIC_PEERS_DNS=)([\w.-]+):(\d+)", readme):
+        assert ("Service", host.split(".")[0]) in names and int(port) in service_ports, host
+    kinds = {"statefulset/": "StatefulSet", "pod/": "StatefulSet", "deployment/": "Deployment", "secret generic ": "Secret"}
+    for word, name in re.findall(r"\b(statefulset/|pod/|deployment/|secret generic )([a-z0-9-]+)", readme):
+        name = re.sub(r"-\d+$", "", name) if word == "pod/" else name  # pod/fabric-0: the StatefulSet's first pod
+        assert (kinds[word], name) in names, (kinds[word], name)
+    for path in re.findall(r"deploy/[\w.-]+", readme):
+        assert (ROOT / path).is_file(), path
+    assert ("Deployment", "vllm-engine") in names and "deploy/vllm-sidecar.yaml" in readme
