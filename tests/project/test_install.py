@@ -95,7 +95,7 @@ def test_the_wheel_installs_one_top_level_package(wheel: Path) -> None:
 
 def test_the_engine_environment_imports_the_wheel_not_the_clone(engine_env: Path, tmp_path: Path) -> None:
     code = f"""
-import importlib.metadata as md, importlib.util, json, torch
+import importlib.metadata as md, importlib.util, json
 import adapter_fabric
 (plugin,) = [e for e in md.entry_points(group={PLUGIN_GROUP!r}) if e.name == {PLUGIN_NAME!r}]
 register = plugin.load()
@@ -107,7 +107,7 @@ print(json.dumps({{
     "dist": str(md.distribution("adapter-fabric").locate_file("")),
     "fabric": importlib.util.find_spec("fabric") is not None,
     "node": importlib.util.find_spec("node") is not None,
-    "torch": torch.__version__,
+    "torch": md.version("torch"),
 }}))
 """
     found = _run(engine_env, code, cwd=tmp_path)
