@@ -24,6 +24,7 @@ from fabric.store.ids import validate_adapter_id
 from fabric.store.manifest import Manifest
 from fabric.transport import fetch_metadata, swarm, wire
 from fabric.transport.pull import PeerPuller
+from fabric.trust.signing import signatures_to_proto
 from fabric.v1 import fabric_pb2
 from node.context import NodeContext
 from node.signed import SignedAdapters
@@ -92,7 +93,7 @@ class PeerReads:
         manifest = await self.context.io(self.store.get, validate_adapter_id(request.adapter_id))
         self.signed.check_stored(manifest)  # a node that trusts signers serves only signed adapters
         reply = manifest.to_proto()
-        reply.signature = await self.context.io(self.store.signature, manifest.digest)
+        signatures_to_proto(reply, await self.context.io(self.store.signatures_of, manifest.digest))
         if request.with_sha256:
             for name, sha256 in (await self.context.io(self.store.file_sha256, manifest)).items():
                 reply.file_sha256[name] = sha256

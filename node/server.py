@@ -196,9 +196,9 @@ async def serve(settings: NodeSettings) -> None:
     readiness = Readiness()
     endpoint = start_endpoint(settings, readiness)  # /healthz answers from here on; /readyz says "not ready" until the end
     tls, token = load_security(settings)
-    store = open_store(settings)
+    trusted = load_trusted(settings)  # before the store: its export directory lists only what they signed
+    store = open_store(settings, trusted)
     _expire(store, settings.expire_abandoned_after)
-    trusted = load_trusted(settings)
     model = build_model(settings)
 
     # Observe first: it sees refusals by the auth interceptor too. Auth next: an unauthenticated

@@ -34,7 +34,7 @@ class Staging:
         io = self.context.io
         upload = None
         received = 0
-        signed_digest = ""
+        signed_digest, signed = "", None
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
@@ -42,7 +42,7 @@ class Staging:
                     if upload is not None:
                         raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
                     begin = message.begin
-                    signed_digest = self.signed.check_stage_begin(begin)  # before any byte moves
+                    signed_digest, signed = await io(self.signed.check_stage_begin, begin)  # before any byte moves
                     upload = await self._open_upload(begin)
                     if begin.offset != upload.offset:
                         await io(upload.rewind, begin.offset)  # refuses an offset beyond what is held
@@ -57,8 +57,8 @@ class Staging:
                 raise InvalidArgument("Stage stream ended without a StageBegin")
             # A stream that ends early leaves its verified prefix in the upload area for a resume.
             manifest = await io(upload.commit)
-            if manifest.digest == signed_digest:  # the signature travels with the manifest from here
-                await io(self.store.set_signature, manifest.digest, begin.signature)
+            if signed is not None and manifest.digest == signed_digest:  # the signature travels with the manifest from here
+                await io(self.store.add_signature, manifest.digest, signed)
         except BaseException:
             if upload is not None:
                 # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume.
