@@ -17,7 +17,7 @@ from typing import IO, AsyncIterator, Callable, Sequence, Union
 import grpc
 from aiolimiter import AsyncLimiter
 
-from fabric.errors import AdapterNotFound, InvalidArgument, QuotaExceeded
+from fabric.errors import AdapterNotFound, InvalidArgument, PeerUnavailable, QuotaExceeded
 from fabric.observability.metrics import SERVED_BYTES
 from fabric.store.digests import check_scheme
 from fabric.store.ids import validate_adapter_id
@@ -31,6 +31,8 @@ from node.signed import SignedAdapters
 
 #: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
 SENT_COUNTS_KEPT = 16
+#: seconds before the drain bound (--drain-timeout) at which streams still sending end, naming the cause (at most half the bound)
+DRAIN_CUT_MARGIN_S = 1.0
 
 
 # What a Fetch sends, whichever channel carries it (gRPC here, the data channel in node.data_server).
@@ -85,6 +87,20 @@ class PeerReads:
         self._rng = random.Random()
         #: metadata announcing this node's data channel (``fetch_metadata.announce_data_port``); set once it listens
         self.announce: tuple[tuple[str, str], ...] = ()
+        self._cut: str = ""  # set while draining, once streams still sending must end: why
+
+    def start_draining(self, bound: float) -> None:
+        """SIGTERM: streams in flight have ``bound`` seconds; shortly before the server cuts them, each ends naming the cause.
+
+        A receiver then hears that this peer is shutting down (``PeerUnavailable``, on gRPC and the data channel alike)
+        and fetches the rest elsewhere, instead of a bare cancel. Called on the event loop.
+        """
+        cause = f"this peer is shutting down (SIGTERM; its --drain-timeout of {bound:g}s for streams in flight passed): fetch the rest from another peer"
+
+        def cut() -> None:
+            self._cut = cause
+
+        asyncio.get_running_loop().call_later(max(0.0, bound - min(DRAIN_CUT_MARGIN_S, bound / 2)), cut)
 
     async def get_manifest(self, request: fabric_pb2.GetManifestRequest) -> fabric_pb2.Manifest:
         """A staged adapter's manifest with its signature (and, when asked, each file's sha256)."""
@@ -121,9 +137,16 @@ class PeerReads:
         return self.store.get(validate_adapter_id(adapter_id))
 
     async def _throttle(self, length: int) -> None:
-        """Wait for ``length`` bytes of --upload-rate (a chunk larger than a second's worth takes a whole second's)."""
+        """Wait for ``length`` bytes of --upload-rate (a chunk larger than a second's worth takes a whole second's).
+
+        Every piece of every stream passes here: a draining node's streams end here, by name (``start_draining``).
+        """
+        if self._cut:
+            raise PeerUnavailable(self._cut)
         if self._upload_limit is not None:
             await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
+        if self._cut:
+            raise PeerUnavailable(self._cut)
 
     async def fetch(self, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Fetch over gRPC: the pieces of ``pieces`` as encoded Chunk messages, picks and holdings as metadata."""
