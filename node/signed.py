@@ -104,6 +104,8 @@ class SignedAdapters:
                 self.trusted.check(manifest.digest, signatures, f"adapter {adapter_id!r}")
             seen.append(manifest.digest)
             verified = tuple(v for v in (self.trusted.attribute(manifest.digest, s) for s in signatures) if v is not None)
+            # This node's trusted signers first: if the digest's places run out here, theirs are the ones kept.
+            verified = tuple(sorted(verified, key=lambda s: not self.trusted.trusts(manifest.digest, (s,))))
             if len(verified) < len(signatures):
                 log.warning("pull of %r: %d of its %d signatures do not verify under their signer's key; not kept", adapter_id, len(signatures) - len(verified), len(signatures))
             if verified:
