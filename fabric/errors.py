@@ -54,7 +54,7 @@ class LimitExceeded(InvalidArgument):
 
 
 class FieldTooLarge(InvalidArgument):
-    """A request field is longer than its bound (``fabric.rpc.bounds``): the refusal names the field and the limit, never the value."""
+    """A request field is longer than its bound (``adapter_fabric.rpc.bounds``): the refusal names the field and the limit, never the value."""
 
 
 class BadSignature(InvalidArgument):
@@ -116,7 +116,7 @@ class PinLimitReached(QuotaExceeded):
 
 
 class TooManySigners(QuotaExceeded):
-    """A digest already carries signatures by as many signers as a store keeps (``fabric.trust.signing.MAX_SIGNERS``)."""
+    """A digest already carries signatures by as many signers as a store keeps (``adapter_fabric.trust.signing.MAX_SIGNERS``)."""
 
     retryable = False
 

@@ -1,11 +1,11 @@
 """Repairs: an adapter whose bytes at rest failed a check is pulled again from the peers, in the background.
 
-Damage is found by the scrub (``node.scrub``) or by any verified read of the
+Damage is found by the scrub (``adapter_fabric.node.scrub``) or by any verified read of the
 store (a Fetch serving a peer, a promote, a sha256 asked of GetManifest). The
 store quarantines the blob and withdraws its export entries at once
-(``fabric.store.integrity``), ``StoreStatus`` lists the id as damaged until the
+(``adapter_fabric.store.integrity``), ``StoreStatus`` lists the id as damaged until the
 repair commits, and the repair is a pull of the id from the known peers, with
-the trust check of any pull (``node.signed``). Each warning names the adapter
+the trust check of any pull (``adapter_fabric.node.signed``). Each warning names the adapter
 and what found the damage.
 """
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from fabric.errors import FabricError
-from fabric.store import AdapterStore
-from fabric.transport.discovery import PeerSource
-from node.signed import SignedAdapters
+from adapter_fabric.errors import FabricError
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.transport.discovery import PeerSource
+from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 

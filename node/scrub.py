@@ -1,13 +1,13 @@
-"""The background scrub: every committed blob re-read and verified now and then, and what fails pulled again (``node.repair``)."""
+"""The background scrub: every committed blob re-read and verified now and then, and what fails pulled again (``adapter_fabric.node.repair``)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
-from fabric.errors import IntegrityError
-from fabric.store import AdapterStore
-from node.repair import Repairs
+from adapter_fabric.errors import IntegrityError
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.node.repair import Repairs
 
 log = logging.getLogger("fabric.node")
 

@@ -5,7 +5,7 @@ Every check runs before a byte of the adapter moves: a Stage's StageBegin
 declares the files' digests, so the digest is known before any data; a pull
 reads the peer's manifest (with its signatures) before fetching a chunk.
 Signatures are kept by every node, trusting or not, each once it verifies under
-its signer's public key (``fabric.store.signatures``), so every author's
+its signer's public key (``adapter_fabric.store.signatures``), so every author's
 travels with the adapter and none can be replaced.
 """
 
@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from fabric.errors import BadSignature, TooManySigners
-from fabric.store import AdapterStore
-from fabric.store.digests import CONFIG_FILE, adapter_digest, check_scheme, hash_bytes
-from fabric.store.ids import validate_digest
-from fabric.store.manifest import Manifest
-from fabric.transport.pull import ManifestCheck, PeerPuller, PullStats, SinkFor
-from fabric.trust.signing import MAX_SIGNERS, Signed, TrustedSigners, check_signed
-from fabric.v1 import fabric_pb2
+from adapter_fabric.errors import BadSignature, TooManySigners
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.digests import CONFIG_FILE, adapter_digest, check_scheme, hash_bytes
+from adapter_fabric.store.ids import validate_digest
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.transport.pull import ManifestCheck, PeerPuller, PullStats, SinkFor
+from adapter_fabric.trust.signing import MAX_SIGNERS, Signed, TrustedSigners, check_signed
+from adapter_fabric.v1 import fabric_pb2
 
 log = logging.getLogger("fabric.node")
 
@@ -90,7 +90,7 @@ class SignedAdapters:
                 self._keep_pulled_signature(seen[0], committed)
 
     def _signed_pull_check(self, adapter_id: str, check: Callable[[Manifest], None] | None, seen: list[str]) -> ManifestCheck:
-        """A pull's manifest check (``fabric.transport.pull.ManifestCheck``), preceded by the trust check of its signature.
+        """A pull's manifest check (``adapter_fabric.transport.pull.ManifestCheck``), preceded by the trust check of its signature.
 
         The signatures come with the manifest the pull itself reads (one GetManifest). Those that verify under
         their signer's key (a keyless one: under a trusted key) are held in memory while the pull runs (its

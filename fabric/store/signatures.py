@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 
-from fabric.errors import TooManySigners
-from fabric.store.durable import StoreLock, TempFiles
-from fabric.store.files import fsync_dir
-from fabric.store.ids import validate_digest
-from fabric.store.layout import StoreLayout
-from fabric.trust.signing import MAX_SIGNERS, PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Signed, check_signed
+from adapter_fabric.errors import TooManySigners
+from adapter_fabric.store.durable import StoreLock, TempFiles
+from adapter_fabric.store.files import fsync_dir
+from adapter_fabric.store.ids import validate_digest
+from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.trust.signing import MAX_SIGNERS, PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Signed, check_signed
 
 __all__ = ["MAX_SIGNERS", "Signatures"]  # MAX_SIGNERS: a Stage naming one more signer is refused (TooManySigners), a pull keeps the first
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric.client import NodeClient
-from fabric.harness.cluster import LocalNode
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.client import NodeClient
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.store import snapshot
 
 pytestmark = pytest.mark.timeout(300)
@@ -78,7 +78,7 @@ def test_operator_files_in_the_export_dir_survive_restarts(tmp_path):
 
 def test_a_trusting_node_exports_only_what_a_trusted_signer_signed(tmp_path):
     """Item 2: an adapter staged unsigned before the node trusted signers leaves the export directory at the restart."""
-    from fabric.trust.signing import keygen
+    from adapter_fabric.trust.signing import keygen
 
     private, public = keygen()
     (tmp_path / "author.pub").write_bytes(public)

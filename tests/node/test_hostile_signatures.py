@@ -15,13 +15,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fabric.errors import BadSignature, TooManySigners
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.rpc.status import error_from_rpc
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.store.digests import CONFIG_FILE, WEIGHTS_FILE, adapter_digest, hash_bytes
-from fabric.trust.signing import MAX_SIGNERS, keygen, sign, signatures_from_proto
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.errors import BadSignature, TooManySigners
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.rpc.status import error_from_rpc
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store.digests import CONFIG_FILE, WEIGHTS_FILE, adapter_digest, hash_bytes
+from adapter_fabric.trust.signing import MAX_SIGNERS, keygen, sign, signatures_from_proto
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.store import snapshot, stage_begin
 
 pytestmark = pytest.mark.timeout(300)

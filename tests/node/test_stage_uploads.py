@@ -10,9 +10,9 @@ import grpc
 import pytest
 from blake3 import blake3
 
-from fabric.harness.cluster import LocalNode
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.stage_stream import Stream, wait_offset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -8,7 +8,7 @@ import threading
 import grpc
 from blake3 import blake3
 
-from fabric.v1 import fabric_pb2
+from adapter_fabric.v1 import fabric_pb2
 from tests.support.store import stage_begin_of
 
 
