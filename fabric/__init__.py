@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from adapter_fabric.errors import (
     AdapterNotFound,
     AdaptersUnsupported,
+    BadSignature,
     Busy,
     ConfigMismatch,
     DeadlineExceeded,
@@ -49,6 +50,7 @@ from adapter_fabric.errors import (
     QuotaExceeded,
     SlotBusy,
     StoreMissing,
+    TooManySigners,
     Unauthenticated,
     Untrusted,
 )
@@ -85,6 +87,7 @@ __all__ = [
     *_LAZY,
     "AdapterNotFound",
     "AdaptersUnsupported",
+    "BadSignature",
     "Busy",
     "ConfigMismatch",
     "DeadlineExceeded",
@@ -108,6 +111,7 @@ __all__ = [
     "QuotaExceeded",
     "SlotBusy",
     "StoreMissing",
+    "TooManySigners",
     "Unauthenticated",
     "Untrusted",
 ]

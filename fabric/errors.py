@@ -57,6 +57,10 @@ class FieldTooLarge(InvalidArgument):
     """A request field is longer than its bound (``adapter_fabric.rpc.bounds``): the refusal names the field and the limit, never the value."""
 
 
+class BadSignature(InvalidArgument):
+    """A signature that does not verify under the public key it names, over the digest it is sent with (or names no key)."""
+
+
 # --- the adapter does not fit this node -------------------------------------
 
 
@@ -107,6 +111,12 @@ class QuotaExceeded(FabricError):
 
 class PinLimitReached(QuotaExceeded):
     """Pinning another adapter would pin every slot: only an operator's unpin frees one, so retrying alone never helps."""
+
+    retryable = False
+
+
+class TooManySigners(QuotaExceeded):
+    """A digest already carries signatures by as many signers as a store keeps (``adapter_fabric.trust.signing.MAX_SIGNERS``)."""
 
     retryable = False
 

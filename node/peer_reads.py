@@ -17,19 +17,22 @@ from typing import IO, AsyncIterator, Callable, Sequence, Union
 import grpc
 from aiolimiter import AsyncLimiter
 
-from adapter_fabric.errors import AdapterNotFound, InvalidArgument, QuotaExceeded
+from adapter_fabric.errors import AdapterNotFound, InvalidArgument, PeerUnavailable, QuotaExceeded
 from adapter_fabric.observability.metrics import SERVED_BYTES
 from adapter_fabric.store.digests import check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport import fetch_metadata, swarm, wire
 from adapter_fabric.transport.pull import PeerPuller
+from adapter_fabric.trust.signing import signatures_to_proto
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.signed import SignedAdapters
 
 #: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
 SENT_COUNTS_KEPT = 16
+#: seconds before the drain bound (--drain-timeout) at which streams still sending end, naming the cause (at most half the bound)
+DRAIN_CUT_MARGIN_S = 1.0
 
 
 # What a Fetch sends, whichever channel carries it (gRPC here, the data channel in node.data_server).
@@ -84,6 +87,20 @@ class PeerReads:
         self._rng = random.Random()
         #: metadata announcing this node's data channel (``fetch_metadata.announce_data_port``); set once it listens
         self.announce: tuple[tuple[str, str], ...] = ()
+        self._cut: str = ""  # set while draining, once streams still sending must end: why
+
+    def start_draining(self, bound: float) -> None:
+        """SIGTERM: streams in flight have ``bound`` seconds; shortly before the server cuts them, each ends naming the cause.
+
+        A receiver then hears that this peer is shutting down (``PeerUnavailable``, on gRPC and the data channel alike)
+        and fetches the rest elsewhere, instead of a bare cancel. Called on the event loop.
+        """
+        cause = f"this peer is shutting down (SIGTERM; its --drain-timeout of {bound:g}s for streams in flight passed): fetch the rest from another peer"
+
+        def cut() -> None:
+            self._cut = cause
+
+        asyncio.get_running_loop().call_later(max(0.0, bound - min(DRAIN_CUT_MARGIN_S, bound / 2)), cut)
 
     async def get_manifest(self, request: fabric_pb2.GetManifestRequest) -> fabric_pb2.Manifest:
         """A staged adapter's manifest with its signature (and, when asked, each file's sha256)."""
@@ -92,7 +109,7 @@ class PeerReads:
         manifest = await self.context.io(self.store.get, validate_adapter_id(request.adapter_id))
         self.signed.check_stored(manifest)  # a node that trusts signers serves only signed adapters
         reply = manifest.to_proto()
-        reply.signature = await self.context.io(self.store.signature, manifest.digest)
+        signatures_to_proto(reply, await self.context.io(self.store.signatures_of, manifest.digest))
         if request.with_sha256:
             for name, sha256 in (await self.context.io(self.store.file_sha256, manifest)).items():
                 reply.file_sha256[name] = sha256
@@ -120,9 +137,16 @@ class PeerReads:
         return self.store.get(validate_adapter_id(adapter_id))
 
     async def _throttle(self, length: int) -> None:
-        """Wait for ``length`` bytes of --upload-rate (a chunk larger than a second's worth takes a whole second's)."""
+        """Wait for ``length`` bytes of --upload-rate (a chunk larger than a second's worth takes a whole second's).
+
+        Every piece of every stream passes here: a draining node's streams end here, by name (``start_draining``).
+        """
+        if self._cut:
+            raise PeerUnavailable(self._cut)
         if self._upload_limit is not None:
             await self._upload_limit.acquire(min(length, self._upload_limit.max_rate))
+        if self._cut:
+            raise PeerUnavailable(self._cut)
 
     async def fetch(self, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Fetch over gRPC: the pieces of ``pieces`` as encoded Chunk messages, picks and holdings as metadata."""

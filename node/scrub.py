@@ -1,14 +1,13 @@
-"""The background scrub: every committed blob re-read and verified now and then, and what fails pulled again."""
+"""The background scrub: every committed blob re-read and verified now and then, and what fails pulled again (``adapter_fabric.node.repair``)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
-from adapter_fabric.errors import FabricError, IntegrityError
+from adapter_fabric.errors import IntegrityError
 from adapter_fabric.store import AdapterStore
-from adapter_fabric.transport.discovery import PeerSource
-from adapter_fabric.node.signed import SignedAdapters
+from adapter_fabric.node.repair import Repairs
 
 log = logging.getLogger("fabric.node")
 
@@ -19,10 +18,9 @@ SCRUB_INTERVAL_S = 6 * 3600.0
 class Scrubber:
     """Re-reads the store at --scrub-rate bytes/s on its own thread (started here when the rate is above 0)."""
 
-    def __init__(self, store: AdapterStore, peer_source: PeerSource, signed: SignedAdapters, rate: int) -> None:
+    def __init__(self, store: AdapterStore, repairs: Repairs, rate: int) -> None:
         self.store = store
-        self.peer_source = peer_source
-        self.signed = signed
+        self.repairs = repairs
         self._stop = threading.Event()
         if rate > 0:
             threading.Thread(target=self._loop, args=(rate,), name="scrub", daemon=True).start()
@@ -40,11 +38,5 @@ class Scrubber:
                 log.exception("store scrub failed")
             self._stop.wait(SCRUB_INTERVAL_S)
 
-    def _repair(self, adapter_id: str, error: IntegrityError) -> None:
-        peers = self.peer_source.peers()
-        log.warning("scrub: %s; %s", error, f"pulling it again from {','.join(peers)}" if peers else "no peer to pull it from")
-        if peers:
-            try:
-                self.signed.pull(peers, adapter_id)  # the trust check of any pull: a peer may hold other bytes under this id by now
-            except FabricError as exc:
-                log.warning("scrub: could not pull %s again: %s", adapter_id, exc)
+    def _repair(self, adapter_id: str, digest: str, error: IntegrityError) -> None:
+        self.repairs.damage_found(adapter_id, digest, error, found_by="the scrub")

@@ -46,6 +46,7 @@ from adapter_fabric.node.eviction import CopiesElsewhere, EvictWhenFull
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import PeerReads
 from adapter_fabric.node.promotes import Promotes
+from adapter_fabric.node.repair import Repairs
 from adapter_fabric.node.scrub import Scrubber
 from adapter_fabric.node.servicer import FabricServicer
 from adapter_fabric.node.settings import NodeSettings, fail
@@ -166,11 +167,15 @@ class Node:
             slots=Slots(self.context, promotes, max_new_tokens=settings.max_new_tokens),
             store_status=StoreReport(self.context, expire_after=settings.expire_abandoned_after, evictor=self.evictor),
         )
-        self.scrubber = Scrubber(store, peer_source, signed, rate=settings.scrub_rate)
+        #: damaged adapters pulled again from the peers, whether a read or the scrub found the damage
+        self.repairs = Repairs(store, peer_source, signed)
+        store.integrity.on_damage = self.repairs.damage_found
+        self.scrubber = Scrubber(store, self.repairs, rate=settings.scrub_rate)
 
     def close(self) -> None:
         """After the server stopped: the scrub told to stop, the model worker's jobs finished, the peer channels closed."""
         self.scrubber.stop()
+        self.repairs.close()
         self.context.close()
         self.puller.channels.close()
 
@@ -196,9 +201,9 @@ async def serve(settings: NodeSettings) -> None:
     readiness = Readiness()
     endpoint = start_endpoint(settings, readiness)  # /healthz answers from here on; /readyz says "not ready" until the end
     tls, token = load_security(settings)
-    store = open_store(settings)
+    trusted = load_trusted(settings)  # before the store: its export directory lists only what they signed
+    store = open_store(settings, trusted)
     _expire(store, settings.expire_abandoned_after)
-    trusted = load_trusted(settings)
     model = build_model(settings)
 
     # Observe first: it sees refusals by the auth interceptor too. Auth next: an unauthenticated
@@ -252,6 +257,7 @@ async def serve(settings: NodeSettings) -> None:
     # Drain: out of rotation first, then in-flight calls get the bound to finish; what is left is cut.
     readiness.set(False)
     log.info("draining: readiness false, health NOT_SERVING, %.1fs for in-flight calls", settings.drain_timeout)
+    node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
     if hygiene is not None:
         hygiene.cancel()

@@ -3,22 +3,27 @@
 What is signed is the adapter's manifest digest (fabric/trust/signing.py).
 Every check runs before a byte of the adapter moves: a Stage's StageBegin
 declares the files' digests, so the digest is known before any data; a pull
-reads the peer's manifest (with its signature) before fetching a chunk.
-Signatures are kept by every node, trusting or not, so they travel with the
-adapter.
+reads the peer's manifest (with its signatures) before fetching a chunk.
+Signatures are kept by every node, trusting or not, each once it verifies under
+its signer's public key (``adapter_fabric.store.signatures``), so every author's
+travels with the adapter and none can be replaced.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
+from adapter_fabric.errors import BadSignature, TooManySigners
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.digests import CONFIG_FILE, adapter_digest, check_scheme, hash_bytes
 from adapter_fabric.store.ids import validate_digest
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport.pull import ManifestCheck, PeerPuller, PullStats, SinkFor
-from adapter_fabric.trust.signing import TrustedSigners
+from adapter_fabric.trust.signing import MAX_SIGNERS, Signed, TrustedSigners, check_signed
 from adapter_fabric.v1 import fabric_pb2
+
+log = logging.getLogger("fabric.node")
 
 
 class SignedAdapters:
@@ -29,26 +34,43 @@ class SignedAdapters:
         self.puller = puller
         #: the signers whose adapters alone this node stages, pulls, loads and serves (none = any adapter)
         self.trusted = trusted
-        # digest -> signature, while its pull runs: its verified chunks are served on meanwhile (check_stored)
-        self._pulling_signatures: dict[str, bytes] = {}
+        # digest -> verified signatures, while its pull runs: its verified chunks are served on meanwhile (check_stored)
+        self._pulling_signatures: dict[str, tuple[Signed, ...]] = {}
 
-    def check_stage_begin(self, begin: fabric_pb2.StageBegin) -> str:
-        """The digest the staged files will have (from the declared weights root); refused unless trusted-signed.
+    def check_stage_begin(self, begin: fabric_pb2.StageBegin) -> tuple[str, Signed | None]:
+        """The digest the staged files will have (from the declared weights root), and the signature to keep once they commit.
 
-        A client of another digest scheme is refused by name first (``IncompatibleFormat``).
+        Refused before any byte moves: a client of another digest scheme (``IncompatibleFormat``), a signature that is not
+        its named signer's over that digest (``BadSignature``), a new signer past ``MAX_SIGNERS`` (``TooManySigners``), and
+        on a node that trusts signers an adapter none of them signed (``Untrusted``). Blocking (reads the store).
         """
+        what = f"adapter {begin.adapter_id!r}"
         check_scheme(begin.digest_scheme, f"the Stage of {begin.adapter_id[:200]!r}")
         validate_digest(begin.safetensors_blake3, "StageBegin.safetensors_blake3")
         validate_digest(begin.weights_root, f"StageBegin.weights_root (at this node's chunk size, {self.store.chunk_size})")
         digest = adapter_digest(hash_bytes(CONFIG_FILE, begin.config_json, self.store.chunk_size).root, begin.weights_root)
-        self.trusted.check(digest, begin.signature, f"adapter {begin.adapter_id!r}")
-        return digest
+        signed = Signed(bytes(begin.signer_public_key), bytes(begin.signature)) if begin.signature else None
+        if signed is None and begin.signer_public_key:
+            raise BadSignature(f"{what}: StageBegin.signer_public_key comes without a signature; nothing was kept")
+        if signed is not None and not signed.public_key:
+            # A client that names no key: a node that trusts signers finds it among its own, any other cannot check it.
+            if not self.trusted.required:
+                raise BadSignature(f"{what}: StageBegin.signature comes without StageBegin.signer_public_key, so it cannot be checked; nothing was kept")
+            self.trusted.check(digest, (signed,), what)  # Untrusted unless one of this node's keys makes it
+            signed = self.trusted.attribute(digest, signed)
+        if signed is not None:
+            check_signed(digest, signed, what)
+            held = [s.public_key for s in self.store.signatures_of(digest) if s.public_key]
+            if signed.public_key not in held and len(held) >= MAX_SIGNERS:
+                raise TooManySigners(f"{what}: digest {digest[:12]} already carries {len(held)} signers' signatures, the most a store keeps ({MAX_SIGNERS})")
+        self.trusted.check(digest, (signed,) if signed is not None else (), what)
+        return digest, signed
 
     def check_stored(self, manifest: Manifest) -> None:
         """An adapter this node holds (or is pulling) may be loaded or served only if a trusted signer signed its digest."""
         if self.trusted.required:
-            signature = self.store.signature(manifest.digest) or self._pulling_signatures.get(manifest.digest, b"")
-            self.trusted.check(manifest.digest, signature, f"adapter {manifest.adapter_id!r}")
+            signatures = self.store.signatures_of(manifest.digest) + self._pulling_signatures.get(manifest.digest, ())
+            self.trusted.check(manifest.digest, signatures, f"adapter {manifest.adapter_id!r}")
 
     def pull(
         self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None] | None = None, sink_for: SinkFor | None = None
@@ -70,23 +92,36 @@ class SignedAdapters:
     def _signed_pull_check(self, adapter_id: str, check: Callable[[Manifest], None] | None, seen: list[str]) -> ManifestCheck:
         """A pull's manifest check (``adapter_fabric.transport.pull.ManifestCheck``), preceded by the trust check of its signature.
 
-        The signature comes with the manifest the pull itself reads (one GetManifest). It is held in memory
-        while the pull runs (its verified chunks are served on meanwhile) and kept in the store once the pull
-        commits (``_keep_pulled_signature``); a failed pull leaves none. ``seen`` gets the digest checked.
+        The signatures come with the manifest the pull itself reads (one GetManifest). Those that verify under
+        their signer's key (a keyless one: under a trusted key) are held in memory while the pull runs (its
+        verified chunks are served on meanwhile) and kept in the store once the pull commits
+        (``_keep_pulled_signature``); the others are dropped, named in the log. A failed pull keeps none.
+        ``seen`` gets the digest checked.
         """
 
-        def signed_check(manifest: Manifest, signature: bytes) -> None:
+        def signed_check(manifest: Manifest, signatures: tuple[Signed, ...]) -> None:
             if self.trusted.required:
-                self.trusted.check(manifest.digest, signature, f"adapter {adapter_id!r}")
+                self.trusted.check(manifest.digest, signatures, f"adapter {adapter_id!r}")
             seen.append(manifest.digest)
-            if signature:
-                self._pulling_signatures[manifest.digest] = signature
+            verified = tuple(v for v in (self.trusted.attribute(manifest.digest, s) for s in signatures) if v is not None)
+            # This node's trusted signers first: if the digest's places run out here, theirs are the ones kept.
+            verified = tuple(sorted(verified, key=lambda s: not self.trusted.trusts(manifest.digest, (s,))))
+            if len(verified) < len(signatures):
+                log.warning("pull of %r: %d of its %d signatures do not verify under their signer's key; not kept", adapter_id, len(signatures) - len(verified), len(signatures))
+            if verified:
+                self._pulling_signatures[manifest.digest] = verified
             if check is not None:
                 check(manifest)
 
         return signed_check
 
     def _keep_pulled_signature(self, digest: str, committed: bool) -> None:
-        signature = self._pulling_signatures.pop(digest, b"") if digest else b""
-        if committed and signature:
-            self.store.set_signature(digest, signature)  # it travels on from here
+        signatures = self._pulling_signatures.pop(digest, ()) if digest else ()
+        if not committed:
+            return
+        for signed in signatures:  # they travel on from here
+            try:
+                self.store.add_signature(digest, signed)
+            except (BadSignature, TooManySigners) as exc:
+                log.warning("pulled signature of %s not kept: %s", digest[:12], exc)
+                return

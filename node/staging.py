@@ -34,7 +34,7 @@ class Staging:
         io = self.context.io
         upload = None
         received = 0
-        signed_digest = ""
+        signed_digest, signed = "", None
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
@@ -42,8 +42,15 @@ class Staging:
                     if upload is not None:
                         raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
                     begin = message.begin
-                    signed_digest = self.signed.check_stage_begin(begin)  # before any byte moves
-                    upload = await self._open_upload(begin)
+                    signed_digest, signed = await io(self.signed.check_stage_begin, begin)  # before any byte moves
+                    upload, waited = await self._open_upload(begin)
+                    if begin.offset > upload.offset and (waited or not upload.offset):
+                        # What the client resumes from is gone: the stream it waited for (or one before) committed
+                        # or dropped the upload meanwhile. Busy, not a bad offset: asking UploadOffset again resolves it.
+                        raise Busy(
+                            f"Stage of {begin.adapter_id!r} resumes at offset {begin.offset} but this node holds {upload.offset} bytes of it: "
+                            f"another Stage stream of the same bytes committed or dropped them meanwhile; ask UploadOffset and resume from there"
+                        )
                     if begin.offset != upload.offset:
                         await io(upload.rewind, begin.offset)  # refuses an offset beyond what is held
                 elif kind == "data":
@@ -57,12 +64,13 @@ class Staging:
                 raise InvalidArgument("Stage stream ended without a StageBegin")
             # A stream that ends early leaves its verified prefix in the upload area for a resume.
             manifest = await io(upload.commit)
-            if manifest.digest == signed_digest:  # the signature travels with the manifest from here
-                await io(self.store.set_signature, manifest.digest, begin.signature)
+            if signed is not None and manifest.digest == signed_digest:  # the signature travels with the manifest from here
+                await io(self.store.add_signature, manifest.digest, signed)
         except BaseException:
             if upload is not None:
-                # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume.
-                await self.context.io_cleanup(upload.close)
+                # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume
+                # (an upload holding nothing leaves no directory behind).
+                await self.context.io_cleanup(upload.close if upload.offset else upload.discard)
             raise
         log.info("staged %s digest=%s (%d bytes received)", manifest.adapter_id, manifest.digest[:12], received)
         return fabric_pb2.StageResponse(
@@ -73,16 +81,20 @@ class Staging:
             already_staged=upload.already_staged,
         )
 
-    async def _open_upload(self, begin: fabric_pb2.StageBegin) -> Upload:
+    async def _open_upload(self, begin: fabric_pb2.StageBegin) -> tuple[Upload, bool]:
         """Open ``begin``'s upload, waiting a little for an earlier stream of it to let go: a client that crashed
-        mid-upload and resumes at once meets its own dead stream still winding down here. Waits off the I/O threads."""
+        mid-upload and resumes at once meets its own dead stream still winding down here. Waits off the I/O threads.
+        The upload, and whether another stream held it first."""
         deadline = time.monotonic() + UPLOAD_RELEASE_WAIT_S
+        waited = False
         while True:
             try:
-                return await self.context.io(
+                upload = await self.context.io(
                     self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_blake3, begin.weights_root
                 )
+                return upload, waited
             except Busy:
+                waited = True
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.05)

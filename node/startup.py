@@ -16,6 +16,7 @@ import grpc
 from adapter_fabric.errors import FabricError
 from adapter_fabric.rpc.security import TlsFiles, read_token
 from adapter_fabric.store import AdapterStore
+from adapter_fabric.trust.signing import TrustedSigners
 from adapter_fabric.node.settings import NodeSettings, fail
 
 #: what each TLS flag's file must hold, and what it holds when the flags were swapped
@@ -51,8 +52,12 @@ def load_security(settings: NodeSettings) -> tuple[TlsFiles, str | None]:
     return tls, token
 
 
-def open_store(settings: NodeSettings) -> AdapterStore:
-    """The store at --store, recovered after a crash; an unusable path is one line."""
+def open_store(settings: NodeSettings, trusted: TrustedSigners) -> AdapterStore:
+    """The store at --store, recovered after a crash; an unusable path is one line.
+
+    ``trusted`` (--trusted-signers) is known first: the export directory then lists only adapters they signed,
+    and withdraws at once an entry of one they did not (staged before the node trusted signers).
+    """
     try:
         return AdapterStore(
             settings.store,
@@ -61,6 +66,7 @@ def open_store(settings: NodeSettings) -> AdapterStore:
             max_adapter_bytes=settings.max_adapter_bytes,
             max_header_bytes=settings.max_header_bytes,
             export_dir=settings.export_dir,
+            trusted=trusted,
         )
     except OSError as exc:
         fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")

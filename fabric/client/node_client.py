@@ -195,9 +195,10 @@ class NodeClient:
             offset=offset, digest_scheme=DIGEST_SCHEME,
         )
         if sign_key is not None:
-            from adapter_fabric.trust.signing import sign_digest
+            from adapter_fabric.trust.signing import sign
 
-            begin.signature = sign_digest(sign_key, adapter_digest(hash_bytes(CONFIG_FILE, config, target.chunk_size).root, weights_root))
+            signed = sign(sign_key, adapter_digest(hash_bytes(CONFIG_FILE, config, target.chunk_size).root, weights_root))
+            begin.signature, begin.signer_public_key = signed.signature, signed.public_key
 
         def requests() -> Iterator[fabric_pb2.StageRequest]:
             yield fabric_pb2.StageRequest(begin=begin)

@@ -35,18 +35,19 @@ def read_private(path: Path) -> bytearray:
     return buf
 
 
-def map_immutable(path: Path, expected_size: int) -> mmap.mmap:
+def map_immutable(path: Path, expected_size: int, what: str) -> mmap.mmap:
     """A memory map of a file nobody writes (a committed store blob, mode 0444), checked against its expected size.
 
+    ``what`` names the file in a refusal (an adapter and its file name: a store's blob path means nothing to a caller).
     ``ACCESS_COPY`` gives a writable private mapping so ``torch.frombuffer`` takes it without a warning;
     nothing writes to it, so no page is ever copied.
     """
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size != expected_size:
-            raise IntegrityError(f"{path}: {size} bytes on disk, its verified manifest says {expected_size}; re-stage or re-pull it")
+            raise IntegrityError(f"{what}: {size} bytes on disk, its verified manifest says {expected_size}; re-stage or re-pull it")
         if size == 0:
-            raise IntegrityError(f"{path}: the file is empty")
+            raise IntegrityError(f"{what}: the file is empty")
         return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
 
 

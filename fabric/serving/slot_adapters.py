@@ -156,7 +156,7 @@ class PoolAdapters(ModelAdapters):
         config, index, pairs = manifest.config, manifest.index, manifest.pairs
         self.check_compatible(pairs)  # before any byte is read
         try:
-            mapped = map_immutable(weights_path, manifest.weights.size)
+            mapped = map_immutable(weights_path, manifest.weights.size, f"the {manifest.weights.name} of adapter {manifest.adapter_id!r} ({manifest.digest[:12]})")
         except FileNotFoundError:  # verified a moment ago: unstaged (or quarantined) since
             raise AdapterNotFound(f"adapter {manifest.adapter_id!r} left the store while it was being promoted; stage or pull it again") from None
         staged = self._stage(mapped, index, pairs, config)

@@ -11,7 +11,7 @@ Built by composition, bottom up (each is handed what it needs, none holds the st
     Integrity          verified reads, quarantine, damage, scrub (adapter_fabric.store.integrity)
     ExportDir          PEFT directories for engines, kept in step through the committer's listener (adapter_fabric.store.export)
     DirectoryStager, Uploads, Partials   the three writers; each hands verified temp files to the committer
-    Signatures         the author's signature kept beside a digest (adapter_fabric.store.signatures)
+    Signatures         the authors' signatures kept beside a digest, one per signer, verified first (adapter_fabric.store.signatures)
     Recency, KeptIds   when each id was last used, and the ids an operator kept, for an evicting store (adapter_fabric.store.keeping)
 
 Concurrency: threads and processes may share a root. Metadata changes hold
@@ -47,6 +47,7 @@ from adapter_fabric.store.recovery import GarbageCollector, recover
 from adapter_fabric.store.signatures import Signatures
 from adapter_fabric.store.staging import DirectoryStager
 from adapter_fabric.store.upload import Upload, Uploads
+from adapter_fabric.trust.signing import Signed, TrustedSigners
 
 
 class _CommitEvents:
@@ -85,8 +86,11 @@ class AdapterStore:
         max_header_bytes: int = MAX_HEADER_BYTES,
         export_dir: Path | str | None = None,
         when_full: WhenFull | None = None,
+        trusted: TrustedSigners | None = None,
     ) -> None:
         """``export_dir``: keep every staged adapter there as a PEFT directory of hard links (``adapter_fabric.store.export``).
+
+        ``trusted``: export only adapters one of these signers signed (a trusting node's engine loads nothing it refuses).
 
         ``when_full``: what to do when a commit would pass ``max_bytes`` (default: refuse, ``QuotaExceeded``).
         """
@@ -99,10 +103,11 @@ class AdapterStore:
         self.catalog = Catalog(self.layout)
         self.quota = Quota(self.layout, max_bytes, max_adapter_bytes, max_header_bytes, when_full)
         collector = GarbageCollector(self.layout, self.catalog)
+        self.signatures = Signatures(self.layout, self.lock, TempFiles(self.layout.tmp))  # before the exports: a trusting one reads them
         with self.lock.held():
             recover(self.layout, collector)
             #: the export directory, when the store keeps one
-            self.exports = ExportDir(export_dir, self.layout.blob, self.layout.lock, self.root) if export_dir is not None else None
+            self.exports = ExportDir(export_dir, self.layout.blob, self.layout.lock, self.root, self._admit_for(trusted)) if export_dir is not None else None
             self.integrity = Integrity(self.layout, self.catalog, self.lock, self.exports)
             if self.exports is not None:
                 # Only whole adapters: a blob quarantined before the restart has nothing to link to.
@@ -112,7 +117,6 @@ class AdapterStore:
         )
         self.partials = Partials(self.catalog, self.committer, self.quota)
         self.uploads = Uploads(self.committer, self.quota, chunk_size)
-        self.signatures = Signatures(self.layout, self.committer)
         self._stager = DirectoryStager(self.catalog, self.committer, self.quota, chunk_size)
         #: when each id was last used (its ref's mtime), and which ids an operator kept (``adapter_fabric.store.keeping``)
         self.recency = Recency(self.layout)
@@ -247,11 +251,27 @@ class AdapterStore:
         """A client upload of a safetensors file; reopening the same (id, whole-file BLAKE3) continues at its offset."""
         return self.uploads.open(adapter_id, config_json, size, blake3, weights_root)
 
-    def signature(self, digest: str) -> bytes:
-        """The author's signature kept for ``digest``; b"" when none."""
+    def signatures_of(self, digest: str) -> tuple[Signed, ...]:
+        """Every signature kept for ``digest`` (none when unsigned), each verified under its signer's key."""
         return self.signatures.get(digest)
 
-    def set_signature(self, digest: str, signature: bytes) -> None:
-        """Keep ``signature`` for ``digest`` (checked by whoever trusts signers, not here)."""
-        self.signatures.set(digest, signature)
+    def add_signature(self, digest: str, signed: Signed) -> bool:
+        """Keep one signer's signature of ``digest`` once it verifies (``BadSignature``, ``TooManySigners``); True when new.
+
+        A new signature may admit the digest's ids to the export directory (a trusting store's): they are exported now.
+        """
+        added = self.signatures.add(digest, signed)
+        if added and self.exports is not None:
+            with self.lock.held():
+                manifest = self.catalog.complete(digest)
+                for adapter_id, ref in sorted(self.catalog.refs().items()):
+                    if ref == digest and manifest is not None:
+                        self.exports.export(adapter_id, manifest.with_id(adapter_id))
+        return added
+
+    def _admit_for(self, trusted: TrustedSigners | None):
+        """The export directory's rule: every adapter, or (trusting signers) those a trusted signer signed."""
+        if trusted is None or not trusted.required:
+            return None
+        return lambda manifest: trusted.trusts(manifest.digest, self.signatures.get(manifest.digest))
 

@@ -110,11 +110,6 @@ class Committer:
             self._collector.collect()
             return digest
 
-    def write_metadata(self, dest: Path, data: bytes) -> None:
-        """Write a small metadata file (a signature) atomically, under the lock."""
-        with self.lock.held():
-            self.temps.write_atomic(dest, data)
-
     def _install_blob(self, root: str, source: Path) -> None:
         dest = self.layout.blob(root)
         if dest.is_file():

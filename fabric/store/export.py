@@ -18,6 +18,11 @@ engine that resolved the path just before still reads whole files. Restaging
 an id with other bytes swaps the entry: the old one is renamed aside first, so
 for that instant the name is absent, never half written. On start the node
 re-exports every staged adapter and drops entries of ids no longer staged.
+
+A store given an ``admit`` rule (a node with ``--trusted-signers``: only
+adapters a trusted signer signed) exports only the adapters it admits, and
+withdraws an entry whose adapter it does not, at start too: an engine reading
+the directory loads nothing the node itself would refuse to load or serve.
 """
 
 from __future__ import annotations
@@ -78,8 +83,12 @@ def is_export(entry: Path) -> bool:
 class ExportDir:
     """Keeps ``root`` in step with a store: one PEFT directory per staged id, hard links into ``blob_path(root)``."""
 
-    def __init__(self, root: Path | str, blob_path: Callable[[str], Path], probe: Path, store_root: Path) -> None:
+    def __init__(
+        self, root: Path | str, blob_path: Callable[[str], Path], probe: Path, store_root: Path, admit: Callable[[Manifest], bool] | None = None
+    ) -> None:
         """``probe``: any file in the store, linked once to prove ``root`` is on the same filesystem.
+
+        ``admit``: which adapters may be exported (None: every one); an entry of one it refuses is withdrawn.
 
         ``root`` must not overlap ``store_root`` (be it, hold it, or lie in it): the export directory removes entries of
         ids no longer staged, and the store's own directories would be among them.
@@ -87,6 +96,7 @@ class ExportDir:
         self.root = Path(root)
         check_apart(self.root, store_root)
         self._blob_path = blob_path
+        self._admit = admit
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in (*self.root.glob(f"{_TEMP_PREFIX}*"), *self.root.glob(f"{_TRASH_PREFIX}*")):  # of a node that died mid-swap
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
@@ -102,9 +112,13 @@ class ExportDir:
         """Where an adapter id's PEFT directory is (whether or not it is there)."""
         return self.root / export_name(adapter_id)
 
-    def export(self, adapter_id: str, manifest: Manifest) -> Path:
-        """Make ``<root>/<name>/`` hold ``manifest``'s files; a no-op when it already does."""
+    def export(self, adapter_id: str, manifest: Manifest) -> Path | None:
+        """Make ``<root>/<name>/`` hold ``manifest``'s files (a no-op when it already does); None, and no entry, when not admitted."""
         dest = self.path_of(adapter_id)
+        if self._admit is not None and not self._admit(manifest):
+            if dest.exists():
+                self.remove(adapter_id)
+            return None
         if self._holds(dest, manifest):
             return dest
         building = self.root / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
@@ -150,7 +164,8 @@ class ExportDir:
         """Export every staged manifest and remove entries of ids that are not staged (at node start)."""
         keep = set()
         for manifest in staged:
-            keep.add(self.export(manifest.adapter_id, manifest).name)
+            if (dest := self.export(manifest.adapter_id, manifest)) is not None:
+                keep.add(dest.name)
         for entry in self.root.iterdir():
             if entry.name not in keep and is_export(entry):  # an operator's own files here are never touched
                 self._set_aside(entry)

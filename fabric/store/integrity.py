@@ -38,6 +38,8 @@ from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import FILE_NAMES, FileEntry, Manifest
 
 Stamp = tuple[int, int, int, int]
+#: told ``(adapter_id, digest, error)`` when an adapter's bytes at rest are found damaged (quarantined, or missing)
+DamageListener = Callable[[str, str, IntegrityError], None]
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Integrity:
         self._verified_at: dict[str, Stamp] = {}  # blob root -> stamp when its bytes last verified
         self._sha256_of: dict[str, str] = {}  # blob root -> its sha256 (file_sha256)
         self._withdrawn: set[str] = set()  # ids whose export entries went with a quarantined blob, until it is committed again
+        #: told of damage a verified read finds (a node pulls the adapter again: node.repair); the scrub tells its own
+        self.on_damage: DamageListener | None = None
 
     # ------------------------------------------------------------ verified reads
 
@@ -90,17 +94,23 @@ class Integrity:
         try:
             before = _stamp(path)
         except FileNotFoundError:
-            raise IntegrityError(f"{what}: its {entry.name} (blob {entry.root}) is missing or quarantined; promote it from a peer or re-stage it") from None
+            raise self._damage(manifest, IntegrityError(f"{what}: its {entry.name} (blob {entry.root}) is missing or quarantined; promote it from a peer or re-stage it")) from None
         if not force and self._verified_at.get(entry.root) == before:
             return path
         try:
             self._verify_file(path, entry, manifest)
         except IntegrityError as exc:
             self.quarantine(entry.root, before)
-            raise IntegrityError(f"{what}: {exc}; the blob was quarantined (promote the adapter from a peer or re-stage it)") from None
+            raise self._damage(manifest, IntegrityError(f"{what}: {exc}; the blob was quarantined (promote the adapter from a peer or re-stage it)")) from None
         if _stamp(path) == before:  # nobody wrote it while we read it
             self._verified_at[entry.root] = before
         return path
+
+    def _damage(self, manifest: Manifest, error: IntegrityError) -> IntegrityError:
+        """Tell ``on_damage`` of ``error`` (unless the id was unstaged meanwhile: nothing to repair); ``error`` to raise."""
+        if self.on_damage is not None and self.catalog.read_ref(manifest.adapter_id) == manifest.digest:
+            self.on_damage(manifest.adapter_id, manifest.digest, error)
+        return error
 
     def verified_weights(self, manifest: Manifest) -> Path:
         """``verified_blob`` of the weights file (what a promote maps and a Fetch serves)."""
@@ -113,7 +123,7 @@ class Integrity:
                 raise IntegrityError(f"{entry.name} is {os.fstat(fd).st_size} bytes on disk, its manifest says {entry.size}")
             for index in range(entry.chunk_count):
                 offset, length = entry.chunk_span(index)
-                entry.verify_chunk(index, pread_exact(fd, length, offset, str(path)))
+                entry.verify_chunk(index, pread_exact(fd, length, offset, entry.name))  # refusals name the file, never the node's path
                 if pace is not None:
                     pace(length)
         finally:
@@ -198,10 +208,10 @@ class Integrity:
 
     # ------------------------------------------------------------ scrub
 
-    def scrub(self, rate: int = 0, stop: threading.Event | None = None, on_damage: Callable[[str, IntegrityError], None] | None = None) -> int:
+    def scrub(self, rate: int = 0, stop: threading.Event | None = None, on_damage: DamageListener | None = None) -> int:
         """Re-read and verify every committed blob (stamps ignored), at most ``rate`` bytes/s (0 = unbounded); the count of damaged adapters.
 
-        A corrupt blob is quarantined; ``on_damage(adapter_id, error)`` is told (e.g. to re-pull it from a peer).
+        A corrupt blob is quarantined; ``on_damage(adapter_id, digest, error)`` is told (e.g. to re-pull it from a peer).
         """
         started, done = time.monotonic(), 0
 
@@ -229,6 +239,6 @@ class Integrity:
                     self.quarantine(entry.root, before)
                     bad += 1
                     if on_damage is not None:
-                        on_damage(manifest.adapter_id, exc)
+                        on_damage(manifest.adapter_id, manifest.digest, exc)
                     break
         return bad

@@ -12,7 +12,8 @@ directory with committed data)::
     partial/<digest>/             a peer download: data (sparse), manifest.json, lock
     uploads/<key>/                a client upload: data, meta.json, lock; key = sha256(id, whole-file BLAKE3)
     views/<digest>/               materialized PEFT directories: hard links into blobs
-    signatures/<digest>           the author's Ed25519 signature of a digest, when it was signed (adapter_fabric.trust)
+    signers/<digest>/<key hex>    one Ed25519 signature of a digest per signer, named by its raw public key (adapter_fabric.store.signatures)
+    signatures/<digest>           a signature kept before signers were recorded (read, never written now)
     quarantine/<root>-<ns>        blobs that failed a re-verification (adapter_fabric.store.integrity), kept as evidence
     tmp/                          temp files, each flock'ed by its writer until renamed
 """
@@ -72,12 +73,16 @@ class StoreLayout:
         return self.root / "signatures"
 
     @property
+    def signers(self) -> Path:
+        return self.root / "signers"
+
+    @property
     def quarantine(self) -> Path:
         return self.root / "quarantine"
 
     def directories(self) -> tuple[Path, ...]:
         """Every directory the store needs, in creation order."""
-        return (self.blobs, self.manifests, self.refs, self.partials, self.uploads, self.views, self.tmp, self.signatures, self.quarantine)
+        return (self.blobs, self.manifests, self.refs, self.partials, self.uploads, self.views, self.tmp, self.signatures, self.signers, self.quarantine)
 
     def create(self) -> None:
         for directory in self.directories():
@@ -94,4 +99,9 @@ class StoreLayout:
         return self.refs / encode_id(adapter_id)
 
     def signature(self, digest: str) -> Path:
+        """A signature kept before signers were recorded (the old layout)."""
         return self.signatures / digest
+
+    def signed_by(self, digest: str) -> Path:
+        """The directory of a digest's signatures, one file per signer."""
+        return self.signers / digest

@@ -47,9 +47,14 @@ class GarbageCollector:
                 os.unlink(entry.path)
                 self.catalog.forget(digest)
         blobs_known &= all(layout.manifest(d).is_file() for d in live) if sound_refs else False
-        for entry in os.scandir(layout.signatures):
-            if entry.name not in live and sound_refs and not (layout.partials / entry.name).is_dir():
-                os.unlink(entry.path)  # kept while a pull of its digest may still commit
+        for top in (layout.signatures, layout.signers):
+            for entry in os.scandir(top):
+                if entry.name not in live and sound_refs and not (layout.partials / entry.name).is_dir():
+                    # kept while a pull of its digest may still commit
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        os.unlink(entry.path)
         for entry in os.scandir(layout.views):
             if entry.name not in live and sound_refs:
                 shutil.rmtree(entry.path, ignore_errors=True)

@@ -20,6 +20,7 @@ from adapter_fabric.store.manifest import Manifest, manifest_request
 from adapter_fabric.transport import fetch_metadata, swarm, wire
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.data_channel import DataCall
+from adapter_fabric.trust.signing import Signed, signatures_from_proto
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 __all__ = ["AVAILABILITY_TIMEOUT_S", "MANIFEST_TIMEOUT_S", "Holding", "HoldingCall", "fetch", "first_manifest", "holding"]
@@ -45,8 +46,8 @@ class Holding(NamedTuple):
 HoldingCall = Callable[[str, str], Holding]
 
 
-def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str) -> tuple[Manifest, str, bytes]:
-    """The manifest from the first of ``peers`` that has it, that peer's address, and the signature it carries (b"" if none)."""
+def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str) -> tuple[Manifest, str, tuple[Signed, ...]]:
+    """The manifest from the first of ``peers`` that has it, that peer's address, and the signatures it carries (unverified)."""
     validate_adapter_id(adapter_id)
     if not peers:
         raise PeerUnavailable(f"no peer to pull {adapter_id!r} from: give a peer address")
@@ -67,7 +68,7 @@ def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str
         manifest = Manifest.from_proto(reply)  # self-consistent, and of this digest scheme (else IncompatibleFormat)
         if manifest.adapter_id != adapter_id:
             raise IntegrityError(f"peer {peer} answered for {manifest.adapter_id!r} when asked for {adapter_id!r}")
-        return manifest, peer, bytes(reply.signature)
+        return manifest, peer, signatures_from_proto(reply)
     if missing and not failures:
         raise AdapterNotFound(f"adapter {adapter_id!r} is not staged on {', '.join(missing)}: stage it there first, or name a peer that has it")
     raise PeerUnavailable(f"no peer could serve the manifest of {adapter_id!r}: " + "; ".join(failures + [f"{p}: not staged" for p in missing]))

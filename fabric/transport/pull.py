@@ -34,6 +34,7 @@ from adapter_fabric.transport import peer_calls, swarm
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.pull_values import STALL_TIMEOUT_S, PullSettings, PullStats
 from adapter_fabric.transport.rate import TokenBucket
+from adapter_fabric.trust.signing import Signed
 from adapter_fabric.transport.swarm_pull import SwarmPull
 from adapter_fabric.v1 import fabric_pb2
 
@@ -41,8 +42,8 @@ __all__ = ["ManifestCheck", "SinkFor", "PeerChannels", "PeerPuller", "PullSettin
 
 log = logging.getLogger(__name__)
 
-#: sees a peer's manifest and its signature (b"" when unsigned) before any byte moves; raises to refuse the pull
-ManifestCheck = Callable[[Manifest, bytes], None]
+#: sees a peer's manifest and the signatures it carries (unverified; none when unsigned) before any byte moves; raises to refuse the pull
+ManifestCheck = Callable[[Manifest, tuple[Signed, ...]], None]
 #: after the check: an object whose ``add(index, data)`` sees each verified chunk as it lands (``PartialDownload.attach``), or None
 SinkFor = Callable[[Manifest], Any]
 
@@ -76,8 +77,8 @@ class PeerPuller:
 
     # ------------------------------------------------------------ manifest
 
-    def manifest(self, peers: Sequence[str], adapter_id: str) -> tuple[Manifest, str, bytes]:
-        """The manifest from the first peer that has it, that peer's address, and the signature it carries (b"" if none)."""
+    def manifest(self, peers: Sequence[str], adapter_id: str) -> tuple[Manifest, str, tuple[Signed, ...]]:
+        """The manifest from the first peer that has it, that peer's address, and the signatures it carries (unverified)."""
         return peer_calls.first_manifest(self.channels, peers, adapter_id)
 
     # ------------------------------------------------------------ availability
@@ -113,16 +114,16 @@ class PeerPuller:
 
         The manifest comes from the first peer that has the adapter; the
         chunks from every peer that holds them. ``check`` sees the manifest
-        and its signature before any bytes move (trust, model compatibility,
+        and its signatures before any bytes move (trust, model compatibility,
         the caller's PEFT fields); an error it raises ends the pull with
         nothing written. ``sink_for(manifest)`` may give a sink that sees every
         verified chunk of this download as it lands (a slot row staged while
         receiving); a pull that moves no bytes (they are here already, or
         another caller's download is joined) feeds it nothing.
         """
-        manifest, first, signature = self.manifest(peers, adapter_id)
+        manifest, first, signatures = self.manifest(peers, adapter_id)
         if check is not None:
-            check(manifest, signature)
+            check(manifest, signatures)
         sink = sink_for(manifest) if sink_for is not None else None
         ordered = [first] + [p for p in dict.fromkeys(peers) if p != first]
         return self._single_flight(manifest, ordered, sink)

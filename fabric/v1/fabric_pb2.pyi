@@ -76,8 +76,16 @@ class TensorEntry(_message.Message):
     end: int
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., begin: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
+class SignerSignature(_message.Message):
+    __slots__ = ("public_key", "signature")
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    public_key: bytes
+    signature: bytes
+    def __init__(self, public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
 class Manifest(_message.Message):
-    __slots__ = ("adapter_id", "digest", "content_id", "files", "config_json", "peft", "tensors", "header_size", "signature", "digest_scheme", "file_sha256")
+    __slots__ = ("adapter_id", "digest", "content_id", "files", "config_json", "peft", "tensors", "header_size", "signature", "signatures", "digest_scheme", "file_sha256")
     class FileSha256Entry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +102,7 @@ class Manifest(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     HEADER_SIZE_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_FIELD_NUMBER: _ClassVar[int]
     DIGEST_SCHEME_FIELD_NUMBER: _ClassVar[int]
     FILE_SHA256_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
@@ -105,12 +114,13 @@ class Manifest(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[TensorEntry]
     header_size: int
     signature: bytes
+    signatures: _containers.RepeatedCompositeFieldContainer[SignerSignature]
     digest_scheme: DigestScheme
     file_sha256: _containers.ScalarMap[str, str]
-    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., config_json: _Optional[bytes] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., header_size: _Optional[int] = ..., signature: _Optional[bytes] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ..., file_sha256: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., config_json: _Optional[bytes] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., header_size: _Optional[int] = ..., signature: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[SignerSignature, _Mapping]]] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ..., file_sha256: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StageBegin(_message.Message):
-    __slots__ = ("adapter_id", "config_json", "safetensors_size", "offset", "safetensors_blake3", "weights_root", "digest_scheme", "signature")
+    __slots__ = ("adapter_id", "config_json", "safetensors_size", "offset", "safetensors_blake3", "weights_root", "digest_scheme", "signature", "signer_public_key")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     SAFETENSORS_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +129,7 @@ class StageBegin(_message.Message):
     WEIGHTS_ROOT_FIELD_NUMBER: _ClassVar[int]
     DIGEST_SCHEME_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SIGNER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     config_json: bytes
     safetensors_size: int
@@ -127,7 +138,8 @@ class StageBegin(_message.Message):
     weights_root: str
     digest_scheme: DigestScheme
     signature: bytes
-    def __init__(self, adapter_id: _Optional[str] = ..., config_json: _Optional[bytes] = ..., safetensors_size: _Optional[int] = ..., offset: _Optional[int] = ..., safetensors_blake3: _Optional[str] = ..., weights_root: _Optional[str] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    signer_public_key: bytes
+    def __init__(self, adapter_id: _Optional[str] = ..., config_json: _Optional[bytes] = ..., safetensors_size: _Optional[int] = ..., offset: _Optional[int] = ..., safetensors_blake3: _Optional[str] = ..., weights_root: _Optional[str] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ..., signature: _Optional[bytes] = ..., signer_public_key: _Optional[bytes] = ...) -> None: ...
 
 class StageData(_message.Message):
     __slots__ = ("offset", "data")

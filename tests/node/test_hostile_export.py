@@ -74,3 +74,27 @@ def test_operator_files_in_the_export_dir_survive_restarts(tmp_path):
         assert path.read_bytes() == data, path
     assert (export / "team%2Fa" / "adapter_model.safetensors").exists()
     assert not (export / "team%2Fgone").exists()
+
+
+def test_a_trusting_node_exports_only_what_a_trusted_signer_signed(tmp_path):
+    """Item 2: an adapter staged unsigned before the node trusted signers leaves the export directory at the restart."""
+    from adapter_fabric.trust.signing import keygen
+
+    private, public = keygen()
+    (tmp_path / "author.pub").write_bytes(public)
+    base = build_tiny_model()
+    unsigned, signed = (make_peft_adapter(tmp_path / n, base_model=base, r=4, target_modules=["q_proj", "v_proj"], seed=s) for s, n in ((3, "u"), (4, "s")))
+    export, store = tmp_path / "export", tmp_path / "store"
+    with LocalNode(store, model="none", extra_args=["--export-dir", str(export)]) as node:
+        with NodeClient(node.address) as client:
+            client.stage(unsigned, "plain")
+            client.stage(signed, "signed", sign_key=private)
+    assert sorted(p.name for p in export.iterdir()) == ["plain", "signed"]
+    trusting = ["--trusted-signers", str(tmp_path / "author.pub"), "--export-dir", str(export)]
+    with LocalNode(store, model="none", extra_args=trusting) as node:
+        assert sorted(p.name for p in export.iterdir() if not p.name.startswith("%")) == ["signed"]
+        with NodeClient(node.address) as client:
+            client.stage(signed, "later", sign_key=private)  # its signature is kept after its bytes commit
+            assert [a.adapter_id for a in client.list().staged] == ["later", "plain", "signed"]  # withdrawn, not unstaged
+        assert sorted(p.name for p in export.iterdir() if not p.name.startswith("%")) == ["later", "signed"]
+        assert (export / "later" / "adapter_model.safetensors").is_file()

@@ -44,8 +44,11 @@ def test_prepare_verified_equals_prepare_and_skips_nothing_it_must_check(adapter
     # A blob whose size differs from its manifest is refused before staging.
     short = tmp_path / "short"
     short.write_bytes(store.blob_path(manifest.weights.root).read_bytes()[:-4])
-    with pytest.raises(IntegrityError, match="bytes on disk"):
+    with pytest.raises(IntegrityError, match="bytes on disk") as refused:
         shaped.prepare_verified(manifest, short, "y")
+    # It names the adapter and its file, never the node's own path (issue 18, item 9).
+    assert "adapter 'a'" in str(refused.value) and "adapter_model.safetensors" in str(refused.value), refused.value
+    assert str(tmp_path) not in str(refused.value), refused.value
     # A pool that cannot hold the adapter refuses it, naming the module, before reading bytes.
     small = ShapeOnlyModel(shapes_of_tiny(), slots=1, max_rank=2, device="cpu", dtype=torch.float32)
     with pytest.raises(IncompatibleAdapter, match="rank 4 is above the pool's max_rank 2"):

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from adapter_fabric.cli.main import run as cli
-from adapter_fabric.errors import FabricError, Untrusted
+from adapter_fabric.errors import BadSignature, FabricError, Untrusted
 from adapter_fabric.harness.cluster import LocalNode, free_port
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.store import flip_byte
-from adapter_fabric.trust.signing import TrustedSigners, keygen, sign_digest
+from adapter_fabric.trust.signing import Signed, TrustedSigners, check_signed, keygen, sign, sign_digest
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,7 +44,7 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
 def store_files(store: Path) -> dict[str, int]:
     """Every file a refusal could have touched (committed state), with its size."""
     found = {}
-    for top in ("blobs", "manifests", "refs", "signatures"):
+    for top in ("blobs", "manifests", "refs", "signatures", "signers"):
         for dirpath, _, names in os.walk(store / top):
             for name in names:
                 path = Path(dirpath) / name
@@ -55,15 +55,24 @@ def store_files(store: Path) -> dict[str, int]:
 def test_signatures_verify_only_for_the_key_and_the_digest(keys) -> None:
     trusted = TrustedSigners.from_files([keys["author.pub"]])
     digest = "ab" * 32
-    signature = sign_digest(keys["author"].read_bytes(), digest)
-    trusted.check(digest, signature, "x")
+    signed = sign(keys["author"].read_bytes(), digest)
+    assert signed.signature == sign_digest(keys["author"].read_bytes(), digest)
+    trusted.check(digest, [signed], "x")
+    trusted.check(digest, [Signed(b"", signed.signature)], "x")  # a signature kept before signers were recorded
     with pytest.raises(Untrusted, match="not signed"):
-        trusted.check(digest, b"", "x")
+        trusted.check(digest, [], "x")
     with pytest.raises(Untrusted):
-        trusted.check("cd" * 32, signature, "x")  # a tampered manifest has another digest
+        trusted.check("cd" * 32, [signed], "x")  # a tampered manifest has another digest
+    stranger = sign(keys["stranger"].read_bytes(), digest)
     with pytest.raises(Untrusted):
-        trusted.check(digest, sign_digest(keys["stranger"].read_bytes(), digest), "x")
-    TrustedSigners().check(digest, b"", "x")  # no trusted signers: nothing required
+        trusted.check(digest, [stranger], "x")
+    with pytest.raises(Untrusted):  # a signature of the author's, presented under another key
+        trusted.check(digest, [Signed(stranger.public_key, signed.signature)], "x")
+    check_signed(digest, stranger, "x")  # valid under its own key, trusted or not
+    for bad in (Signed(signed.public_key, stranger.signature), Signed(b"", signed.signature), Signed(signed.public_key, b"\0" * 64)):
+        with pytest.raises(BadSignature):
+            check_signed(digest, bad, "x")
+    TrustedSigners().check(digest, [], "x")  # no trusted signers: nothing required
 
 
 @pytest.mark.slow
@@ -161,4 +170,4 @@ def test_keygen_and_sign_commands(tmp_path, keys, adapters, capsys) -> None:
     capsys.readouterr()
     assert cli(["sign", str(adapters["x"]), "--key", str(tmp_path / "me.key"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    TrustedSigners.from_files([tmp_path / "me.pub"]).check(out["digest"], bytes.fromhex(out["signature"]), "x")
+    TrustedSigners.from_files([tmp_path / "me.pub"]).check(out["digest"], [Signed(b"", bytes.fromhex(out["signature"]))], "x")

@@ -1,0 +1,88 @@
+"""Repairs: an adapter whose bytes at rest failed a check is pulled again from the peers, in the background.
+
+Damage is found by the scrub (``adapter_fabric.node.scrub``) or by any verified read of the
+store (a Fetch serving a peer, a promote, a sha256 asked of GetManifest). The
+store quarantines the blob and withdraws its export entries at once
+(``adapter_fabric.store.integrity``), ``StoreStatus`` lists the id as damaged until the
+repair commits, and the repair is a pull of the id from the known peers, with
+the trust check of any pull (``adapter_fabric.node.signed``). Each warning names the adapter
+and what found the damage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from adapter_fabric.errors import FabricError
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.transport.discovery import PeerSource
+from adapter_fabric.node.signed import SignedAdapters
+
+log = logging.getLogger("fabric.node")
+
+#: ids waiting for or under repair at once; damage found past it is left to the next read or scrub that finds it
+MAX_PENDING_REPAIRS = 64
+#: repairs pulling at once (each is one pull, sharing the download with any promote of the same adapter)
+REPAIR_PULLS = 2
+#: seconds before a failed repair is tried again (no peer held it yet), doubling up to ``REPAIR_RETRY_MAX_S``
+REPAIR_RETRY_S = 5.0
+REPAIR_RETRY_MAX_S = 600.0
+
+
+class Repairs:
+    """Pulls damaged adapters again from the known peers, one repair per id at a time."""
+
+    def __init__(self, store: AdapterStore, peer_source: PeerSource, signed: SignedAdapters) -> None:
+        self.store = store
+        self.peer_source = peer_source
+        self.signed = signed
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self._pulls = threading.Semaphore(REPAIR_PULLS)
+        self._closed = threading.Event()
+
+    def damage_found(self, adapter_id: str, digest: str, error: Exception, found_by: str = "a verified read") -> None:
+        """Warn, naming the adapter, and queue its repair (unless one is queued already, or too many are)."""
+        with self._lock:
+            if adapter_id in self._pending or len(self._pending) >= MAX_PENDING_REPAIRS:
+                return
+            self._pending.add(adapter_id)
+        peers = self.peer_source.peers()
+        log.warning(
+            "%s found adapter %r (%s) damaged: %s; %s", found_by, adapter_id, digest[:12], error,
+            f"pulling it again from {','.join(peers)}" if peers else "no peer to pull it from yet: promote it from a peer or re-stage it",
+        )
+        # A daemon thread: a repair never holds up the node's exit.
+        threading.Thread(target=self.repair, args=(adapter_id, digest), name="repair", daemon=True).start()
+
+    def repair(self, adapter_id: str, digest: str) -> None:
+        """Pull ``adapter_id`` again until it is whole, trying again after a failure (backing off), while it still names
+        ``digest`` (an id unstaged or restaged meanwhile is left alone). Blocking."""
+        delay = REPAIR_RETRY_S
+        try:
+            while not self._closed.is_set() and self._still_damaged(adapter_id, digest):
+                peers = self.peer_source.peers()
+                try:
+                    if peers:
+                        with self._pulls:
+                            self.signed.pull(peers, adapter_id)  # the trust check of any pull: a peer may hold other bytes under this id by now
+                        log.info("repaired adapter %r (%s) from %s", adapter_id, digest[:12], ",".join(peers))
+                        return
+                except FabricError as exc:
+                    log.warning("could not repair adapter %r (%s): %s; trying again in %gs", adapter_id, digest[:12], exc, delay)
+                self._closed.wait(delay)
+                delay = min(delay * 2, REPAIR_RETRY_MAX_S)
+        finally:
+            self._done(adapter_id)
+
+    def _still_damaged(self, adapter_id: str, digest: str) -> bool:
+        return self.store.catalog.read_ref(adapter_id) == digest and self.store.catalog.complete(digest) is None
+
+    def close(self) -> None:
+        """Stop taking repairs; a pull running now ends on its own (its thread is a daemon)."""
+        self._closed.set()
+
+    def _done(self, adapter_id: str) -> None:
+        with self._lock:
+            self._pending.discard(adapter_id)
