@@ -3,10 +3,11 @@
 
 One real adapter is staged; the other ids are written as refs to its digest
 straight into the store's refs/ (no fsync: this measures listing, not staging).
-For each store size, the median time of one page (``AdapterStore.page``, what
-a ListAdapters page reads) is taken at a few offsets, beside the previous way
+For each store size, the median time of one whole page (``AdapterStore.page``,
+what a ListAdapters page reads) is taken beside the previous way
 (every name in refs/ read, the page's ids picked with ``heapq.nsmallest``), in
-one run, round-robin. Prints seconds per page and the ratio to the smallest store.
+one run: the picking of the ids alone, and the whole page (the per-entry reads
+are the same both ways). Prints seconds per page and the ratio to the smallest store.
 
 Usage: ``python scripts/bench_listing.py [--sizes 1000,20000] [--page 1000] [--reps 15]``.
 """
@@ -36,12 +37,17 @@ def fill(root: Path, adapter: Path, count: int) -> AdapterStore:
     return store
 
 
-def scan_page(store: AdapterStore, after: str, count: int) -> list[str]:
-    """The previous way: every name in refs/ read for every page, then the same reads per entry as a page makes."""
-    catalog = store.catalog
+def scan_ids(store: AdapterStore, after: str, count: int) -> list[str]:
+    """The previous way of picking a page's ids: every name in refs/ read, for every page."""
     names = (decode_id(entry.name) for entry in os.scandir(store.layout.refs))
+    return heapq.nsmallest(count, (n for n in names if n > after))
+
+
+def scan_page(store: AdapterStore, after: str, count: int) -> list[str]:
+    """The previous page: ``scan_ids``, then the same reads per entry as a page makes."""
+    catalog = store.catalog
     listed = []
-    for adapter_id in heapq.nsmallest(count, (n for n in names if n > after)):
+    for adapter_id in scan_ids(store, after, count):
         digest = catalog.read_ref(adapter_id)
         if digest is not None and not catalog.problem(digest) and catalog.load_manifest(digest) is not None:
             listed.append(adapter_id)
@@ -70,16 +76,20 @@ def main() -> None:
         rows = []
         for size in sizes:
             store = fill(Path(tmp) / f"s{size}", adapter, size)
-            middle = f"bench/{size // 2:06d}"
-            assert [e.adapter_id for e in store.page(middle, args.page)] == scan_page(store, middle, args.page)
-            indexed = median_seconds(lambda: store.page(middle, args.page), args.reps)
-            scanned = median_seconds(lambda: scan_page(store, middle, args.page), args.reps)
-            rows.append((size, indexed, scanned))
-    print(f"page of {args.page} ids, median of {args.reps}; ratio = time / time at {sizes[0]} ids")
-    print(f"{'ids':>8} {'index s/page':>13} {'ratio':>6} {'scan s/page':>12} {'ratio':>6}")
-    for size, indexed, scanned in rows:
-        print(f"{size:>8} {indexed:>13.4f} {indexed / rows[0][1]:>6.2f} {scanned:>12.4f} {scanned / rows[0][2]:>6.2f}")
-
+            after = "bench/000000"  # the second page's token on: a whole page at every size
+            assert [e.adapter_id for e in store.page(after, args.page)] == scan_page(store, after, args.page)
+            rows.append((
+                size,
+                median_seconds(lambda: store.catalog.index.page(after, args.page), args.reps),
+                median_seconds(lambda: scan_ids(store, after, args.page), args.reps),
+                median_seconds(lambda: store.page(after, args.page), args.reps),
+                median_seconds(lambda: scan_page(store, after, args.page), args.reps),
+            ))  # fmt: skip
+    print(f"one page of {args.page} ids, median milliseconds of {args.reps}; x = ratio to the same column at {sizes[0]} ids")
+    print(f"{'ids':>8} {'ids: index':>11} {'x':>6} {'ids: scan':>10} {'x':>6} {'page: index':>12} {'x':>6} {'page: scan':>11} {'x':>6}")
+    for size, *times in rows:
+        cells = " ".join(f"{t * 1000:>11.3f} {t / base:>6.2f}" for t, base in zip(times, rows[0][1:]))
+        print(f"{size:>8} {cells}")
 
 if __name__ == "__main__":
     main()
