@@ -1,11 +1,11 @@
 """The evicting store: when a commit would pass --max-store-bytes, cold adapters go first (least recently used).
 
 ``EvictWhenFull`` is the store's ``WhenFull`` policy on a node started with
---when-full evict (the default). The choice is pure (``fabric.store.eviction``);
+--when-full evict (the default). The choice is pure (``adapter_fabric.store.eviction``);
 here is what holds an adapter: an operator's keep (``fabric keep``), a slot
 it is resident in, and a Fetch serving it or a promote pulling or loading it
 (``InUse``), and being the last complete copy the known peers answer for
-(``CopiesElsewhere``) unless a durable peer took it first (``node.handoff``).
+(``CopiesElsewhere``) unless a durable peer took it first (``adapter_fabric.node.handoff``).
 The store's quota measures again after the victims went.
 """
 
@@ -18,12 +18,12 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from fabric.errors import AdapterNotFound
-from fabric.observability import metrics
-from fabric.observability.logs import event
-from fabric.store import AdapterStore
-from fabric.store.eviction import IN_USE, KEPT, LAST_COPY, RESIDENT, Candidate, choose_victims
-from fabric.transport.pull import PeerPuller
+from adapter_fabric.errors import AdapterNotFound
+from adapter_fabric.observability import metrics
+from adapter_fabric.observability.logs import event
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.eviction import IN_USE, KEPT, LAST_COPY, RESIDENT, Candidate, choose_victims
+from adapter_fabric.transport.pull import PeerPuller
 
 log = logging.getLogger("fabric.node")
 
@@ -88,7 +88,7 @@ class EvictWhenFull:
         self.in_use = in_use
         #: whether another complete copy answers (``CopiesElsewhere``); None: every adapter may go (no peers to ask)
         self.elsewhere = elsewhere
-        #: has a durable peer take a last copy (``node.handoff.HandOff``), true once one holds it; None: last copies stay
+        #: has a durable peer take a last copy (``adapter_fabric.node.handoff.HandOff``), true once one holds it; None: last copies stay
         self.hand_off = hand_off
         #: the share of the limit an eviction frees down to (--evict-to)
         self.low_water = low_water

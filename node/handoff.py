@@ -17,15 +17,15 @@ from typing import Callable
 
 import grpc
 
-from fabric.errors import FabricError
-from fabric.observability import metrics
-from fabric.observability.logs import event
-from fabric.rpc.status import error_from_rpc
-from fabric.store.eviction import Candidate
-from fabric.transport import peer_calls
-from fabric.transport.channels import PeerChannels
-from fabric.transport.discovery import WILDCARD_HOSTS, split_host_port
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.errors import FabricError
+from adapter_fabric.observability import metrics
+from adapter_fabric.observability.logs import event
+from adapter_fabric.rpc.status import error_from_rpc
+from adapter_fabric.store.eviction import Candidate
+from adapter_fabric.transport import peer_calls
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.discovery import WILDCARD_HOSTS, split_host_port
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 log = logging.getLogger("fabric.node")
 

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.store import AdapterStore
-from fabric.store.files import decode_id
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.files import decode_id
 
 
 def fill(root: Path, adapter: Path, count: int) -> AdapterStore:

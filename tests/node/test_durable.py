@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.errors import QuotaExceeded
-from fabric.harness.cluster import LocalNode
-from fabric.transport import peer_calls
-from fabric.transport.channels import PeerChannels
+from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.transport import peer_calls
+from adapter_fabric.transport.channels import PeerChannels
 from tests.node.test_eviction import SMALL_CHUNK, cache_node, cli, seeder, staged  # noqa: F401 (seeder: a module fixture)
 from tests.support.scrape import scrape
 

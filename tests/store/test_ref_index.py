@@ -1,4 +1,4 @@
-"""Issue 19: a page of the listing reads the sorted ids kept in memory, not every name in refs/ (fabric.store.ref_index).
+"""Issue 19: a page of the listing reads the sorted ids kept in memory, not every name in refs/ (adapter_fabric.store.ref_index).
 
 Real stores on disk: this store's commits and unstages keep the index in
 step; another store object on the same root (as another process) is seen
@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fabric.store import AdapterStore
-from fabric.store.ref_index import SETTLE_NS, RefIndex
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.ref_index import SETTLE_NS, RefIndex
 from tests.support.store import SMALL_CHUNK
 
 
