@@ -5,7 +5,8 @@
 here is what holds an adapter: an operator's keep (``fabric keep``), a slot
 it is resident in, and a Fetch serving it or a promote pulling or loading it
 (``InUse``), and being the last complete copy the known peers answer for
-(``CopiesElsewhere``). The store's quota measures again after the victims went.
+(``CopiesElsewhere``) unless a durable peer took it first (``adapter_fabric.node.handoff``).
+The store's quota measures again after the victims went.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from adapter_fabric.transport.pull import PeerPuller
 
 log = logging.getLogger("fabric.node")
 
-#: what an eviction frees down to, as a share of --max-store-bytes: room for the next few commits without evicting again
+#: what an eviction frees down to, as a share of --max-store-bytes (--evict-to): room for the next few commits without evicting again
 LOW_WATER = 0.9
 
 
@@ -72,15 +73,25 @@ class CopiesElsewhere:
 
 
 class EvictWhenFull:
-    """Drops cold adapters, least recently used first, down to ``LOW_WATER`` of the limit; refuses naming what holds the rest."""
+    """Drops cold adapters, least recently used first, down to ``low_water`` of the limit; refuses naming what holds the rest."""
 
     def __init__(
-        self, store: AdapterStore, in_use: InUse, resident: Callable[[], set[str]] = set, elsewhere: Callable[[str], bool] | None = None
+        self,
+        store: AdapterStore,
+        in_use: InUse,
+        resident: Callable[[], set[str]] = set,
+        elsewhere: Callable[[str], bool] | None = None,
+        hand_off: Callable[[Candidate], bool] | None = None,
+        low_water: float = LOW_WATER,
     ) -> None:
         self.store = store
         self.in_use = in_use
         #: whether another complete copy answers (``CopiesElsewhere``); None: every adapter may go (no peers to ask)
         self.elsewhere = elsewhere
+        #: has a durable peer take a last copy (``adapter_fabric.node.handoff.HandOff``), true once one holds it; None: last copies stay
+        self.hand_off = hand_off
+        #: the share of the limit an eviction frees down to (--evict-to)
+        self.low_water = low_water
         #: the digests resident in a slot (set by the node once its promotes exist)
         self.resident = resident
         #: adapters (digests) evicted since the node started, for StoreStatus
@@ -106,15 +117,20 @@ class EvictWhenFull:
                 event(log, "evicted a cold adapter", adapter=",".join(victim.ids), digest=victim.digest, bytes=victim.size, reason=what)
 
     def _choose(self, needed: int, used: int, limit: int, what: str) -> list[Candidate]:
-        """The LRU victims, none of them the last complete copy the known peers answer for (that one is held, and the choice made again)."""
+        """The LRU victims, none of them the last complete copy the known peers answer for, unless a durable peer took it
+        first (a last copy no durable peer takes is held, and the choice made again)."""
         candidates = self._candidates()
         while True:
-            victims = choose_victims(candidates, needed, used, limit, LOW_WATER, what)
-            last = {v.digest for v in victims if self.elsewhere is not None and not self.elsewhere(v.digest)}
+            victims = choose_victims(candidates, needed, used, limit, self.low_water, what)
+            last = {v.digest for v in victims if self.elsewhere is not None and not self.elsewhere(v.digest) and not self._handed_off(v)}
             if not last:
                 return victims
             # Each round holds one more candidate at least, so the rounds end.
             candidates = [dataclasses.replace(c, held=LAST_COPY) if c.digest in last else c for c in candidates]
+
+    def _handed_off(self, victim: Candidate) -> bool:
+        """Whether a durable peer pulled ``victim`` from here just now (asked only for a last copy)."""
+        return self.hand_off is not None and self.hand_off(victim)
 
     def _candidates(self) -> list[Candidate]:
         """One candidate per digest held, with its most recent use and what holds it."""

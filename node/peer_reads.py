@@ -74,8 +74,10 @@ Piece = Union[FilePiece, BytesPiece, Picked, Holds]
 class PeerReads:
     """GetManifest, Locate, Fetch and Availability; owns the upload rate limit and the super-seeding counts."""
 
-    def __init__(self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0) -> None:
+    def __init__(self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False) -> None:
         self.context = context
+        #: this node never evicts (--when-full refuse): said in every Availability reply, so peers hand it their last copies
+        self.durable = durable
         self.store = context.store
         self.puller = puller
         self.signed = signed
@@ -294,12 +296,21 @@ class PeerReads:
         yield Holds(complete=True) if partial.committed else Holds(complete=False, bitmap=partial.verified_bitmap)
 
     def availability(self, request: fabric_pb2.AvailabilityRequest) -> fabric_pb2.AvailabilityResponse:
-        """Which chunks of a digest this node holds: all of a committed adapter, the verified ones of a partial."""
+        """Which chunks of a digest this node holds: all of a committed adapter, the verified ones of a partial.
+
+        Every reply says whether this node is durable; one for no digest says only that.
+        """
+        if not request.digest:
+            return fabric_pb2.AvailabilityResponse(durable=self.durable)
         manifest = self.store.by_digest(request.digest)
         if manifest is not None:
             count = manifest.weights.chunk_count
-            return fabric_pb2.AvailabilityResponse(complete=True, chunk_count=count, verified_bitmap=swarm.chunks_to_bitmap(range(count), count))
+            return fabric_pb2.AvailabilityResponse(
+                complete=True, chunk_count=count, verified_bitmap=swarm.chunks_to_bitmap(range(count), count), durable=self.durable
+            )
         partial = self.store.partial_for(request.digest)
         if partial is None:
             raise AdapterNotFound(f"no adapter with digest {request.digest} is staged or arriving here")
-        return fabric_pb2.AvailabilityResponse(complete=False, chunk_count=partial.manifest.weights.chunk_count, verified_bitmap=partial.verified_bitmap)
+        return fabric_pb2.AvailabilityResponse(
+            complete=False, chunk_count=partial.manifest.weights.chunk_count, verified_bitmap=partial.verified_bitmap, durable=self.durable
+        )

@@ -32,6 +32,7 @@ from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.rpc.security import BearerAuth
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.hygiene import expire_abandoned
+from adapter_fabric.store.quota import RefuseWhenFull
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.discovery import PeerSource
 from adapter_fabric.transport.channels import PeerChannels
@@ -43,6 +44,7 @@ from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.data_server import DataServer
 from adapter_fabric.node.eviction import CopiesElsewhere, EvictWhenFull
+from adapter_fabric.node.handoff import HandOff
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import PeerReads
 from adapter_fabric.node.promotes import Promotes
@@ -153,13 +155,18 @@ class Node:
         self.puller = puller
         signed = SignedAdapters(store, puller, trusted)
         promotes = Promotes(self.context, signed)
-        #: at --max-store-bytes, cold adapters are evicted (--when-full evict) or the commit is refused (node.eviction)
+        #: at --max-store-bytes, cold adapters are evicted (--when-full evict; a last copy is first handed to a durable peer),
+        #: or, on a durable node, the commit is refused (node.eviction, node.handoff)
         self.evictor = (
-            EvictWhenFull(store, self.context.in_use, promotes.resident_digests, CopiesElsewhere(puller, peer_source.peers)) if settings.when_full == "evict" else None
+            EvictWhenFull(
+                store, self.context.in_use, promotes.resident_digests, CopiesElsewhere(puller, peer_source.peers),
+                hand_off=HandOff(puller.channels, peer_source.peers, peer_source.me), low_water=settings.evict_to,
+            )
+            if not settings.durable
+            else None
         )
-        if self.evictor is not None:
-            store.quota.when_full = self.evictor
-        self.peer_reads = PeerReads(self.context, puller, signed, upload_rate=settings.upload_rate)
+        store.quota.when_full = self.evictor or RefuseWhenFull("this node is durable (--when-full refuse): it never evicts")
+        self.peer_reads = PeerReads(self.context, puller, signed, upload_rate=settings.upload_rate, durable=settings.durable)
         self.servicer = FabricServicer(
             staging=Staging(self.context, signed),
             peer_reads=self.peer_reads,

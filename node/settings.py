@@ -57,7 +57,8 @@ class NodeSettings:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
     max_store_bytes: int = 0  # 0 = no limit but the disk
-    when_full: str = "evict"  # at --max-store-bytes: evict cold adapters (least recently used), or refuse the commit
+    when_full: str = "evict"  # at --max-store-bytes: evict cold adapters (least recently used), or refuse the commit (a durable node)
+    evict_to: float = 0.9  # the share of --max-store-bytes an eviction frees down to
     max_new_tokens: int = 256  # tokens one Generate may ask for
     scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
     trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
@@ -72,6 +73,11 @@ class NodeSettings:
     @property
     def store_only(self) -> bool:
         return self.model == STORE_ONLY
+
+    @property
+    def durable(self) -> bool:
+        """A durable node never evicts (--when-full refuse) and says so to its peers: the cluster's copies of last resort."""
+        return self.when_full == "refuse"
 
 
 # ---------------------------------------------------------------- strict value parsers
@@ -115,6 +121,21 @@ def data_port(text: str) -> int:
     if not _DIGITS.fullmatch(text) or int(text) > 65535:
         raise ValueError("expected a port from 1 to 65535, 0 (a free port), or off")
     return int(text)
+
+
+#: --evict-to's bounds: below half the limit one eviction would drop more than the store keeps
+EVICT_TO_MIN, EVICT_TO_MAX = 0.5, 1.0
+
+
+def evict_to(text: str) -> float:
+    """A share of --max-store-bytes an eviction frees down to: a decimal from 0.5 to 1.0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not EVICT_TO_MIN <= value <= EVICT_TO_MAX:  # also refuses nan and inf
+        raise ValueError(f"expected a share of --max-store-bytes from {EVICT_TO_MIN} to {EVICT_TO_MAX} (for example 0.9)")
+    return value
 
 
 def boolean(text: str) -> bool:
@@ -209,8 +230,11 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--max-header-bytes", positive_size, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
     ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
     ("--max-store-bytes", size, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
-    ("--when-full", choice("evict", "refuse"), "evict", "at --max-store-bytes: 'evict' drops least recently used adapters (never kept, resident, last-copy "
-     "or in-use ones) down to 90%% of the limit; 'refuse' refuses the commit (a durable node that never drops an adapter)", "limits"),
+    ("--when-full", choice("evict", "refuse"), "evict", "at --max-store-bytes: 'evict' drops least recently used adapters (never kept, resident, "
+     "in-use ones, or a last copy no durable peer took) down to --evict-to; 'refuse' makes a durable node: it never evicts, refuses "
+     "the commit, and tells peers so (they hand it their last copies)", "limits"),
+    ("--evict-to", evict_to, 0.9, "with --when-full evict: the share of --max-store-bytes an eviction frees down to (0.5 to 1.0), "
+     "leaving room for the next commits without evicting again", "limits"),
     ("--max-new-tokens", positive_int, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
     ("--scrub-rate", size, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
     ("--expire-abandoned-after", duration, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),

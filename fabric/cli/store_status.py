@@ -22,7 +22,7 @@ def cmd_store_status(args: argparse.Namespace) -> None:
     quota = _size(reply.quota_bytes) if reply.quota_bytes else "no limit"
     expiry = f"after {reply.expire_after_seconds:.0f}s untouched" if reply.expire_after_seconds else "never"
     lines = [f"{args.node}: {reply.adapters} adapters, {_size(reply.used_bytes)} used of {quota}; abandoned entries expire {expiry}"]
-    at_limit = f"evicts cold adapters ({reply.evictions} evicted since start)" if reply.evicts else "refuses commits (never evicts)"
+    at_limit = f"evicts cold adapters ({reply.evictions} evicted since start)" if reply.evicts else "refuses commits (a durable node: never evicts)"
     lines.append(f"  at the limit: {at_limit}; {reply.kept} kept by an operator")
     for kind, items in (("upload", reply.uploads), ("partial", reply.partials)):
         for item in items:

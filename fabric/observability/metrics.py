@@ -59,6 +59,9 @@ STORE_USED = Gauge("fabric_store_used_bytes", "Bytes the store holds: blobs, par
 STORE_QUOTA = Gauge("fabric_store_quota_bytes", "The store's limit, --max-store-bytes (0 = no limit but the disk).", registry=REGISTRY)
 EVICTIONS = Counter("fabric_store_evictions_total", "Cold adapters (digests) dropped to make room for a commit past --max-store-bytes.", registry=REGISTRY)
 EVICTED_BYTES = Counter("fabric_store_evicted_bytes_total", "Bytes freed by evicting cold adapters.", registry=REGISTRY)
+HANDOFFS = Counter(
+    "fabric_store_handoffs_total", "Last copies handed to a durable peer (it pulled them) before they were evicted, by outcome.", ["outcome"], registry=REGISTRY
+)
 EXPIRED = Counter("fabric_store_expired_total", "Abandoned uploads and partial downloads removed for age, by kind.", ["kind"], registry=REGISTRY)
 EXPIRED_BYTES = Counter("fabric_store_expired_bytes_total", "Bytes freed by expiring abandoned uploads and partial downloads.", registry=REGISTRY)
 

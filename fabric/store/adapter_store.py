@@ -51,7 +51,7 @@ from adapter_fabric.trust.signing import Signed, TrustedSigners
 
 
 class _CommitEvents:
-    """What follows a commit: integrity stamps, and the export directory kept in step (called under the store's lock)."""
+    """What follows a commit: integrity stamps, the export directory and the listing's sorted ids kept in step (called under the store's lock)."""
 
     def __init__(self, catalog: Catalog, integrity: Integrity, exports: ExportDir | None) -> None:
         self.catalog = catalog
@@ -62,6 +62,7 @@ class _CommitEvents:
         self.integrity.blob_committed(root)
 
     def ref_set(self, adapter_id: str, digest: str) -> None:
+        self.catalog.index.ref_set(adapter_id)
         if self.exports is None:
             return  # no manifest read on a commit that exports nothing
         manifest = self.catalog.load_manifest(digest)
@@ -70,6 +71,7 @@ class _CommitEvents:
         self.integrity.restore_exports()  # a commit may have brought a quarantined blob back
 
     def ref_removed(self, adapter_id: str) -> None:
+        self.catalog.index.ref_removed(adapter_id)
         if self.exports is not None:
             self.exports.remove(adapter_id)
 

@@ -6,7 +6,6 @@ it when a manifest was written or removed so its cache stays true.
 
 from __future__ import annotations
 
-import heapq
 import os
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from adapter_fabric.store.files import decode_id
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.ref_index import RefIndex
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class Catalog:
         self.layout = layout
         # Manifests are immutable once written (named by digest): a cached one is valid while its file exists.
         self._manifests: dict[str, Manifest] = {}
+        #: the staged ids, sorted, for pages of a listing (kept in step by the committer's listener)
+        self.index = RefIndex(layout.refs, self._scan_ids)
 
     # ------------------------------------------------------------ refs
 
@@ -163,17 +165,21 @@ class Catalog:
                 found.append(manifest.with_id(adapter_id))
         return found
 
+    def _scan_ids(self) -> list[str]:
+        """Every name in ``refs/`` that is an id (not read: what the index is built from)."""
+        return [n for n in (decode_id(entry.name) for entry in os.scandir(self.layout.refs)) if _is_id(n)]
+
     def page(self, after: str, count: int) -> list[Listed]:
         """Up to ``count`` staged ids sorted after ``after`` ("" = from the first), each with its manifest or its problem.
 
-        Only the page's entries and manifests are read (the ref names are scanned, never their contents).
+        Only the page's entries and manifests are read: the ids come from the sorted index (``adapter_fabric.store.ref_index``).
         """
         try:
-            names = [decode_id(entry.name) for entry in os.scandir(self.layout.refs)]
+            ids = self.index.page(after, count)
         except FileNotFoundError:
             raise self.missing_store() from None
         listed: list[Listed] = []
-        for adapter_id in heapq.nsmallest(count, (n for n in names if n > after and _is_id(n))):
+        for adapter_id in ids:
             digest = self.read_ref(adapter_id)
             if digest is None:
                 continue  # unstaged while we listed

@@ -29,19 +29,22 @@ class WhenFull(Protocol):
         ...
 
 
-def quota_exceeded(needed: int, used: int, limit: int, what: str) -> QuotaExceeded:
-    """The refusal of ``needed`` more bytes in a store holding ``used`` of ``limit``."""
+def quota_exceeded(needed: int, used: int, limit: int, what: str, why: str = "") -> QuotaExceeded:
+    """The refusal of ``needed`` more bytes in a store holding ``used`` of ``limit`` (``why``: the store's role, said after)."""
     return QuotaExceeded(
         f"{what} needs {needed} bytes but the store holds {used} of its {limit}-byte limit "
-        f"({used + needed - limit} over); unstage adapters or raise the limit"
+        f"({used + needed - limit} over){'; ' + why if why else ''}; unstage adapters or raise the limit"
     )
 
 
 class RefuseWhenFull:
-    """The store never drops anything on its own: a commit past the limit is refused."""
+    """The store never drops anything on its own: a commit past the limit is refused (``why``: named in the refusal)."""
+
+    def __init__(self, why: str = "") -> None:
+        self.why = why
 
     def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
-        raise quota_exceeded(needed, used, limit, what)
+        raise quota_exceeded(needed, used, limit, what, self.why)
 
 
 class Quota:

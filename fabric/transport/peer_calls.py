@@ -23,7 +23,7 @@ from adapter_fabric.transport.data_channel import DataCall
 from adapter_fabric.trust.signing import Signed, signatures_from_proto
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
-__all__ = ["AVAILABILITY_TIMEOUT_S", "MANIFEST_TIMEOUT_S", "Holding", "HoldingCall", "fetch", "first_manifest", "holding"]
+__all__ = ["AVAILABILITY_TIMEOUT_S", "MANIFEST_TIMEOUT_S", "Holding", "HoldingCall", "fetch", "first_manifest", "holding", "is_durable"]
 
 #: seconds for a manifest call; a dead peer answers UNAVAILABLE long before this
 MANIFEST_TIMEOUT_S = 10.0
@@ -93,6 +93,18 @@ def holding(channels: PeerChannels, peer: str, digest: str) -> Holding:
     if reply.complete:
         return Holding(set(range(reply.chunk_count)), True, reply.chunk_count)
     return Holding(swarm.bitmap_to_chunks(reply.verified_bitmap, reply.chunk_count), False, reply.chunk_count)
+
+
+def is_durable(channels: PeerChannels, peer: str) -> bool:
+    """Whether ``peer`` says it is durable (never evicts): an Availability that names no digest.
+
+    False for a peer that is not, that predates the field, or that does not answer.
+    """
+    stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
+    try:
+        return stub.Availability(fabric_pb2.AvailabilityRequest(), timeout=AVAILABILITY_TIMEOUT_S).durable
+    except grpc.RpcError:
+        return False
 
 
 def fetch(

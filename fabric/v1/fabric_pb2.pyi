@@ -232,14 +232,16 @@ class AvailabilityRequest(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., file: _Optional[str] = ...) -> None: ...
 
 class AvailabilityResponse(_message.Message):
-    __slots__ = ("complete", "chunk_count", "verified_bitmap")
+    __slots__ = ("complete", "chunk_count", "verified_bitmap", "durable")
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_BITMAP_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
     complete: bool
     chunk_count: int
     verified_bitmap: bytes
-    def __init__(self, complete: _Optional[bool] = ..., chunk_count: _Optional[int] = ..., verified_bitmap: _Optional[bytes] = ...) -> None: ...
+    durable: bool
+    def __init__(self, complete: _Optional[bool] = ..., chunk_count: _Optional[int] = ..., verified_bitmap: _Optional[bytes] = ..., durable: _Optional[bool] = ...) -> None: ...
 
 class LocateRequest(_message.Message):
     __slots__ = ("adapter_id", "digest")

@@ -49,10 +49,11 @@ def seeder(tmp_path_factory) -> dict:
         node.stop()
 
 
-def cache_node(tmp_path: Path, seeder: dict, *extra: str, model: str = "none") -> LocalNode:
-    """A node whose store holds two of the adapters, not three (evicting down to 90% leaves room for one more)."""
+def cache_node(tmp_path: Path, seeder: dict, *extra: str, model: str = "none", peers: list[str] | None = None) -> LocalNode:
+    """A node whose store holds two of the adapters, not three (evicting down to 90% leaves room for one more); its peers: the seeder."""
     limit = seeder["size"] * 5 // 2
-    return LocalNode(tmp_path / "C", model=model, peers=[seeder["node"].address], extra_args=["--max-store-bytes", str(limit), *extra]).start()
+    peers = peers if peers is not None else [seeder["node"].address]
+    return LocalNode(tmp_path / "C", model=model, peers=peers, extra_args=["--max-store-bytes", str(limit), *extra]).start()
 
 
 @contextmanager
@@ -90,6 +91,14 @@ def test_a_pull_into_a_full_store_evicts_the_least_recently_used_adapter_and_suc
         assert samples[("fabric_store_evicted_bytes_total", frozenset())] == seeder["size"]
         text = cli("store-status", node.address)
         assert text.returncode == 0 and "evicts cold adapters (1 evicted since start)" in text.stdout, text.stdout + text.stderr
+
+
+def test_evict_to_sets_how_far_an_eviction_frees(tmp_path, seeder) -> None:
+    # The limit holds 2.5 adapters; freeing down to half of it for a third adapter leaves room for that one alone.
+    with full_cache(tmp_path, seeder, "--evict-to", "0.5") as (_, c):
+        c.pull("c", peer=seeder["node"].address)
+        assert staged(c) == ["c"]
+        assert c.store_status().evictions == 2
 
 
 def test_a_kept_adapter_is_never_evicted(tmp_path, seeder) -> None:

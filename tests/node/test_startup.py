@@ -11,7 +11,7 @@ import pytest
 
 from adapter_fabric import __version__
 from adapter_fabric.harness.cluster import LocalNode
-from adapter_fabric.node.settings import boolean, duration, host_port, parse_settings, positive_int
+from adapter_fabric.node.settings import boolean, duration, evict_to, host_port, parse_settings, positive_int
 from tests.support.certs import TestCA
 
 TIMEOUT_S = 120
@@ -143,6 +143,7 @@ def test_a_chunk_size_outside_its_bounds_is_one_line(tmp_path, size) -> None:
         ({"FABRIC_METRICS_LISTEN": "127.0.0.1:70000"}, ("FABRIC_METRICS_LISTEN", "65535")),
         ({"FABRIC_PEERS": "a:1,b"}, ("FABRIC_PEERS", "HOST:PORT")),
         ({"FABRIC_EXPIRE_ABANDONED_AFTER": "soon"}, ("FABRIC_EXPIRE_ABANDONED_AFTER", "duration")),
+        ({"FABRIC_EVICT_TO": "0.3"}, ("FABRIC_EVICT_TO", "'0.3'", "from 0.5 to 1.0")),
     ],
 )
 def test_bad_environment_values_are_one_line(tmp_path, env, needles) -> None:
@@ -178,6 +179,11 @@ def test_environment_values_are_parsed_strictly_and_flags_win(tmp_path) -> None:
         with pytest.raises(ValueError):
             positive_int(bad)
     assert [duration(t) for t in ("90", "90s", "15m", "24h", "7d", "0")] == [90, 90, 900, 86400, 604800, 0]
+    assert [evict_to(t) for t in ("0.5", "0.9", "1", "1.0")] == [0.5, 0.9, 1.0, 1.0]
+    for bad in ("0.49", "1.01", "nan", "inf", "90%", "", "-0.9"):
+        with pytest.raises(ValueError, match="share of --max-store-bytes from 0.5 to 1.0"):
+            evict_to(bad)
+    assert parse_settings([], {"FABRIC_WHEN_FULL": "refuse"}).durable and not parse_settings([]).durable
     with pytest.raises(ValueError):
         host_port("[::1]")
     assert host_port("[::1]:0") == "[::1]:0"

@@ -1,0 +1,79 @@
+"""The staged ids, sorted, kept in memory: a page of a listing costs its own entries, not a scan of ``refs/``.
+
+A directory lists in no order, so a page of the ids sorted after a token
+would otherwise read every name in ``refs/`` (tens of milliseconds at 20,000
+ids, on every page). Here one scan builds a sorted list; this process's
+commits and unstages update it (``ref_set``/``ref_removed``, told by the
+committer under the store's lock); a page is a binary search and a slice.
+
+Other processes may share the store. Any change to ``refs/`` moves its mtime,
+so a page whose ``refs/`` mtime differs from the one the index was built or
+last updated at rebuilds it first. One change by another process can hide
+behind one of ours in the same timestamp tick; so an index last stamped less
+than ``SETTLE_NS`` after its mtime is trusted provisionally, and rebuilt once
+by the first page after that mtime has settled.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+#: how long after an mtime a stamp of it may still hide a change in the same tick (coarse timestamps are a few ms)
+SETTLE_NS = 1_000_000_000
+
+
+class RefIndex:
+    """Every staged id, sorted; ``names()`` scans ``refs`` for the ids it holds (to build the list)."""
+
+    def __init__(self, refs: Path, names: Callable[[], list[str]]) -> None:
+        self.refs = refs
+        self._names = names
+        self._ids: list[str] = []
+        self._stamp: int | None = None  # refs/ mtime the list matches; None: build on next use
+        self._settled = False  # the stamp was taken long enough after that mtime to hide nothing
+        self._lock = threading.Lock()  # pages on I/O threads, updates under the store's lock
+
+    def page(self, after: str, count: int) -> list[str]:
+        """Up to ``count`` ids sorted after ``after`` ("" = from the first)."""
+        with self._lock:
+            self._refresh()
+            start = bisect.bisect_right(self._ids, after)
+            return self._ids[start : start + count]
+
+    def ref_set(self, adapter_id: str) -> None:
+        """This process committed ``adapter_id`` (new, or pointed at another digest)."""
+        with self._lock:
+            if self._stamp is None:
+                return  # not built yet: the first page scans
+            at = bisect.bisect_left(self._ids, adapter_id)
+            if at == len(self._ids) or self._ids[at] != adapter_id:
+                self._ids.insert(at, adapter_id)
+            self._restamp()
+
+    def ref_removed(self, adapter_id: str) -> None:
+        """This process unstaged ``adapter_id``."""
+        with self._lock:
+            if self._stamp is None:
+                return
+            at = bisect.bisect_left(self._ids, adapter_id)
+            if at < len(self._ids) and self._ids[at] == adapter_id:
+                del self._ids[at]
+            self._restamp()
+
+    def _restamp(self) -> None:
+        # After our own change: the new mtime is ours, but another process's change in the same tick may hide behind it.
+        self._stamp = os.stat(self.refs).st_mtime_ns
+        self._settled = False
+
+    def _refresh(self) -> None:
+        mtime = os.stat(self.refs).st_mtime_ns  # FileNotFoundError: the store went (the caller names it)
+        if mtime == self._stamp and (self._settled or time.time_ns() - mtime < SETTLE_NS):
+            return  # unchanged; or changed by us so lately that a rebuild now could miss the same tick's change too
+        self._ids = sorted(self._names())  # a change during the scan moves the mtime past ``mtime``: rebuilt again next page
+        self._stamp = mtime
+        self._settled = time.time_ns() - mtime >= SETTLE_NS

@@ -1,0 +1,89 @@
+"""Issue 19: durable nodes (--when-full refuse), the cluster's copies of last resort.
+
+Real node processes: a seeder S holds a, b and c; a cache node C whose store
+holds two adapters stages "solo", which no peer holds. A durable node D never
+evicts and says so; C hands its last copy of solo to D before evicting it, and
+keeps it when no durable node answers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.transport import peer_calls
+from adapter_fabric.transport.channels import PeerChannels
+from tests.node.test_eviction import SMALL_CHUNK, cache_node, cli, seeder, staged  # noqa: F401 (seeder: a module fixture)
+from tests.support.scrape import scrape
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def durable_node(tmp_path, *extra: str) -> LocalNode:
+    return LocalNode(tmp_path / "D", model="none", extra_args=[*SMALL_CHUNK, "--when-full", "refuse", *extra]).start()
+
+
+def test_a_durable_node_never_evicts_refuses_by_name_and_says_what_it_is(tmp_path, seeder) -> None:
+    peer = seeder["node"].address
+    node = durable_node(tmp_path, "--max-store-bytes", str(seeder["size"] * 5 // 2))
+    try:
+        with node.client() as d:
+            d.pull("a", peer=peer)
+            d.pull("b", peer=peer)
+            with pytest.raises(QuotaExceeded, match=r"this node is durable \(--when-full refuse\): it never evicts"):
+                d.pull("c", peer=peer)
+            assert staged(d) == ["a", "b"]
+            assert d.store_status().evictions == 0 and not d.store_status().evicts
+        channels = PeerChannels()
+        try:
+            assert peer_calls.is_durable(channels, node.address)  # what peers are told
+            assert not peer_calls.is_durable(channels, peer)
+        finally:
+            channels.close()
+        text = cli("store-status", node.address)
+        assert text.returncode == 0 and "refuses commits (a durable node: never evicts)" in text.stdout, text.stdout + text.stderr
+    finally:
+        node.stop()
+
+
+def test_a_last_copy_is_handed_to_a_durable_node_and_then_evicted(tmp_path, seeder) -> None:
+    peer = seeder["node"].address
+    durable = durable_node(tmp_path)
+    try:
+        node = cache_node(tmp_path, seeder, "--metrics-listen", "127.0.0.1:0", peers=[peer, durable.address])
+        try:
+            with node.client() as c, durable.client() as d:
+                c.stage(seeder["dirs"]["solo"], "solo")  # no peer holds it, and it is the least recently used
+                digest = c.manifest("solo").digest
+                c.pull("b", peer=peer)
+                c.pull("c", peer=peer)
+                assert staged(c) == ["b", "c"]  # solo went, once the durable node held it
+                assert staged(d) == ["solo"] and d.manifest("solo").digest == digest
+                samples = scrape(node)
+                assert samples[("fabric_store_handoffs_total", frozenset({("outcome", "ok")}))] == 1
+                assert samples[("fabric_store_evictions_total", frozenset())] == 1
+                c.pull("solo", peer=durable.address)  # and it comes back from there (b, the least recently used, goes)
+                assert staged(c) == ["c", "solo"]
+        finally:
+            node.stop()
+    finally:
+        durable.stop()
+
+
+def test_with_no_durable_node_reachable_the_last_copy_is_kept_and_the_refusal_names_it(tmp_path, seeder) -> None:
+    peer = seeder["node"].address
+    gone = durable_node(tmp_path)
+    gone.stop()  # a durable peer that no longer answers
+    node = cache_node(tmp_path, seeder, peers=[peer, gone.address])
+    try:
+        with node.client() as c:
+            c.stage(seeder["dirs"]["solo"], "solo")
+            c.pull("b", peer=peer)
+            c.keep("b")
+            with pytest.raises(QuotaExceeded, match="1 kept by an operator, 1 the last complete copy among the known peers"):
+                c.pull("c", peer=peer)
+            assert staged(c) == ["b", "solo"]
+            assert c.store_status().evictions == 0
+    finally:
+        node.stop()
