@@ -2,7 +2,7 @@
 """The store as a cluster cache under a real workload: a Zipf stream of adapter requests over real nodes.
 
     .venv/bin/python scripts/bench_cache.py                        # 8 nodes, 2,000 adapters, 20,000 requests
-    .venv/bin/python scripts/bench_cache.py --quick                # 4 nodes, 160 adapters, 600 requests (the test's size)
+    .venv/bin/python scripts/bench_cache.py --quick                # 4 nodes, 120 adapters, 400 requests (the test's size)
 
 Real store-only node processes (``--model none``) on loopback. Node 0 is the
 origin: every adapter staged into its store in-process before it starts
@@ -54,7 +54,7 @@ from fabric.errors import AdapterNotFound, QuotaExceeded  # noqa: E402
 from fabric.harness import adapter_sets  # noqa: E402
 from fabric.harness.cluster import LocalNode, free_port  # noqa: E402
 
-QUICK = {"nodes": 4, "adapters": 160, "requests": 600, "baseline": 8}
+QUICK = {"nodes": 4, "adapters": 120, "requests": 400, "baseline": 8, "jobs": 1}
 #: bounds on the flags (a run is a few processes on one machine)
 LIMITS = {"nodes": (3, 64), "adapters": (10, 100_000), "requests": (1, 1_000_000), "in_flight": (1, 64), "baseline": (1, 1000)}
 
