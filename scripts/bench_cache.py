@@ -6,7 +6,7 @@
 
 Real store-only node processes (``--model none``) on loopback. Node 0 is the
 origin: every adapter staged into its store in-process before it starts
-(``fabric.harness.adapter_sets``: a few real PEFT adapters of the tiny model,
+(``adapter_fabric.harness.adapter_sets``: a few real PEFT adapters of the tiny model,
 the rest derived from them, each distinct), started with ``--when-full
 refuse``, so it never evicts. Every other node is a cache: ``--when-full
 evict`` and ``--max-store-bytes`` at ``--cache-share`` (10%) of the origin's
@@ -16,7 +16,7 @@ its own) and the origin last: the origin is the seed of last resort.
 The stream: ``--requests`` requests, each for an adapter drawn from Zipf(s)
 over a seeded ranking of the adapters, sent to a random cache, ``--in-flight``
 at once (engines resolving adapters side by side). A request takes the
-resolver's path (``fabric.integrations.vllm_resolver``): the adapter is ready
+resolver's path (``adapter_fabric.integrations.vllm_resolver``): the adapter is ready
 if the node holds it (a pull with no peer, which also marks it used), else the
 node is asked which peers hold it (Locate) and pulls it from the first
 complete holder (and the swarm). Side by side, in the same run:
@@ -50,9 +50,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fabric.errors import AdapterNotFound, QuotaExceeded  # noqa: E402
-from fabric.harness import adapter_sets  # noqa: E402
-from fabric.harness.cluster import LocalNode, free_port  # noqa: E402
+from adapter_fabric.errors import AdapterNotFound, QuotaExceeded  # noqa: E402
+from adapter_fabric.harness import adapter_sets  # noqa: E402
+from adapter_fabric.harness.cluster import LocalNode, free_port  # noqa: E402
 
 QUICK = {"nodes": 4, "adapters": 120, "requests": 400, "baseline": 8, "jobs": 1}
 #: bounds on the flags (a run is a few processes on one machine)
@@ -117,7 +117,7 @@ class Requester:
         except AdapterNotFound:
             pass
         holders = client.locate(adapter_id).peers
-        # The resolver's choice: a complete copy first, in the node's peer order (fabric.integrations.vllm_resolver).
+        # The resolver's choice: a complete copy first, in the node's peer order (adapter_fabric.integrations.vllm_resolver).
         seed = sorted(holders, key=lambda p: (not p.complete, -p.verified_chunks))[0]
         client.pull(adapter_id, peer=seed.address)
         return False, time.perf_counter() - start

@@ -5,7 +5,7 @@
     .venv/bin/python scripts/bench_metadata.py --counts 1000,10000 --reuse
 
 Per count: a store directory populated in-process through the store's own
-API (``fabric.harness.adapter_sets``: real PEFT adapters of the tiny model and
+API (``adapter_fabric.harness.adapter_sets``: real PEFT adapters of the tiny model and
 distinct ones derived from them), then a store-only node process started on
 it. Measured: start-up to health SERVING, the node's RSS after start, a full
 paged listing (time, pages, entries; RSS after it, and the peak), Locate of one
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fabric.harness import adapter_sets  # noqa: E402
-from fabric.harness.cluster import LocalNode  # noqa: E402
+from adapter_fabric.harness import adapter_sets  # noqa: E402
+from adapter_fabric.harness.cluster import LocalNode  # noqa: E402
 
 #: the largest count a run may ask for (the issue's 100,000 with room)
 MAX_COUNT = 200_000

@@ -1,7 +1,7 @@
 """Many small, distinct, valid PEFT adapters in a store, fast (scripts/bench_cache.py, scripts/bench_metadata.py).
 
 A few adapters are real: PEFT's ``save_pretrained`` over the built-in tiny
-model (``fabric.serving.tiny``). The rest are derived from them: the same
+model (``adapter_fabric.serving.tiny``). The rest are derived from them: the same
 ``adapter_config.json`` and the same tensor names, shapes and dtypes, with
 fresh seeded random values, written with safetensors. Every one is a valid
 LoRA adapter for the tiny model, and no two share bytes (each its own digest).
@@ -32,7 +32,7 @@ def adapter_id(index: int) -> str:
 
 def real_adapters(out: Path, rank: int = 8, targets: Sequence[str] = ("q_proj", "v_proj"), count: int = REAL_COUNT) -> list[Path]:
     """``count`` real PEFT adapters of the tiny model, written by ``save_pretrained`` (seeded, distinct)."""
-    from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+    from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
     base = build_tiny_model()
     return [make_peft_adapter(out / f"real{i}", base_model=base, r=rank, lora_alpha=2 * rank, target_modules=list(targets), seed=1000 + i) for i in range(count)]
@@ -43,7 +43,7 @@ def derive(real: Path, out: Path, seed: int) -> Path:
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
+    from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
 
     tensors = load_file(str(real / WEIGHTS_FILE))
     rng = np.random.default_rng(seed)
@@ -56,7 +56,7 @@ def derive(real: Path, out: Path, seed: int) -> Path:
 
 def _stage_range(store_root: str, reals: list[str], start: int, stop: int) -> int:
     """Stage adapters ``start``..``stop - 1`` into the store at ``store_root``; their bytes in all."""
-    from fabric.store.adapter_store import AdapterStore
+    from adapter_fabric.store.adapter_store import AdapterStore
 
     store = AdapterStore(store_root)
     total = 0
@@ -75,7 +75,7 @@ def populate(store_root: Path, reals: list[Path], count: int, jobs: int = 1) -> 
     """
     if not 1 <= count <= MAX_ADAPTERS:
         raise ValueError(f"count must be 1 to {MAX_ADAPTERS}, got {count}")
-    from fabric.store.adapter_store import AdapterStore
+    from adapter_fabric.store.adapter_store import AdapterStore
 
     AdapterStore(store_root)  # created (and recovered) once, before the workers open it
     step = -(-count // max(1, jobs))
