@@ -59,9 +59,14 @@ class Partials:
             return partial
 
     def find(self, digest: str) -> PartialDownload | None:
-        """The download of ``digest`` open in this store object, if any (to answer Availability and serve its verified chunks)."""
-        with self._lock:
-            return self._open.get(digest)
+        """The download of ``digest`` open in this store object, if any (to answer Availability and serve its verified chunks).
+
+        Without ``_lock``: ``open`` holds it while the quota's WhenFull policy runs, and an evicting
+        node's policy asks its peers' Availability (up to 5 s each); two nodes evicting at once, each
+        answering Availability from its event loop, would wait on each other until those calls time
+        out (scripts/bench_cache.py found it). One dict read is atomic.
+        """
+        return self._open.get(digest)
 
     def _forget(self, digest: str) -> None:
         with self._lock:
