@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument, StoreMissing
 from fabric.store.files import decode_id
@@ -163,8 +164,10 @@ class Catalog:
                 found.append(manifest.with_id(adapter_id))
         return found
 
-    def page(self, after: str, count: int) -> list[Listed]:
+    def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> list[Listed]:
         """Up to ``count`` staged ids sorted after ``after`` ("" = from the first), each with its manifest or its problem.
+
+        ``keep``: only ids it answers true for are listed (a caller's readable ids), chosen before the page is cut.
 
         Only the page's entries and manifests are read (the ref names are scanned, never their contents).
         """
@@ -173,7 +176,7 @@ class Catalog:
         except FileNotFoundError:
             raise self.missing_store() from None
         listed: list[Listed] = []
-        for adapter_id in heapq.nsmallest(count, (n for n in names if n > after and _is_id(n))):
+        for adapter_id in heapq.nsmallest(count, (n for n in names if n > after and _is_id(n) and (keep is None or keep(n)))):
             digest = self.read_ref(adapter_id)
             if digest is None:
                 continue  # unstaged while we listed
