@@ -8,6 +8,7 @@ order: the matrix and the reads first, the policy reloads last.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,10 @@ from fabric.errors import FabricError, InvalidArgument, PermissionDenied, Unauth
 from fabric.harness.cluster import LocalNode
 from fabric.rpc import security
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from fabric.transport.data_channel import DataChannelFailed, DataChannels
+from fabric.transport.fetch_metadata import announce_data_port
 from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from tests.support.certs import TestCA
 
 pytestmark = pytest.mark.slow
 
@@ -234,6 +238,44 @@ def test_a_peer_principal_pulls_but_cannot_publish(node, files, adapters, tmp_pa
             as_peer.stage(adapters["team-a"], "team-a/from-a-peer")
         with pytest.raises(PermissionDenied, match="lacks 'unstage'"):
             as_peer.unstage("team-a/x")
+
+
+def data_fetch(node: LocalNode, token: str, digest: str) -> int:
+    """Bytes one data channel stream of ``digest`` carries, asked for with ``token`` in its hello."""
+    port = int(re.search(r"data channel on port (\d+)", node.banner).group(1))
+    channels = DataChannels(token=token)
+    channels.learn(node.address, announce_data_port(port))
+    call = channels.open(node.address, fabric_pb2.FetchRequest(digest=digest), None, 1 << 20)
+    try:
+        return sum(len(view) for _, view in call)
+    except DataChannelFailed as exc:
+        raise exc.error from None
+
+
+def test_the_data_channel_hello_gets_the_same_pull_check(node):
+    digest = digest_of(node, "team-a/x")
+    assert data_fetch(node, TOKENS["engine"], digest) > 0
+    with pytest.raises(PermissionDenied, match="lacks 'pull'"):
+        data_fetch(node, TOKENS["team-b"], digest)
+    with pytest.raises(Unauthenticated):
+        data_fetch(node, "not-a-principal-token", digest)
+
+
+def test_a_client_certificate_is_a_principal_by_its_san(tmp_path, adapters):
+    ca = TestCA(tmp_path / "ca")
+    ops, stranger = ca.issue("ops", hosts=("ops.fabric.internal",)), ca.issue("stranger", hosts=("stranger.fabric.internal",))
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[[principal]]\nname = "ops"\nsan = "ops.fabric.internal"\ngrants = [{ verbs = ["read", "publish"], prefixes = ["team-a/"] }]\n')
+    with LocalNode(tmp_path / "store", model="none", tls=ca.issue("node"), extra_args=["--policy", str(policy)]) as mtls:
+        with NodeClient(mtls.address, tls=ops) as c:
+            assert c.whoami().principal == "ops"
+            c.stage(adapters["team-a"], "team-a/by-ops")
+            with pytest.raises(PermissionDenied, match="lacks 'publish' on 'team-b/'"):
+                c.stage(adapters["team-b"], "team-b/by-ops")
+            assert [a.adapter_id for a in c.list().staged] == ["team-a/by-ops"]
+        with NodeClient(mtls.address, tls=stranger) as c:  # signed by the CA, but no principal of the policy
+            with pytest.raises(Unauthenticated):
+                c.whoami()
 
 
 # ---------------------------------------------------------------- reloads (they change the node's policy: last)
