@@ -1,4 +1,4 @@
-"""What each fabric.v1 RPC needs: the verb, and the ids (or digests) its request names. One table, read by ``node.gate``.
+"""What each fabric.v1 RPC needs: the verb, and the ids (or digests) its request names. One table, read by ``adapter_fabric.node.gate``.
 
 | RPC | verb | on |
 |---|---|---|
@@ -10,7 +10,7 @@
 | Fetch, Availability | pull | the id, or the ids that refer to the digest |
 | Locate | read | the id, or the ids that refer to the digest |
 | Generate | read | the named adapter; the base model: read anywhere; the active adapter (unnamed): read on ``*`` |
-| ListAdapters, StoreStatus | read | what the caller may read: the answer is filtered (``fabric.access.caller``) |
+| ListAdapters, StoreStatus | read | what the caller may read: the answer is filtered (``adapter_fabric.access.caller``) |
 | WhoAmI | none | the caller's own principal |
 
 An RPC missing from the table is refused to every principal but one holding
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fabric.v1 import fabric_pb2
+from adapter_fabric.v1 import fabric_pb2
 
 
 @dataclass(frozen=True)

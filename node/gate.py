@@ -1,13 +1,13 @@
 """The access gate: who each call is (a token's principal, or an mTLS identity), and whether it may do what it asks.
 
 Installed in place of the single-token check when the node runs with
-``--policy`` (``fabric.access``). For every fabric.v1 call it resolves the
-principal, looks up the call's need in ``node.access_rules`` and checks the
+``--policy`` (``adapter_fabric.access``). For every fabric.v1 call it resolves the
+principal, looks up the call's need in ``adapter_fabric.node.access_rules`` and checks the
 verb on each id before the servicer (or the store) sees the request: a
 refusal is PERMISSION_DENIED naming the verb and the prefix, the same for an
 id that exists and one that does not. The principal then rides with the call
-(``fabric.access.caller``) so listings show only what it may read. Changes and
-refusals are audited (``fabric.observability.audit``); tokens never are.
+(``adapter_fabric.access.caller``) so listings show only what it may read. Changes and
+refusals are audited (``adapter_fabric.observability.audit``); tokens never are.
 
 Who a caller is: a bearer token that is the cluster's (``--auth-token-file``)
 is the all-powerful cluster principal; another token must hash to a
@@ -25,17 +25,17 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import grpc
 
-from fabric.access.caller import set_caller
-from fabric.access.policy import CLUSTER, Principal, canonical_id
-from fabric.access.policy_file import PolicyFile
-from fabric.errors import AdapterNotFound, FabricError, PermissionDenied, Unauthenticated
-from fabric.observability.audit import audit
-from fabric.observability.metrics import ACCESS_REFUSALS
-from fabric.rpc.security import AUTH_METADATA_KEY, OPEN_SERVICES
-from fabric.rpc.status import abort_with
-from fabric.store import AdapterStore
-from fabric.v1 import fabric_pb2
-from node.access_rules import CHANGES, RULES, Need
+from adapter_fabric.access.caller import set_caller
+from adapter_fabric.access.policy import CLUSTER, Principal, canonical_id
+from adapter_fabric.access.policy_file import PolicyFile
+from adapter_fabric.errors import AdapterNotFound, FabricError, PermissionDenied, Unauthenticated
+from adapter_fabric.observability.audit import audit
+from adapter_fabric.observability.metrics import ACCESS_REFUSALS
+from adapter_fabric.rpc.security import AUTH_METADATA_KEY, OPEN_SERVICES
+from adapter_fabric.rpc.status import abort_with
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.node.access_rules import CHANGES, RULES, Need
 
 FABRIC_PREFIX = "/fabric.v1.Fabric/"
 _BEARER = "Bearer "
@@ -60,7 +60,7 @@ def _sans(context: grpc.aio.ServicerContext) -> list[str]:
 
 
 class AccessGate(grpc.aio.ServerInterceptor):
-    """Resolves each call's principal and checks its verb on its ids (``node.access_rules``) before the servicer runs."""
+    """Resolves each call's principal and checks its verb on its ids (``adapter_fabric.node.access_rules``) before the servicer runs."""
 
     def __init__(self, policy: PolicyFile, store: AdapterStore, cluster_token: str | None = None) -> None:
         self.policy = policy

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from fabric.access.caller import caller
-from fabric.store import AdapterStore
-from fabric.store.hygiene import UPLOAD, leftovers
-from fabric.v1 import fabric_pb2
-from node.context import NodeContext
-from node.eviction import EvictWhenFull
+from adapter_fabric.access.caller import caller
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.hygiene import UPLOAD, leftovers
+from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.eviction import EvictWhenFull
 
 
 class StoreReport:
@@ -45,7 +45,7 @@ class StoreReport:
             kept=self.store.kept.count() if readable is None else sum(1 for i in ids if shown(i) and i in self.store.kept),
             evicts=self.evictor is not None,
         )
-        for damaged in self.store.damaged():  # ids listed apart from adapters: fabric.store.integrity
+        for damaged in self.store.damaged():  # ids listed apart from adapters: adapter_fabric.store.integrity
             if shown(damaged.adapter_id):
                 reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))
         for item in leftovers(self.store):

@@ -1,6 +1,6 @@
 """The principal of the call being served, for the code behind the service edge (listings filter by it).
 
-The node's access gate (``node.gate``) sets it for each call it admits; a node
+The node's access gate (``adapter_fabric.node.gate``) sets it for each call it admits; a node
 without a policy never sets it, and every call is then the cluster principal,
 as before policies.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
-from fabric.access.policy import CLUSTER, Principal
+from adapter_fabric.access.policy import CLUSTER, Principal
 
 _CALLER: ContextVar[Principal] = ContextVar("fabric_caller", default=CLUSTER)
 

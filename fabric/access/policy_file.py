@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fabric.access.policy import Policy, parse_policy
-from fabric.errors import InvalidPolicy
-from fabric.observability.audit import audit
-from fabric.observability.metrics import POLICY_RELOADS
+from adapter_fabric.access.policy import Policy, parse_policy
+from adapter_fabric.errors import InvalidPolicy
+from adapter_fabric.observability.audit import audit
+from adapter_fabric.observability.metrics import POLICY_RELOADS
 
 #: the largest policy file read (a thousand principals with a hundred grants fit well within)
 MAX_POLICY_BYTES = 4 << 20

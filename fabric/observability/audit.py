@@ -3,7 +3,7 @@
 Each line says who (the principal's name), what (the action), which id and
 digest, and the outcome; never a token or any other secret (a principal is
 named, its token is not). Fields are cut to ``MAX_FIELD_CHARS`` and control
-characters are escaped by the log formatters (``fabric.observability.logs``),
+characters are escaped by the log formatters (``adapter_fabric.observability.logs``),
 so no caller input makes a line long or forges another.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from fabric.observability.logs import event
+from adapter_fabric.observability.logs import event
 
 AUDIT_LOGGER = "fabric.audit"
 #: longest value of one field of an audit line (an id is at most 1024 characters, a problem may be longer)

@@ -18,15 +18,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fabric.access.policy import token_sha256
-from fabric.client.node_client import NodeClient
-from fabric.errors import FabricError, InvalidArgument, PermissionDenied, Unauthenticated
-from fabric.harness.cluster import LocalNode
-from fabric.rpc import security
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.transport.data_channel import DataChannelFailed, DataChannels
-from fabric.transport.fetch_metadata import announce_data_port
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.access.policy import token_sha256
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.errors import FabricError, InvalidArgument, PermissionDenied, Unauthenticated
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.rpc import security
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.transport.data_channel import DataChannelFailed, DataChannels
+from adapter_fabric.transport.fetch_metadata import announce_data_port
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.certs import TestCA
 
 pytestmark = pytest.mark.slow
@@ -221,7 +221,7 @@ def test_whoami_names_the_principal_and_its_grants(node):
     with node.client() as cluster:
         assert cluster.whoami().principal == "cluster-token"
     out = subprocess.run(
-        [sys.executable, "-m", "fabric.cli", "whoami", node.address, "--auth-token-file", str(node.token_file)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "adapter_fabric.cli", "whoami", node.address, "--auth-token-file", str(node.token_file)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("principal cluster-token") and "admin on *" in out.stdout
@@ -358,7 +358,7 @@ def test_a_broken_policy_file_stops_the_node_at_start_with_one_line(tmp_path):
     broken = tmp_path / "policy.toml"
     broken.write_text('[[principal]]\nname = "x"\ntoken_sha256 = "my-plain-token"\ngrants = [{ verbs = ["read"], prefixes = ["a/"] }]\n')
     out = subprocess.run(
-        [sys.executable, "-m", "node.main", "--policy", str(broken), "--store", str(tmp_path / "store"), "--model", "none", "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "adapter_fabric.node.main", "--policy", str(broken), "--store", str(tmp_path / "store"), "--model", "none", "--listen", "127.0.0.1:0"],
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 1
