@@ -30,6 +30,7 @@ from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.rpc.security import BearerAuth
 from adapter_fabric.rpc.status import error_detail, public_message
 from adapter_fabric.transport import data_frames
+from adapter_fabric.node.gate import AccessGate
 from adapter_fabric.node.peer_reads import BytesPiece, FilePiece, PeerReads, Picked, Piece
 
 __all__ = ["DataServer", "HELLO_TIMEOUT_S", "MAX_CONNECTIONS", "MIN_READ_RATE"]
@@ -50,17 +51,23 @@ def _host(peername: object) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _sans(writer: asyncio.StreamWriter) -> list[str]:
+    """The subject alternative names of the client certificate (mTLS), as gRPC's auth context lists them."""
+    cert = writer.get_extra_info("peercert") or {}
+    return [str(value) for _, value in cert.get("subjectAltName", ())]
+
+
 class DataServer:
     """Serves ``PeerReads.pieces`` on a TCP (or TLS) port; one request per connection."""
 
     def __init__(
-        self, reads: PeerReads, streams: PeerStreamLimit, *, auth: BearerAuth | None = None, tls: ssl.SSLContext | None = None,
+        self, reads: PeerReads, streams: PeerStreamLimit, *, auth: BearerAuth | AccessGate | None = None, tls: ssl.SSLContext | None = None,
         write_stall: float = 10.0, max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         """``write_stall``: seconds a frame may wait for a reader that takes nothing, beyond its length at MIN_READ_RATE."""
         self.reads = reads
         self.streams = streams
-        self.auth = auth  # checked when it guards Fetch (--auth-peer-reads)
+        self.auth = auth  # checked when it guards Fetch (--auth-peer-reads), or always (--policy: node.gate)
         self.tls = tls
         self.max_connections = max_connections
         self.write_stall = write_stall
@@ -95,7 +102,9 @@ class DataServer:
             if self.connections > self.max_connections:
                 raise QuotaExceeded(f"this node's data channel holds {self.max_connections} connections already; fetch over gRPC or retry")
             hello = await asyncio.wait_for(self._hello(reader), HELLO_TIMEOUT_S)
-            if self.auth is not None and self.auth.peer_reads and not self.auth.token_matches(hello.token):
+            if isinstance(self.auth, AccessGate):
+                await self.auth.admit_data(hello.token, _sans(writer), hello.fetch)
+            elif self.auth is not None and self.auth.peer_reads and not self.auth.token_matches(hello.token):
                 raise Unauthenticated(f"the data channel needs this cluster's bearer token; the hello carried {'a wrong' if hello.token else 'no'} token")
             self.streams.enter(host)
             counted = True

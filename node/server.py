@@ -45,6 +45,8 @@ from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.data_server import DataServer
 from adapter_fabric.node.eviction import CopiesElsewhere, EvictWhenFull
 from adapter_fabric.node.handoff import HandOff
+
+from adapter_fabric.node.gate import AccessGate
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import PeerReads
 from adapter_fabric.node.promotes import Promotes
@@ -55,7 +57,7 @@ from adapter_fabric.node.settings import NodeSettings, fail
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.node.slots import Slots
 from adapter_fabric.node.staging import Staging
-from adapter_fabric.node.startup import bind, check_bindable, load_security, open_store
+from adapter_fabric.node.startup import bind, check_bindable, load_policy, load_security, open_store
 from adapter_fabric.node.store_status import StoreReport
 
 if TYPE_CHECKING:  # loaded in build_model, when the node has a model
@@ -71,6 +73,8 @@ NO_PORT_REUSE = ("grpc.so_reuseport", 0)
 #: how often abandoned uploads and partials are looked for, at most (and at least)
 HYGIENE_INTERVAL_MAX_S = 600.0
 HYGIENE_INTERVAL_MIN_S = 0.5
+#: how often the --policy file is checked for a change (SIGHUP reloads it at once)
+POLICY_POLL_S = 2.0
 
 
 def build_model(settings: NodeSettings) -> MultiLoraModel | None:
@@ -173,6 +177,7 @@ class Node:
             promotes=promotes,
             slots=Slots(self.context, promotes, max_new_tokens=settings.max_new_tokens),
             store_status=StoreReport(self.context, expire_after=settings.expire_abandoned_after, evictor=self.evictor),
+            policy=settings.policy is not None,
         )
         #: damaged adapters pulled again from the peers, whether a read or the scrub found the damage
         self.repairs = Repairs(store, peer_source, signed)
@@ -187,8 +192,14 @@ class Node:
         self.puller.channels.close()
 
 
+async def _poll_policy(gate: AccessGate) -> None:
+    while True:
+        await asyncio.sleep(POLICY_POLL_S)
+        gate.policy.reload_if_changed()
+
+
 async def start_data_channel(
-    settings: NodeSettings, node: Node, streams: PeerStreamLimit, auth: BearerAuth | None, tls_context
+    settings: NodeSettings, node: Node, streams: PeerStreamLimit, auth: BearerAuth | AccessGate | None, tls_context
 ) -> tuple[DataServer | None, int]:
     """The data channel on --listen's host (unless --data-port off), announced to peers in gRPC replies."""
     if settings.data_port < 0:
@@ -209,6 +220,7 @@ async def serve(settings: NodeSettings) -> None:
     endpoint = start_endpoint(settings, readiness)  # /healthz answers from here on; /readyz says "not ready" until the end
     tls, token = load_security(settings)
     trusted = load_trusted(settings)  # before the store: its export directory lists only what they signed
+    policy = load_policy(settings)
     store = open_store(settings, trusted)
     _expire(store, settings.expire_abandoned_after)
     model = build_model(settings)
@@ -216,7 +228,8 @@ async def serve(settings: NodeSettings) -> None:
     # Observe first: it sees refusals by the auth interceptor too. Auth next: an unauthenticated
     # Fetch is refused before it counts against the peer's streams.
     interceptors: list[grpc.aio.ServerInterceptor] = [RpcObserver()]
-    auth = BearerAuth(token, peer_reads=settings.auth_peer_reads) if token else None
+    # With a policy, the gate resolves every call's principal and checks its verb (node.gate); else the one token, as before.
+    auth = AccessGate(policy, store, token) if policy is not None else BearerAuth(token, peer_reads=settings.auth_peer_reads) if token else None
     if auth is not None:
         interceptors.append(auth)
     streams = PeerStreamLimit(settings.max_streams_per_peer)  # gRPC Fetch and the data channel count together
@@ -249,6 +262,7 @@ async def serve(settings: NodeSettings) -> None:
     device = model.device if model is not None else "store-only"
     guard = ("mTLS" if settings.tls_ca else "TLS") if tls.enabled else "plaintext"
     guard += ", token" + (" (peer reads too)" if settings.auth_peer_reads else "") if token else ""
+    guard += f", policy of {len(policy.policy.principals)} principals" if policy is not None else ""
     probes = f", metrics on {settings.metrics_listen.rsplit(':', 1)[0]}:{endpoint.port}" if endpoint else ""
     guard += f", data channel on port {data_port}" if data_server is not None else ", no data channel"
     # Tests and the demo read this line to learn the ports when --listen or --metrics-listen ends in :0.
@@ -259,6 +273,10 @@ async def serve(settings: NodeSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    poll_policy = None
+    if isinstance(auth, AccessGate):
+        loop.add_signal_handler(signal.SIGHUP, auth.policy.reload, "SIGHUP")
+        poll_policy = asyncio.create_task(_poll_policy(auth))
     await stopping.wait()
 
     # Drain: out of rotation first, then in-flight calls get the bound to finish; what is left is cut.
@@ -266,8 +284,9 @@ async def serve(settings: NodeSettings) -> None:
     log.info("draining: readiness false, health NOT_SERVING, %.1fs for in-flight calls", settings.drain_timeout)
     node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
-    if hygiene is not None:
-        hygiene.cancel()
+    for task in (hygiene, poll_policy):
+        if task is not None:
+            task.cancel()
     await asyncio.gather(server.stop(settings.drain_timeout), *([data_server.close(settings.drain_timeout)] if data_server else []))
     node.close()
     if endpoint is not None:

@@ -14,6 +14,7 @@ from typing import AsyncIterator
 
 import grpc
 
+from adapter_fabric.access.caller import caller
 from adapter_fabric.rpc.status import rpc_errors
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from adapter_fabric.node.peer_reads import PeerReads
@@ -26,12 +27,15 @@ from adapter_fabric.node.store_status import StoreReport
 class FabricServicer(fabric_pb2_grpc.FabricServicer):
     """Every fabric.v1 RPC, one line each: the group named below does the work; ``rpc_errors`` maps its errors."""
 
-    def __init__(self, staging: Staging, peer_reads: PeerReads, promotes: Promotes, slots: Slots, store_status: StoreReport) -> None:
+    def __init__(
+        self, staging: Staging, peer_reads: PeerReads, promotes: Promotes, slots: Slots, store_status: StoreReport, *, policy: bool = False
+    ) -> None:
         self._staging = staging
         self._peer_reads = peer_reads
         self._promotes = promotes
         self._slots = slots
         self._store_status = store_status
+        self._policy = policy  # whether the node runs with --policy (WhoAmI says so)
 
     # ------------------------------------------------------------ staging
 
@@ -103,3 +107,11 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     @rpc_errors
     async def StoreStatus(self, request: fabric_pb2.StoreStatusRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.StoreStatusResponse:
         return await self._store_status.report()
+
+    # ------------------------------------------------------------ access
+
+    @rpc_errors
+    async def WhoAmI(self, request: fabric_pb2.WhoAmIRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.WhoAmIResponse:
+        who = caller()  # set by node.gate; the cluster principal where no policy is set
+        grants = [fabric_pb2.AccessGrant(verbs=sorted(g.verbs), prefixes=list(g.prefixes)) for g in who.grants]
+        return fabric_pb2.WhoAmIResponse(principal=who.name, grants=grants, policy=self._policy)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from adapter_fabric.access.caller import caller
 from adapter_fabric.errors import DeadlineExceeded, InvalidArgument
 from adapter_fabric.format.peft_fields import peft_fields_of
 from adapter_fabric.serving.generation import Generation
@@ -51,7 +52,10 @@ class Slots:
             except InvalidArgument:
                 raise InvalidArgument(f"page_token {after[:100]!r} is not one this node answered; start again from an empty token") from None
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        listed = await self.context.io(self.store.page, after, size + 1)  # one more: is there a next page?
+        # Only what the caller may read, chosen before the page is cut: no foreign id, and no count of them.
+        who = caller()
+        readable = None if who.may_everywhere("read") else (lambda adapter_id: who.allows("read", adapter_id))
+        listed = await self.context.io(self.store.page, after, size + 1, readable)  # one more: is there a next page?
         staged = [_staged(entry) for entry in listed[:size]]
         reply = fabric_pb2.ListAdaptersResponse(staged=staged, next_page_token=staged[-1].adapter_id if len(listed) > size else "")
         model = self.context.model
@@ -59,6 +63,8 @@ class Slots:
             reply.max_rank = model.pool.max_rank
             reply.device = str(model.device)
             for info in model.slots_info():
+                if readable is not None and info["name"] and not readable(info["name"]):
+                    continue  # another principal's resident adapter
                 reply.slots.append(
                     fabric_pb2.SlotInfo(
                         slot=info["slot"],

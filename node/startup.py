@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 
+from adapter_fabric.access.policy_file import PolicyFile
 from adapter_fabric.errors import FabricError
 from adapter_fabric.rpc.security import TlsFiles, read_token
 from adapter_fabric.store import AdapterStore
@@ -50,6 +51,16 @@ def load_security(settings: NodeSettings) -> tuple[TlsFiles, str | None]:
     except FabricError as exc:
         fail(str(exc))
     return tls, token
+
+
+def load_policy(settings: NodeSettings) -> PolicyFile | None:
+    """The --policy file, parsed strictly now: a broken one stops the node with one line naming the problem."""
+    if settings.policy is None:
+        return None
+    try:
+        return PolicyFile(settings.policy)
+    except FabricError as exc:
+        fail(f"--policy {exc}")
 
 
 def open_store(settings: NodeSettings, trusted: TrustedSigners) -> AdapterStore:

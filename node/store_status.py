@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
+from adapter_fabric.access.caller import caller
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.hygiene import UPLOAD, leftovers
 from adapter_fabric.v1 import fabric_pb2
@@ -21,22 +24,33 @@ class StoreReport:
         self.expire_after = expire_after
 
     async def report(self) -> fabric_pb2.StoreStatusResponse:
-        """Usage, quota, damaged entries, and the uploads and partials left in the store (read off the event loop)."""
-        return await self.context.io(self._collect)
+        """Usage, quota, damaged entries, and the uploads and partials left in the store (read off the event loop).
 
-    def _collect(self) -> fabric_pb2.StoreStatusResponse:
+        A caller that may not read every id (``--policy``) sees the ids it may read and their counts only; the
+        node's own figures (bytes used, the limit, evictions) stay whole, as ``/metrics`` shows them.
+        """
+        who = caller()
+        readable = None if who.may_everywhere("read") else (lambda adapter_id: who.allows("read", adapter_id))
+        return await self.context.io(self._collect, readable)
+
+    def _collect(self, readable: Callable[[str], bool] | None) -> fabric_pb2.StoreStatusResponse:
+        shown = readable or (lambda adapter_id: True)
+        ids = [m.adapter_id for m in self.store.list()]
         reply = fabric_pb2.StoreStatusResponse(
             used_bytes=self.store.usage(),
             quota_bytes=self.store.max_bytes or 0,
-            adapters=len(self.store.list()),
+            adapters=len(ids) if readable is None else sum(1 for i in ids if shown(i)),
             expire_after_seconds=self.expire_after,
             evictions=self.evictor.evictions if self.evictor is not None else 0,
-            kept=self.store.kept.count(),
+            kept=self.store.kept.count() if readable is None else sum(1 for i in ids if shown(i) and i in self.store.kept),
             evicts=self.evictor is not None,
         )
         for damaged in self.store.damaged():  # ids listed apart from adapters: adapter_fabric.store.integrity
-            reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))
+            if shown(damaged.adapter_id):
+                reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))
         for item in leftovers(self.store):
+            if not shown(item.adapter_id):
+                continue
             entry = fabric_pb2.StoreLeftover(
                 adapter_id=item.adapter_id, digest=item.digest, bytes=item.bytes, age_seconds=item.age_seconds, in_use=item.in_use
             )

@@ -92,6 +92,10 @@ class Principal:
         """Whether some grant gives ``verb`` (on any prefix): for calls that name no id."""
         return any(verb in g.verbs or "admin" in g.verbs for g in self.grants)
 
+    def may_everywhere(self, verb: str) -> bool:
+        """Whether some grant gives ``verb`` on every id (``"*"``): such a caller needs no per-id look-up."""
+        return any((verb in g.verbs or "admin" in g.verbs) and EVERYTHING in g.prefixes for g in self.grants)
+
     def check(self, verb: str, adapter_id: str) -> None:
         """Raise ``PermissionDenied`` naming the verb and the id's top prefix unless allowed.
 

@@ -85,9 +85,18 @@ def cmd_rollout(args: argparse.Namespace) -> None:
         raise SystemExit(EXIT_RETRYABLE if all(r.retryable for r in failed) else 1)
 
 
+def cmd_whoami(args: argparse.Namespace) -> None:
+    with client_for(args) as client:
+        who = client.whoami()
+    grants = [f"  {','.join(g.verbs)} on {' '.join(g.prefixes)}" for g in who.grants]
+    where = "" if who.policy else " (the node runs without --policy: every authenticated caller may do everything)"
+    emit(args.json, who.to_dict(), "\n".join([f"principal {who.principal}{where}", *grants]))
+
+
 def register(command) -> None:
     """Add this module's subcommands through ``command(name, handler, help)`` (see ``adapter_fabric.cli.main``)."""
     command("health", cmd_health, "a node's gRPC health: SERVING (exit 0) or not (exit 3)")
+    command("whoami", cmd_whoami, "who this command's credentials (token or client certificate) are to a node: its principal and grants")
 
     p = command("wait", cmd_wait, "wait until every listed node answers health SERVING (scripts run this before their first call)")
     p.add_argument("nodes", nargs="*", metavar="NODE", type=node_address, help="more nodes (host:port)")

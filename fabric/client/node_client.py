@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from adapter_fabric.client.addresses import WAIT_HINT, check_address, unreachable_hint
-from adapter_fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult, StoreStatus
+from adapter_fabric.client.results import ActiveSlot, Availability, GenerateResult, Identity, Listing, Location, PeerHolding, PromoteResult, StageResult, StoreStatus
 from adapter_fabric.errors import InvalidAdapter, InvalidArgument, PeerUnavailable
 from adapter_fabric.format.config import CONFIG_FILE
 from adapter_fabric.rpc import security
@@ -293,6 +293,10 @@ class NodeClient:
             token = reply.next_page_token
             if not token:
                 return
+
+    def whoami(self, *, timeout: float | None = None) -> Identity:
+        """The principal this client's credentials are to the node, with its grants (verbs on id prefixes). ``timeout`` as ``locate``."""
+        return Identity.from_proto(self._call(self.stub.WhoAmI, fabric_pb2.WhoAmIRequest(), timeout=self._quick(timeout)))
 
     def store_status(self, *, timeout: float | None = None) -> StoreStatus:
         """The node's store: bytes used and quota, the uploads and partial downloads it keeps (age, bytes), damaged entries. ``timeout`` as ``locate``."""

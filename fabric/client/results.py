@@ -161,6 +161,27 @@ class Location(_Result):
 
 
 @dataclass(frozen=True)
+class Grant(_Result):
+    """Verbs on id prefixes (``*``: every id)."""
+
+    verbs: list[str]
+    prefixes: list[str]
+
+
+@dataclass(frozen=True)
+class Identity(_Result):
+    """Who the caller is to a node (``fabric whoami``): its principal, its grants, and whether the node runs with a policy."""
+
+    principal: str
+    grants: list[Grant]
+    policy: bool
+
+    @classmethod
+    def from_proto(cls, reply: fabric_pb2.WhoAmIResponse) -> "Identity":
+        return cls(reply.principal, [Grant(list(g.verbs), list(g.prefixes)) for g in reply.grants], reply.policy)
+
+
+@dataclass(frozen=True)
 class Availability(_Result):
     """Which chunks of a digest a node holds verified; bit i (LSB first in byte i/8) is chunk i."""
 

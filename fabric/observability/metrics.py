@@ -65,6 +65,8 @@ HANDOFFS = Counter(
 EXPIRED = Counter("fabric_store_expired_total", "Abandoned uploads and partial downloads removed for age, by kind.", ["kind"], registry=REGISTRY)
 EXPIRED_BYTES = Counter("fabric_store_expired_bytes_total", "Bytes freed by expiring abandoned uploads and partial downloads.", registry=REGISTRY)
 
+ACCESS_REFUSALS = Counter("fabric_access_refusals_total", "Calls the access policy refused (PERMISSION_DENIED), by the verb they lacked.", ["verb"], registry=REGISTRY)
+POLICY_RELOADS = Counter("fabric_policy_reloads_total", "Reloads of --policy (SIGHUP or a changed file), by outcome: ok, or refused (the previous policy kept).", ["outcome"], registry=REGISTRY)
 RPC_SECONDS = Histogram("fabric_rpc_duration_seconds", "Latency of every Fabric RPC but Fetch, by method.", ["method"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
 RPC_ERRORS = Counter("fabric_rpc_errors_total", "RPCs (all but Fetch) that ended with a status other than OK, by method and gRPC code.", ["method", "code"], registry=REGISTRY)
 GENERATE_SECONDS = Histogram("fabric_generate_duration_seconds", "Generate latency.", buckets=LATENCY_BUCKETS, registry=REGISTRY)

@@ -27,6 +27,7 @@ import secrets
 import shutil
 import threading
 from pathlib import Path
+from typing import Callable
 
 from adapter_fabric.errors import AdapterNotFound
 from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
@@ -162,12 +163,13 @@ class AdapterStore:
         """
         return self.catalog.list()
 
-    def page(self, after: str, count: int) -> list[Listed]:
+    def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> list[Listed]:
         """Up to ``count`` staged ids sorted after ``after`` ("" = the first), each with its manifest or, when damaged, its problem.
 
         Reads only the page's entries: a paged listing stays bounded however many adapters the store holds.
+        ``keep``: list only the ids it answers true for (those a caller may read), before the page is cut.
         """
-        return self.catalog.page(after, count)
+        return self.catalog.page(after, count, keep)
 
     def blob_path(self, root: str) -> Path:
         """The path of a committed file by its root (for Fetch serving and loading)."""

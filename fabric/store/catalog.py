@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument, StoreMissing
 from adapter_fabric.store.files import decode_id
@@ -165,17 +166,15 @@ class Catalog:
                 found.append(manifest.with_id(adapter_id))
         return found
 
-    def _scan_ids(self) -> list[str]:
-        """Every name in ``refs/`` that is an id (not read: what the index is built from)."""
-        return [n for n in (decode_id(entry.name) for entry in os.scandir(self.layout.refs)) if _is_id(n)]
-
-    def page(self, after: str, count: int) -> list[Listed]:
+    def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> list[Listed]:
         """Up to ``count`` staged ids sorted after ``after`` ("" = from the first), each with its manifest or its problem.
+
+        ``keep``: only ids it answers true for are listed (a caller's readable ids), chosen before the page is cut.
 
         Only the page's entries and manifests are read: the ids come from the sorted index (``adapter_fabric.store.ref_index``).
         """
         try:
-            ids = self.index.page(after, count)
+            ids = self.index.page(after, count, keep)
         except FileNotFoundError:
             raise self.missing_store() from None
         listed: list[Listed] = []

@@ -17,6 +17,7 @@ by the first page after that mtime has settled.
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import threading
 import time
@@ -38,12 +39,15 @@ class RefIndex:
         self._settled = False  # the stamp was taken long enough after that mtime to hide nothing
         self._lock = threading.Lock()  # pages on I/O threads, updates under the store's lock
 
-    def page(self, after: str, count: int) -> list[str]:
-        """Up to ``count`` ids sorted after ``after`` ("" = from the first)."""
+    def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> list[str]:
+        """Up to ``count`` ids sorted after ``after`` ("" = from the first); with ``keep``, only ids it answers true for."""
         with self._lock:
             self._refresh()
             start = bisect.bisect_right(self._ids, after)
-            return self._ids[start : start + count]
+            if keep is None:
+                return self._ids[start : start + count]
+            # A scoped caller's page skips the ids it may not read: the walk is as long as the foreign ids in between.
+            return list(itertools.islice((i for i in itertools.islice(self._ids, start, None) if keep(i)), count))
 
     def ref_set(self, adapter_id: str) -> None:
         """This process committed ``adapter_id`` (new, or pointed at another digest)."""

@@ -419,6 +419,28 @@ class KeepResponse(_message.Message):
     kept: bool
     def __init__(self, kept: _Optional[bool] = ...) -> None: ...
 
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AccessGrant(_message.Message):
+    __slots__ = ("verbs", "prefixes")
+    VERBS_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    verbs: _containers.RepeatedScalarFieldContainer[str]
+    prefixes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, verbs: _Optional[_Iterable[str]] = ..., prefixes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WhoAmIResponse(_message.Message):
+    __slots__ = ("principal", "grants", "policy")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    grants: _containers.RepeatedCompositeFieldContainer[AccessGrant]
+    policy: bool
+    def __init__(self, principal: _Optional[str] = ..., grants: _Optional[_Iterable[_Union[AccessGrant, _Mapping]]] = ..., policy: _Optional[bool] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
     __slots__ = ("adapter", "use_base", "input_ids", "max_new_tokens", "return_logits")
     ADAPTER_FIELD_NUMBER: _ClassVar[int]

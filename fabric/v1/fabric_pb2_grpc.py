@@ -104,6 +104,11 @@ class FabricStub:
                 request_serializer=fabric_dot_v1_dot_fabric__pb2.KeepRequest.SerializeToString,
                 response_deserializer=fabric_dot_v1_dot_fabric__pb2.KeepResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/fabric.v1.Fabric/WhoAmI',
+                request_serializer=fabric_dot_v1_dot_fabric__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=fabric_dot_v1_dot_fabric__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
 
 
 class FabricServicer:
@@ -216,6 +221,14 @@ class FabricServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """Who the caller is to this node's access policy (--policy), and what it may do: the principal and
+        its grants. Any caller the node knows may ask; without a policy every caller is the cluster principal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FabricServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -288,6 +301,11 @@ def add_FabricServicer_to_server(servicer, server):
                     servicer.Keep,
                     request_deserializer=fabric_dot_v1_dot_fabric__pb2.KeepRequest.FromString,
                     response_serializer=fabric_dot_v1_dot_fabric__pb2.KeepResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=fabric_dot_v1_dot_fabric__pb2.WhoAmIRequest.FromString,
+                    response_serializer=fabric_dot_v1_dot_fabric__pb2.WhoAmIResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -668,6 +686,33 @@ class Fabric:
             '/fabric.v1.Fabric/Keep',
             fabric_dot_v1_dot_fabric__pb2.KeepRequest.SerializeToString,
             fabric_dot_v1_dot_fabric__pb2.KeepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabric.v1.Fabric/WhoAmI',
+            fabric_dot_v1_dot_fabric__pb2.WhoAmIRequest.SerializeToString,
+            fabric_dot_v1_dot_fabric__pb2.WhoAmIResponse.FromString,
             options,
             channel_credentials,
             insecure,
