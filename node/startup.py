@@ -13,10 +13,14 @@ from pathlib import Path
 
 import grpc
 
+from fabric.access.policy import TenantQuota, parse_policy
 from fabric.errors import FabricError
 from fabric.rpc.security import TlsFiles, read_token
 from fabric.store import AdapterStore
 from node.settings import NodeSettings, fail
+
+#: the largest --policy file read: a policy of MAX_PRINCIPALS principals and MAX_QUOTAS quotas fits well under it
+MAX_POLICY_BYTES = 4 << 20
 
 #: what each TLS flag's file must hold, and what it holds when the flags were swapped
 _PEM_KINDS = {"--tls-cert": (b"-----BEGIN CERTIFICATE-----", "certificate"), "--tls-key": (b"PRIVATE KEY-----", "private key")}
@@ -61,11 +65,30 @@ def open_store(settings: NodeSettings) -> AdapterStore:
             max_adapter_bytes=settings.max_adapter_bytes,
             max_header_bytes=settings.max_header_bytes,
             export_dir=settings.export_dir,
+            tenant_quotas=load_tenant_quotas(settings.policy),
         )
     except OSError as exc:
         fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")
     except FabricError as exc:
         fail(f"--store {settings.store}: {exc}")
+
+
+def load_tenant_quotas(policy_file: Path | None) -> tuple[TenantQuota, ...]:
+    """The ``[[quota]]`` tables of --policy (none without one); a file that does not parse stops the node with one line."""
+    if policy_file is None:
+        return ()
+    try:
+        with open(policy_file, "rb") as handle:
+            data = handle.read(MAX_POLICY_BYTES + 1)
+        if len(data) > MAX_POLICY_BYTES:
+            fail(f"--policy {policy_file}: larger than {MAX_POLICY_BYTES} bytes")
+        return parse_policy(data.decode("utf-8")).quotas
+    except OSError as exc:
+        fail(f"--policy {policy_file}: cannot read it: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        fail(f"--policy {policy_file}: is not UTF-8 text (a TOML policy file)")
+    except FabricError as exc:
+        fail(f"--policy {policy_file}: {exc}")
 
 
 def check_bindable(flag: str, listen: str) -> None:

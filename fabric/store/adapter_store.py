@@ -46,6 +46,7 @@ from fabric.store.quota import Quota, WhenFull
 from fabric.store.recovery import GarbageCollector, recover
 from fabric.store.signatures import Signatures
 from fabric.store.staging import DirectoryStager
+from fabric.store.tenants import TenantLimits, TenantQuotas, TenantUsage
 from fabric.store.upload import Upload, Uploads
 
 
@@ -85,10 +86,12 @@ class AdapterStore:
         max_header_bytes: int = MAX_HEADER_BYTES,
         export_dir: Path | str | None = None,
         when_full: WhenFull | None = None,
+        tenant_quotas: tuple[TenantLimits, ...] = (),
     ) -> None:
         """``export_dir``: keep every staged adapter there as a PEFT directory of hard links (``fabric.store.export``).
 
         ``when_full``: what to do when a commit would pass ``max_bytes`` (default: refuse, ``QuotaExceeded``).
+        ``tenant_quotas``: bytes and id counts per id prefix, beside ``max_bytes`` (``fabric.store.tenants``).
         """
         self.root = Path(root)
         self.chunk_size = chunk_size
@@ -110,10 +113,12 @@ class AdapterStore:
         self.committer = Committer(
             self.layout, self.lock, TempFiles(self.layout.tmp), self.catalog, collector, self.quota, _CommitEvents(self.catalog, self.integrity, self.exports)
         )
-        self.partials = Partials(self.catalog, self.committer, self.quota)
-        self.uploads = Uploads(self.committer, self.quota, chunk_size)
+        #: per-tenant quotas and the room open writers reserved of them
+        self.tenants = TenantQuotas(self.catalog, tuple(tenant_quotas))
+        self.partials = Partials(self.catalog, self.committer, self.quota, self.tenants)
+        self.uploads = Uploads(self.committer, self.quota, self.tenants, chunk_size)
         self.signatures = Signatures(self.layout, self.committer)
-        self._stager = DirectoryStager(self.catalog, self.committer, self.quota, chunk_size)
+        self._stager = DirectoryStager(self.catalog, self.committer, self.quota, self.tenants, chunk_size)
         #: when each id was last used (its ref's mtime), and which ids an operator kept (``fabric.store.keeping``)
         self.recency = Recency(self.layout)
         self.kept = KeptIds(self.layout)
@@ -138,6 +143,14 @@ class AdapterStore:
     def usage(self) -> int:
         """Bytes held: committed blobs, every partial at its full size, uploads written plus what open ones reserved."""
         return self.quota.usage()
+
+    def tenant_usage(self) -> list[TenantUsage]:
+        """Each per-tenant quota with what its prefix holds (committed and reserved); one entry per quota."""
+        return self.tenants.usage()
+
+    def set_tenant_quotas(self, quotas: tuple[TenantLimits, ...]) -> None:
+        """Replace the per-tenant quotas (a policy reload); writers already open keep what they reserved."""
+        self.tenants.set_quotas(tuple(quotas))
 
     # ------------------------------------------------------------ reading
 

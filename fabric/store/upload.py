@@ -28,14 +28,17 @@ from fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, pwrite_al
 from fabric.store.ids import validate_adapter_id, validate_digest
 from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, hash_bytes, manifest_of
 from fabric.store.quota import Quota
+from fabric.store.tenants import TenantQuotas, TenantReservation
 
 
 class Uploads:
     """The client uploads of one store: opened by (id, whole-file BLAKE3), one stream each at a time."""
 
-    def __init__(self, committer: Committer, quota: Quota, chunk_size: int) -> None:
+    def __init__(self, committer: Committer, quota: Quota, tenants: TenantQuotas, chunk_size: int) -> None:
         self.committer = committer
         self.quota = quota
+        self.tenants = tenants
+        self._tenant_holds: dict[str, TenantReservation] = {}  # guarded by _lock: what each open upload reserved of its tenant's quota
         #: the chunk size new uploads are hashed at (the store's)
         self.chunk_size = chunk_size
         self._lock = threading.Lock()  # guards _open
@@ -89,15 +92,22 @@ class Uploads:
             config_root = hash_bytes(CONFIG_FILE, config_json, self.chunk_size).root
             blob = self.committer.layout.blob
             reserved = (0 if blob(weights_root).is_file() else size) + (0 if blob(config_root).is_file() else len(config_json))
-            # What a resumed upload holds on disk is counted already.
-            self.quota.check_room(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")
-            lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (BLAKE3 {blake3})")
+            # The tenant's quota before the store's (which may evict): held, like the store's, until the upload ends.
+            tenant = self.tenants.reserve(adapter_id, {config_root: len(config_json), weights_root: size}, f"uploading {adapter_id!r}")
             try:
-                upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root, reserved)
+                # What a resumed upload holds on disk is counted already.
+                self.quota.check_room(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")
+                lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (BLAKE3 {blake3})")
+                try:
+                    upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root, reserved)
+                except BaseException:
+                    os.close(lock_fd)
+                    raise
             except BaseException:
-                os.close(lock_fd)
+                tenant.release()
                 raise
             self._open[directory.name] = upload
+            self._tenant_holds[directory.name] = tenant
             # Its reservation counts in full: what it has not written yet is on its way.
             self.quota.hold_pending(directory.name, lambda: upload.reserved - upload.offset)
             return upload
@@ -106,7 +116,10 @@ class Uploads:
         """The upload under ``key`` let go (committed, closed or discarded): forget it and its reservation."""
         with self._lock:
             self._open.pop(key, None)
+            tenant = self._tenant_holds.pop(key, None)
         self.quota.release_pending(key)
+        if tenant is not None:
+            tenant.release()
 
 
 class Upload:
