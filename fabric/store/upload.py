@@ -43,6 +43,7 @@ class Uploads:
         self.chunk_size = chunk_size
         self._lock = threading.Lock()  # guards _open
         self._open: dict[str, Upload] = {}
+        self._opening: set[str] = set()  # keys of uploads being opened (outside the lock): a second stream is Busy
 
     def _upload_dir(self, adapter_id: str, blake3: str) -> Path:
         key = hashlib.sha256(f"{adapter_id}\0{blake3}".encode()).hexdigest()
@@ -81,8 +82,9 @@ class Uploads:
         self.quota.check_adapter_size(size + len(config_json), f"uploading {adapter_id!r}")
         PeftAdapterConfig.from_json_bytes(config_json)  # refuse a bad config before any byte moves
         directory = self._upload_dir(adapter_id, blake3)
+        key = directory.name
         with self._lock:
-            if directory.name in self._open:
+            if key in self._open or key in self._opening:
                 # Each stream owns its upload: a second writer never shares (and never closes) the first's.
                 raise Busy(
                     f"an upload of {adapter_id!r} with these bytes (BLAKE3 {blake3}) is being sent by another Stage stream; "
@@ -98,19 +100,27 @@ class Uploads:
                 # What a resumed upload holds on disk is counted already.
                 self.quota.check_room(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")
                 lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (BLAKE3 {blake3})")
-                try:
-                    upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root, reserved)
-                except BaseException:
-                    os.close(lock_fd)
-                    raise
             except BaseException:
                 tenant.release()
                 raise
-            self._open[directory.name] = upload
-            self._tenant_holds[directory.name] = tenant
+            self._opening.add(key)
+            self._tenant_holds[key] = tenant
+            self.quota.hold_pending(key, lambda: reserved)  # in full while it opens
+        # Opened (its files synced) outside the lock, so concurrent Stage calls open their uploads together.
+        try:
+            upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root, reserved)
+        except BaseException:
+            os.close(lock_fd)
+            with self._lock:
+                self._opening.discard(key)
+            self.release(key)
+            raise
+        with self._lock:
+            self._opening.discard(key)
+            self._open[key] = upload
             # Its reservation counts in full: what it has not written yet is on its way.
-            self.quota.hold_pending(directory.name, lambda: upload.reserved - upload.offset)
-            return upload
+            self.quota.hold_pending(key, lambda: upload.reserved - upload.offset)
+        return upload
 
     def release(self, key: str) -> None:
         """The upload under ``key`` let go (committed, closed or discarded): forget it and its reservation."""
@@ -150,8 +160,9 @@ class Upload:
         fresh = not meta_path.is_file() or meta_path.read_bytes() != meta
         self._fd: int | None = os.open(directory / "data", os.O_RDWR | os.O_CREAT, 0o644)
         if fresh or os.fstat(self._fd).st_size > size:
-            os.ftruncate(self._fd, 0)
-            os.fsync(self._fd)
+            if os.fstat(self._fd).st_size:  # a new data file is empty already: nothing to truncate or sync
+                os.ftruncate(self._fd, 0)
+                os.fsync(self._fd)
             self._committer.temps.write_atomic(meta_path, meta)
         self._offset = os.fstat(self._fd).st_size
         self._hasher = self._hash_kept(self._offset)
@@ -215,7 +226,7 @@ class Upload:
                 raise InvalidArgument(f"upload of {self.adapter_id!r} holds {self._offset} of {self.size} bytes: send the rest first")
             data_path = self._directory / "data"
             try:
-                os.fsync(self._fd)
+                os.fdatasync(self._fd)  # its bytes and size (each append synced its own already: usually nothing left)
                 if write_stamp(self._fd) != self._written_stamp:  # written by someone else since: hash what is on disk
                     self._hasher = self._hash_kept(self.size)
                 weights = self._hasher.entry(WEIGHTS_FILE)
