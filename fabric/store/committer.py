@@ -12,8 +12,9 @@ calls) are committed together. The first caller leads: it takes every commit
 waiting (up to ``MAX_BATCH``), and under the lock installs each in turn
 (room is checked against what the ones before it installed), then makes the
 whole batch durable in the same order one commit uses, paying the syncs once
-(``fabric.store.syncs``): blobs and manifests synced, then the refs written,
-synced, renamed and their directory synced. Every caller returns once its own
+(``fabric.store.syncs``): every new file (manifests, refs) synced in one
+round, then blobs and manifests renamed into place and their directories
+synced, then the refs renamed and their directory synced. Every caller returns once its own
 commit is durable, or raises its own error; one commit's refusal never fails
 the others.
 
@@ -142,8 +143,11 @@ class Committer:
                 self._group.notify_all()
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
-        """Blobs and manifests of each (in order, so each room check sees the ones before), synced; then every ref, synced."""
-        files = DeferredSyncs(self.temps, self._syncs)
+        """Each commit's blobs, manifest and ref written in turn (each room check sees the ones before); then, for the
+        whole batch: every file synced (one round), blobs and manifests placed and their directories synced, refs last."""
+        files, refs = DeferredSyncs(self.temps, self._syncs), DeferredSyncs(self.temps, self._syncs)
+        written: set[str] = set()
+        replaced = False
         try:
             for job in batch:
                 try:
@@ -151,24 +155,20 @@ class Committer:
                     job.existed = self.catalog.complete(job.manifest.digest) is not None
                     if not job.existed:
                         self._install(job, files)
+                    previous = self.catalog.read_ref(job.adapter_id)
                 except Exception as exc:  # this commit's refusal (room, a vanished source): the others go on
                     job.error = exc
-            files.flush()
-        finally:
-            files.discard()
-        refs = DeferredSyncs(self.temps, self._syncs)
-        written: set[str] = set()
-        replaced = False
-        try:
-            for job in batch:
-                previous = None if job.error is not None else self.catalog.read_ref(job.adapter_id)
-                if job.error is None and previous != job.manifest.digest:
+                    continue
+                if previous != job.manifest.digest:
                     refs.write(self.layout.ref(job.adapter_id), job.manifest.digest.encode("ascii"))
                     # an id that referred to other bytes (before this batch, or earlier in it) may leave them unreferenced
                     replaced = replaced or previous is not None or job.adapter_id in written
                     written.add(job.adapter_id)
-            refs.flush()
+            files.sync_files(also=refs)
+            files.place()  # blobs and manifests durable in place before any ref names them
+            refs.place()
         finally:
+            files.discard()
             refs.discard()
         for job in batch:
             if job.error is None:

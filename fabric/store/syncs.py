@@ -62,9 +62,18 @@ class DeferredSyncs:
 
     def flush(self) -> None:
         """Sync every file written, rename each into place, then sync every directory changed; nothing is pending after."""
+        self.sync_files()
+        self.place()
+
+    def sync_files(self, also: "DeferredSyncs | None" = None) -> None:
+        """Sync the files written here (and in ``also``, in the same round: one journal commit for both)."""
+        files = self._files + (also._files if also is not None else [])
+        sync_all(self.pool, lambda item: os.fsync(item[0]), files)
+
+    def place(self) -> None:
+        """Rename the (synced) files into place, then sync every directory changed; nothing is pending after."""
         files, self._files = self._files, []
         try:
-            sync_all(self.pool, lambda item: os.fsync(item[0]), files)
             for _, path, dest in files:
                 os.rename(path, dest)
                 self._dirs[dest.parent] = None

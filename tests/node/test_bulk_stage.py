@@ -61,6 +61,36 @@ def test_hundreds_of_adapters_stage_in_bulk_survive_a_restart_and_one_failure_is
     assert not store.damaged() and not any((tmp_path / "n" / "uploads").iterdir())
 
 
+def test_every_stage_that_returned_survives_a_node_killed_mid_bulk(tmp_path, adapters) -> None:
+    """SIGKILL while a bulk stage runs: each adapter whose Stage returned is listed and whole after the restart; the rest
+    failed by name, and none of them is half there."""
+    items = [(d, f"kill/{d.name}") for i, d in enumerate(adapters) if i != BROKEN]
+    node = LocalNode(tmp_path / "n", model="none").start()
+    returned: list[str] = []
+
+    def done(adapter_id, ok, error) -> None:
+        if ok is not None:
+            returned.append(adapter_id)
+            if len(returned) == 100:
+                node.kill()
+
+    with node.client(timeout=30) as c:
+        result = c.stage_many(items, workers=32, on_done=done)
+    assert len(returned) >= 100 and result.failed, "the kill came after the last adapter"
+    assert {r.adapter_id for r in result.staged} | {f.adapter_id for f in result.failed} == {i for _, i in items}
+    node.start()
+    try:
+        with node.client() as c:
+            listed = {a.adapter_id for a in c.list().staged}
+    finally:
+        node.stop()
+    assert set(returned) <= listed  # a Stage that returned was on disk
+    store = AdapterStore(tmp_path / "n")
+    for adapter_id in listed:  # and what is listed is whole (a commit the kill cut is not visible)
+        store.verify(adapter_id)
+    assert not store.damaged()
+
+
 def test_the_cli_stages_many_directories_and_names_the_one_that_failed(tmp_path, adapters) -> None:
     node = LocalNode(tmp_path / "n", model="none").start()
     try:
