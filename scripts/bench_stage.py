@@ -3,7 +3,7 @@
 
     python scripts/bench_stage.py --adapters 500 --workers 16
 
-Real store-only node processes on loopback (``fabric.harness.cluster``), a
+Real store-only node processes on loopback (``adapter_fabric.harness.cluster``), a
 fresh store each: the first stages every adapter one after another
 (``NodeClient.stage``), the second all of them through ``NodeClient.stage_many``
 (``--workers`` concurrent Stage calls, which the node's committer syncs in
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fabric.harness.bench import make_small_adapters  # noqa: E402
-from fabric.harness.cluster import LocalNode  # noqa: E402
+from adapter_fabric.harness.bench import make_small_adapters  # noqa: E402
+from adapter_fabric.harness.cluster import LocalNode  # noqa: E402
 
 #: bounds on the flags: a typo must not fill the disk
 MAX_ADAPTERS = 20_000

@@ -12,9 +12,9 @@ A policy file is TOML::
     san = "node-2.fabric.internal"                # the identity in its mTLS client certificate
     grants = [{ verbs = ["read", "pull"], prefixes = ["*"] }]
 
-    [[quota]]                                     # per-tenant quotas (fabric.store.tenants), optional
+    [[quota]]                                     # per-tenant quotas (adapter_fabric.store.tenants), optional
     prefix = "team-a/"
-    max_bytes = "10GiB"                           # a size as fabric.units reads it, or an integer of bytes
+    max_bytes = "10GiB"                           # a size as adapter_fabric.units reads it, or an integer of bytes
     max_adapters = 500
 
 Pure: plain functions over plain data (no file, socket or clock), so every
@@ -33,9 +33,9 @@ import re
 import tomllib
 from dataclasses import dataclass
 
-from fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
-from fabric.store.ids import validate_adapter_id
-from fabric.units import parse_size
+from adapter_fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.units import parse_size
 
 #: verbs, each on an id prefix: read (describe, list, locate), pull (an adapter's bytes), publish (stage,
 #: promote, overwrite), unstage, operate (pin, load into slots, evict), admin (every verb)
@@ -120,7 +120,7 @@ class Principal:
 
 @dataclass(frozen=True)
 class TenantQuota:
-    """A ``[[quota]]`` table: the bytes and ids an id prefix may hold (None: not limited); the store enforces it (``fabric.store.tenants``)."""
+    """A ``[[quota]]`` table: the bytes and ids an id prefix may hold (None: not limited); the store enforces it (``adapter_fabric.store.tenants``)."""
 
     prefix: str
     max_bytes: int | None = None

@@ -6,16 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from fabric.exit_codes import EXIT_REFUSED
+from adapter_fabric.exit_codes import EXIT_REFUSED
 
 #: failures printed one a line; the rest are counted (the JSON result lists them all)
 MAX_SHOWN_FAILURES = 50
 
 
 def cmd_stage_many(args: argparse.Namespace) -> None:
-    from fabric.cli.connect import client_for
-    from fabric.cli.output import emit
-    from fabric.client.bulk import DEFAULT_WORKERS
+    from adapter_fabric.cli.connect import client_for
+    from adapter_fabric.cli.output import emit
+    from adapter_fabric.client.bulk import DEFAULT_WORKERS
 
     items = [(Path(d), args.prefix + Path(d).resolve().name) for d in args.dirs]
     with client_for(args, timeout=args.timeout) as client:
@@ -32,8 +32,8 @@ def cmd_stage_many(args: argparse.Namespace) -> None:
 
 
 def register(command) -> None:
-    """Add ``stage-many`` through ``command(name, handler, help)`` (see ``fabric.cli.main``)."""
-    from fabric.client.bulk import DEFAULT_WORKERS, MAX_WORKERS
+    """Add ``stage-many`` through ``command(name, handler, help)`` (see ``adapter_fabric.cli.main``)."""
+    from adapter_fabric.client.bulk import DEFAULT_WORKERS, MAX_WORKERS
 
     def workers(text: str) -> int:
         if not text.isdigit() or not 1 <= int(text) <= MAX_WORKERS:

@@ -4,7 +4,7 @@ Each adapter is its own Stage call, as ``NodeClient.stage`` sends it, with
 its own durability: a Stage that returned is committed on the node's disk.
 Running ``workers`` of them at a time lets the node commit them together (its
 committer syncs a batch of concurrent commits with one journal flush instead
-of one per adapter: ``fabric.store.committer``), which is where one-at-a-time
+of one per adapter: ``adapter_fabric.store.committer``), which is where one-at-a-time
 staging spends its time. A failure is one adapter's: it is named in the
 result beside the error, and every other adapter is committed or refused on
 its own.
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from fabric.client.results import StageResult
-from fabric.errors import FabricError, InvalidArgument
+from adapter_fabric.client.results import StageResult
+from adapter_fabric.errors import FabricError, InvalidArgument
 
 #: concurrent Stage calls by default, and at most: past ~32 the node's I/O threads are the limit, not its disk
 DEFAULT_WORKERS = 16

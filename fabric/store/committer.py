@@ -12,7 +12,7 @@ calls) are committed together. The first caller leads: it takes every commit
 waiting (up to ``MAX_BATCH``), and under the lock installs each in turn
 (room is checked against what the ones before it installed), then makes the
 whole batch durable in the same order one commit uses, paying the syncs once
-(``fabric.store.syncs``): every new file (manifests, refs) synced in one
+(``adapter_fabric.store.syncs``): every new file (manifests, refs) synced in one
 round, then blobs and manifests renamed into place and their directories
 synced, then the refs renamed and their directory synced. Every caller returns once its own
 commit is durable, or raises its own error; one commit's refusal never fails
@@ -31,15 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from fabric.errors import AdapterNotFound
-from fabric.store.catalog import Catalog
-from fabric.store.durable import StoreLock, TempFiles
-from fabric.store.files import fsync_dir
-from fabric.store.layout import StoreLayout
-from fabric.store.manifest import Manifest
-from fabric.store.quota import Quota
-from fabric.store.recovery import GarbageCollector
-from fabric.store.syncs import SYNC_THREADS, DeferredSyncs
+from adapter_fabric.errors import AdapterNotFound
+from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.durable import StoreLock, TempFiles
+from adapter_fabric.store.files import fsync_dir
+from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.quota import Quota
+from adapter_fabric.store.recovery import GarbageCollector
+from adapter_fabric.store.syncs import SYNC_THREADS, DeferredSyncs
 
 #: commits one leader makes durable together: bounds how long the last of a batch waits
 MAX_BATCH = 256

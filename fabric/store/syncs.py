@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
-from fabric.store.durable import TempFiles
-from fabric.store.files import fsync_dir, pwrite_all
+from adapter_fabric.store.durable import TempFiles
+from adapter_fabric.store.files import fsync_dir, pwrite_all
 
 #: threads that issue one batch's fsyncs together (the filesystem joins them into one journal commit)
 SYNC_THREADS = 16

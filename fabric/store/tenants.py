@@ -20,7 +20,7 @@ unpublishing its adapters is the operator's call (unstage), not the store's.
 
 The quotas are a plain tuple handed in (``AdapterStore(tenant_quotas=...)``,
 ``set_quotas`` on a policy reload); the access policy file parses them
-(``fabric.access.policy``), which bounds how many there are.
+(``adapter_fabric.access.policy``), which bounds how many there are.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from fabric.errors import FabricError, QuotaExceeded
-from fabric.store.catalog import Catalog
-from fabric.store.files import decode_id
-from fabric.store.ids import validate_adapter_id
-from fabric.units import format_size
+from adapter_fabric.errors import FabricError, QuotaExceeded
+from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.files import decode_id
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.units import format_size
 
 class TenantLimits(Protocol):
-    """One tenant's quota as the store takes it (``fabric.access.policy.TenantQuota`` is one): plain values, no behaviour."""
+    """One tenant's quota as the store takes it (``adapter_fabric.access.policy.TenantQuota`` is one): plain values, no behaviour."""
 
     #: the id prefix, lower-case, ending in ``/``
     prefix: str

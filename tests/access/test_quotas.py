@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.access.policy import MAX_ADAPTERS_LIMIT, MAX_QUOTAS, TenantQuota, parse_policy, token_sha256
-from fabric.errors import InvalidPolicy
+from adapter_fabric.access.policy import MAX_ADAPTERS_LIMIT, MAX_QUOTAS, TenantQuota, parse_policy, token_sha256
+from adapter_fabric.errors import InvalidPolicy
 
 PRINCIPAL = f"""
 [[principal]]

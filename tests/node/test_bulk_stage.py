@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from fabric.errors import InvalidArgument
-from fabric.harness.bench import make_small_adapters
-from fabric.harness.cluster import LocalNode
-from fabric.store import AdapterStore
+from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.harness.bench import make_small_adapters
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.store import AdapterStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -96,7 +96,7 @@ def test_the_cli_stages_many_directories_and_names_the_one_that_failed(tmp_path,
     try:
         dirs = [str(d) for d in adapters[BROKEN - 2 : BROKEN + 3]]
         run = subprocess.run(
-            [sys.executable, "-m", "fabric.cli", "stage-many", node.address, *dirs, "--prefix", "team-a/", "--workers", "4"],
+            [sys.executable, "-m", "adapter_fabric.cli", "stage-many", node.address, *dirs, "--prefix", "team-a/", "--workers", "4"],
             capture_output=True, text=True, timeout=120,
         )
         broken = f"team-a/{adapters[BROKEN].name}"
@@ -109,7 +109,7 @@ def test_the_cli_stages_many_directories_and_names_the_one_that_failed(tmp_path,
 
 
 def test_bulk_arguments_are_bounded() -> None:
-    from fabric.client.bulk import MAX_WORKERS, stage_many
+    from adapter_fabric.client.bulk import MAX_WORKERS, stage_many
 
     def never(directory, adapter_id):
         raise AssertionError("nothing may be staged")

@@ -15,11 +15,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fabric.access.policy import token_sha256
-from fabric.errors import QuotaExceeded
-from fabric.harness.cluster import LocalNode
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.access.policy import token_sha256
+from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.store import stage_begin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -114,7 +114,7 @@ def test_a_stage_past_a_tenants_bytes_is_refused_before_bytes_arrive(tmp_path, w
             tenants = {t.prefix: t for t in c.store_status().tenants}
             assert (tenants["team-a/"].bytes, tenants["team-a/"].adapters) == (held, 2)
             assert (tenants["team-b/"].adapters, tenants["team-b/"].max_adapters) == (1, 2)
-        text = subprocess.run([sys.executable, "-m", "fabric.cli", "store-status", node.address], capture_output=True, text=True, timeout=60)
+        text = subprocess.run([sys.executable, "-m", "adapter_fabric.cli", "store-status", node.address], capture_output=True, text=True, timeout=60)
         assert text.returncode == 0 and "tenant   team-b/" in text.stdout and "1 of 2 adapters" in text.stdout, text.stdout + text.stderr
     finally:
         node.stop()
@@ -197,7 +197,7 @@ def test_a_broken_quota_stops_the_node_at_start_in_one_line(tmp_path, world) -> 
     bad = tmp_path / "bad.toml"
     bad.write_text(policy(tmp_path / "p.toml", world).read_text() + '\n[[quota]]\nprefix = "team-d/"\nmax_bytes = "lots"\n')
     result = subprocess.run(
-        [sys.executable, "-m", "node.main", "--store", str(tmp_path / "s"), "--model", "none", "--listen", "127.0.0.1:0", "--policy", str(bad)],
+        [sys.executable, "-m", "adapter_fabric.node.main", "--store", str(tmp_path / "s"), "--model", "none", "--listen", "127.0.0.1:0", "--policy", str(bad)],
         capture_output=True, text=True, timeout=120,
     )
     lines = result.stderr.strip().splitlines()

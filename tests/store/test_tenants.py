@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fabric.access.policy import TenantQuota
-from fabric.errors import QuotaExceeded
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.store import AdapterStore
-from fabric.store.manifest import build_manifest
+from adapter_fabric.access.policy import TenantQuota
+from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.manifest import build_manifest
 from tests.support.store import blake3_of
 
 SHAPE = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
