@@ -51,7 +51,7 @@ class NodeSettings:
     tls_ca: Path | None = None
     auth_token_file: Path | None = None
     auth_peer_reads: bool = False
-    policy: Path | None = None  # the access policy (adapter_fabric.access): principals and their verbs on id prefixes
+    policy: Path | None = None  # the access policy (adapter_fabric.access): principals, their verbs on id prefixes, per-tenant quotas
     peer_tls_name: str = ""  # the name peers' certificates are verified against when dialled by IP; empty = the address dialled
     # limits
     max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES
@@ -226,7 +226,8 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
      "(peers found through --peers-dns are dialled by pod IP; give the nodes one certificate naming e.g. the headless Service)", "security"),
     ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),
     ("--policy", optional_path, None, "TOML access policy: principals (a token's sha256, or a client certificate's SAN) and the verbs "
-     "each may use on which id prefixes; every call then needs a principal (peer reads too); reloaded on SIGHUP or when the file changes", "security"),
+     "each may use on which id prefixes, and [[quota]] tables limiting the bytes and adapter ids each id prefix (tenant) may hold, "
+     "beside --max-store-bytes; every call then needs a principal (peer reads too); reloaded on SIGHUP or when the file changes", "security"),
     ("--trusted-signers", path_list, (), "Ed25519 public keys (PEM or 32 raw bytes; space-separated, or comma-separated in the variable); "
      "when given, the node stages, pulls, loads and serves only adapters whose manifest one of them signed", "security"),
     ("--max-adapter-bytes", positive_size, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),

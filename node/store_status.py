@@ -45,6 +45,13 @@ class StoreReport:
             kept=self.store.kept.count() if readable is None else sum(1 for i in ids if shown(i) and i in self.store.kept),
             evicts=self.evictor is not None,
         )
+        for tenant in self.store.tenant_usage():  # one per quota: bounded by the policy's MAX_QUOTAS
+            reply.tenants.append(
+                fabric_pb2.TenantUsage(
+                    prefix=tenant.prefix, max_bytes=tenant.max_bytes or 0, max_adapters=tenant.max_adapters or 0,
+                    bytes=tenant.bytes, adapters=tenant.adapters,
+                )
+            )
         for damaged in self.store.damaged():  # ids listed apart from adapters: adapter_fabric.store.integrity
             if shown(damaged.adapter_id):
                 reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))

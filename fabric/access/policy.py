@@ -12,6 +12,11 @@ A policy file is TOML::
     san = "node-2.fabric.internal"                # the identity in its mTLS client certificate
     grants = [{ verbs = ["read", "pull"], prefixes = ["*"] }]
 
+    [[quota]]                                     # per-tenant quotas (adapter_fabric.store.tenants), optional
+    prefix = "team-a/"
+    max_bytes = "10GiB"                           # a size as adapter_fabric.units reads it, or an integer of bytes
+    max_adapters = 500
+
 Pure: plain functions over plain data (no file, socket or clock), so every
 rule is testable alone. Matching is per ``/`` segment and case-blind, over
 ids that ``validate_adapter_id`` already restricted to ASCII
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 
 from adapter_fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
 from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.units import parse_size
 
 #: verbs, each on an id prefix: read (describe, list, locate), pull (an adapter's bytes), publish (stage,
 #: promote, overwrite), unstage, operate (pin, load into slots, evict), admin (every verb)
@@ -40,11 +46,15 @@ EVERYTHING = "*"
 MAX_PRINCIPALS = 1000
 MAX_GRANTS = 100
 MAX_PREFIXES = 100
+#: per-tenant quotas a file may hold, and the largest id count one may allow
+MAX_QUOTAS = 1000
+MAX_ADAPTERS_LIMIT = 10_000_000
 _NAME = re.compile(r"[A-Za-z0-9._\-@:]{1,64}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SAN = re.compile(r"[A-Za-z0-9.\-_:@/*]{1,253}")
 _PRINCIPAL_KEYS = {"name", "token_sha256", "san", "grants"}
 _GRANT_KEYS = {"verbs", "prefixes"}
+_QUOTA_KEYS = {"prefix", "max_bytes", "max_adapters"}
 
 
 def token_sha256(token: str) -> str:
@@ -112,6 +122,15 @@ class Principal:
         return [f"{','.join(sorted(g.verbs))} on {' '.join(g.prefixes)}" for g in self.grants]
 
 
+@dataclass(frozen=True)
+class TenantQuota:
+    """A ``[[quota]]`` table: the bytes and ids an id prefix may hold (None: not limited); the store enforces it (``adapter_fabric.store.tenants``)."""
+
+    prefix: str
+    max_bytes: int | None = None
+    max_adapters: int | None = None
+
+
 #: the single cluster token of a node without a policy file: every verb on every id, as before policies
 CLUSTER = Principal(name="cluster-token", grants=(Grant(frozenset({"admin"}), (EVERYTHING,)),))
 
@@ -121,6 +140,8 @@ class Policy:
     """The principals of one policy file, looked up by token or by certificate identity."""
 
     principals: tuple[Principal, ...]
+    #: per-tenant quotas (``[[quota]]`` tables), handed to the store (``AdapterStore(tenant_quotas=...)``)
+    quotas: tuple[TenantQuota, ...] = ()
 
     def by_token(self, token: str) -> Principal | None:
         """The principal whose token hash matches ``token`` (constant-time per comparison), else ``None``."""
@@ -196,15 +217,57 @@ def _principal(raw: object, index: int) -> Principal:
     return Principal(name=name, grants=grants, token_sha256=token, san=san)
 
 
+def _quota_size(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise _fail(where, "max_bytes must be a size like \"10GiB\" or an integer of bytes")
+    try:
+        return parse_size(str(value), allow_zero=False)
+    except ValueError as exc:
+        raise _fail(where, f"max_bytes {str(value)[:40]!r}: {exc}") from None
+
+
+def _quota(raw: object, index: int) -> TenantQuota:
+    where = f"quota #{index + 1}"
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be a [[quota]] table")
+    unknown = sorted(set(raw) - _QUOTA_KEYS)
+    if unknown:
+        raise _fail(where, f"unknown key {unknown[0][:40]!r} (known: {', '.join(sorted(_QUOTA_KEYS))})")
+    if raw.get("prefix") == EVERYTHING:
+        raise _fail(where, "prefix '*' is the whole store: its limit is fabric-node --max-store-bytes")
+    prefix = _prefix(raw.get("prefix"), where)
+    where = f"quota {prefix!r}"
+    if "max_bytes" not in raw and "max_adapters" not in raw:
+        raise _fail(where, "needs max_bytes, max_adapters or both")
+    max_bytes = _quota_size(raw["max_bytes"], where) if "max_bytes" in raw else None
+    count = raw.get("max_adapters")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ADAPTERS_LIMIT):
+        raise _fail(where, f"max_adapters must be an integer from 1 to {MAX_ADAPTERS_LIMIT}")
+    return TenantQuota(prefix, max_bytes, count)
+
+
+def parse_quotas(raws: object) -> tuple[TenantQuota, ...]:
+    """The ``[[quota]]`` tables of a policy file (already read as TOML); raises ``InvalidPolicy`` naming the first problem."""
+    if not isinstance(raws, list) or len(raws) > MAX_QUOTAS:
+        raise _fail("file", f"needs 0 to {MAX_QUOTAS} [[quota]] tables")
+    quotas = tuple(_quota(r, i) for i, r in enumerate(raws))
+    seen: set[str] = set()
+    for quota in quotas:
+        if quota.prefix in seen:
+            raise _fail(f"quota {quota.prefix!r}", "repeats another quota's prefix (case-blind)")
+        seen.add(quota.prefix)
+    return quotas
+
+
 def parse_policy(text: str) -> Policy:
     """The policy a TOML text describes; raises ``InvalidPolicy`` naming the first problem, in one line."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InvalidPolicy(f"policy is not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - {"principal"})
+    unknown = sorted(set(data) - {"principal", "quota"})
     if unknown:
-        raise _fail("file", f"unknown top-level key {unknown[0][:40]!r} (only [[principal]] tables)")
+        raise _fail("file", f"unknown top-level key {unknown[0][:40]!r} (only [[principal]] and [[quota]] tables)")
     raws = data.get("principal", [])
     if not isinstance(raws, list) or not 1 <= len(raws) <= MAX_PRINCIPALS:
         raise _fail("file", f"needs 1 to {MAX_PRINCIPALS} [[principal]] tables")
@@ -217,4 +280,4 @@ def parse_policy(text: str) -> Policy:
                 # never echo a token hash: name the principal instead
                 raise _fail(f"principal {p.name!r}", f"repeats another principal's {field}")
             seen.add(value)
-    return Policy(principals)
+    return Policy(principals, parse_quotas(data.get("quota", [])))

@@ -14,7 +14,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 import adapter_fabric as fabric
-from adapter_fabric.cli import cluster_cmds, local_cmds, sign, slot_cmds, store_cmds, store_status
+from adapter_fabric.cli import bulk_cmds, cluster_cmds, local_cmds, sign, slot_cmds, store_cmds, store_status
 from adapter_fabric.cli.connect import add_security_flags, duration_arg, node_address
 from adapter_fabric.cli.output import report_error
 from adapter_fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    for module in (store_cmds, slot_cmds, cluster_cmds, local_cmds, sign, store_status):
+    for module in (store_cmds, bulk_cmds, slot_cmds, cluster_cmds, local_cmds, sign, store_status):
         module.register(command)
     return parser
 

@@ -24,6 +24,10 @@ def cmd_store_status(args: argparse.Namespace) -> None:
     lines = [f"{args.node}: {reply.adapters} adapters, {_size(reply.used_bytes)} used of {quota}; abandoned entries expire {expiry}"]
     at_limit = f"evicts cold adapters ({reply.evictions} evicted since start)" if reply.evicts else "refuses commits (a durable node: never evicts)"
     lines.append(f"  at the limit: {at_limit}; {reply.kept} kept by an operator")
+    for tenant in reply.tenants:
+        limit_bytes = _size(tenant.max_bytes) if tenant.max_bytes else "no byte limit"
+        limit_ids = f"{tenant.max_adapters} adapters" if tenant.max_adapters else "no id limit"
+        lines.append(f"  tenant   {tenant.prefix:30} {_size(tenant.bytes)} of {limit_bytes}, {tenant.adapters} of {limit_ids}")
     for kind, items in (("upload", reply.uploads), ("partial", reply.partials)):
         for item in items:
             state = "in use" if item.in_use else f"idle {item.age_seconds:.0f}s"

@@ -216,6 +216,16 @@ class NodeClient:
         r = self._call(self.stub.Stage, requests(), timeout=self._long(timeout))
         return StageResult(r.adapter_id, r.digest, r.content_id, r.bytes_received, r.already_staged, resumed_from=offset)
 
+    def stage_many(self, items, workers: int = 16, *, timeout: float | None | bool = False, on_done=None):
+        """Stage many ``(directory, adapter_id)`` pairs, ``workers`` concurrent Stage calls at a time (``adapter_fabric.client.bulk``).
+
+        Returns a ``BulkStageResult``: the committed ``StageResult`` s and each failed adapter named with its error;
+        one adapter's failure leaves the others committed. ``timeout`` applies to each adapter's Stage.
+        """
+        from adapter_fabric.client.bulk import stage_many
+
+        return stage_many(lambda d, i: self.stage(d, i, timeout=timeout), items, workers, on_done)
+
     def unstage(self, adapter_id: str, *, timeout: float | None = None) -> bool:
         """Remove an id from the node's store; True when its bytes went too (no other id shares them). ``timeout`` as ``locate``."""
         return self._call(self.stub.Unstage, fabric_pb2.UnstageRequest(adapter_id=adapter_id), timeout=self._quick(timeout)).bytes_removed

@@ -234,6 +234,17 @@ class DamagedEntry(_Result):
 
 
 @dataclass(frozen=True)
+class TenantUsage(_Result):
+    """A per-tenant quota (an id prefix; 0: not limited) and what the prefix holds, committed plus reserved by open writers."""
+
+    prefix: str
+    max_bytes: int
+    max_adapters: int
+    bytes: int
+    adapters: int
+
+
+@dataclass(frozen=True)
 class StoreStatus(_Result):
     """A node's store: bytes used and the quota (0: no limit but the disk), what it keeps to resume, what is damaged."""
 
@@ -247,6 +258,7 @@ class StoreStatus(_Result):
     evictions: int = 0  # cold adapters evicted since the node started
     kept: int = 0  # adapter ids an operator kept (fabric keep)
     evicts: bool = False  # the node evicts cold adapters at its limit (--when-full evict), else refuses
+    tenants: list[TenantUsage] = field(default_factory=list)  # one per per-tenant quota of the node's --policy
 
     @classmethod
     def from_proto(cls, pb: fabric_pb2.StoreStatusResponse) -> "StoreStatus":
@@ -257,4 +269,5 @@ class StoreStatus(_Result):
         return cls(
             pb.used_bytes, pb.quota_bytes, pb.adapters, leftovers(pb.uploads), leftovers(pb.partials), pb.expire_after_seconds,
             [DamagedEntry(d.adapter_id, d.digest, d.reason) for d in pb.damaged], pb.evictions, pb.kept, pb.evicts,
+            [TenantUsage(t.prefix, t.max_bytes, t.max_adapters, t.bytes, t.adapters) for t in pb.tenants],
         )

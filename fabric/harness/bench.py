@@ -2,6 +2,8 @@
 
 - ``make_adapter``: a PEFT-named LoRA adapter of a given size, made in code
   (scripts/bench_swarm.py, tests/transport/test_multihost.py);
+- ``make_small_adapters``: many distinct small PEFT adapters, fast (scripts/bench_stage.py,
+  tests/node/test_bulk_stage.py);
 - the one-stream transfer harness (scripts/bench_transfer.py, scripts/bench_promote.py):
   a ``TransferPath`` is one row of a table, a server process (``ServerProcess``,
   serving a payload file from an mmap) and a timed client process per transfer
@@ -31,6 +33,28 @@ from typing import Any, Callable, Optional
 from blake3 import blake3
 
 MIB = 1 << 20
+
+
+def make_small_adapters(root: Path, count: int) -> list[Path]:
+    """``count`` distinct small PEFT adapters (a tiny model's, ~20 KB) under ``root``: one made with PEFT, copied,
+    8 bytes of its tensor data set to the copy's number, so each has its own digest and weights blob."""
+    import shutil
+
+    from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+
+    template = make_peft_adapter(root / "template", base_model=build_tiny_model(), r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], seed=1)
+    weights = (template / "adapter_model.safetensors").read_bytes()
+    start = 8 + int.from_bytes(weights[:8], "little")  # tensor data starts after the header
+    dirs = []
+    for index in range(count):
+        directory = root / f"a{index:05d}"
+        directory.mkdir()
+        shutil.copyfile(template / "adapter_config.json", directory / "adapter_config.json")
+        data = bytearray(weights)
+        data[start : start + 8] = index.to_bytes(8, "little")
+        (directory / "adapter_model.safetensors").write_bytes(bytes(data))
+        dirs.append(directory)
+    return dirs
 
 
 def make_adapter(out: Path, size_mib: int, hidden: int = 4096, rank: int = 32) -> Path:

@@ -47,6 +47,7 @@ from adapter_fabric.store.quota import Quota, WhenFull
 from adapter_fabric.store.recovery import GarbageCollector, recover
 from adapter_fabric.store.signatures import Signatures
 from adapter_fabric.store.staging import DirectoryStager
+from adapter_fabric.store.tenants import TenantLimits, TenantQuotas, TenantUsage
 from adapter_fabric.store.upload import Upload, Uploads
 from adapter_fabric.trust.signing import Signed, TrustedSigners
 
@@ -90,12 +91,15 @@ class AdapterStore:
         export_dir: Path | str | None = None,
         when_full: WhenFull | None = None,
         trusted: TrustedSigners | None = None,
+
+        tenant_quotas: tuple[TenantLimits, ...] = (),
     ) -> None:
         """``export_dir``: keep every staged adapter there as a PEFT directory of hard links (``adapter_fabric.store.export``).
 
         ``trusted``: export only adapters one of these signers signed (a trusting node's engine loads nothing it refuses).
 
         ``when_full``: what to do when a commit would pass ``max_bytes`` (default: refuse, ``QuotaExceeded``).
+        ``tenant_quotas``: bytes and id counts per id prefix, beside ``max_bytes`` (``adapter_fabric.store.tenants``).
         """
         self.root = Path(root)
         self.chunk_size = chunk_size
@@ -118,9 +122,11 @@ class AdapterStore:
         self.committer = Committer(
             self.layout, self.lock, TempFiles(self.layout.tmp), self.catalog, collector, self.quota, _CommitEvents(self.catalog, self.integrity, self.exports)
         )
-        self.partials = Partials(self.catalog, self.committer, self.quota)
-        self.uploads = Uploads(self.committer, self.quota, chunk_size)
-        self._stager = DirectoryStager(self.catalog, self.committer, self.quota, chunk_size)
+        #: per-tenant quotas and the room open writers reserved of them
+        self.tenants = TenantQuotas(self.catalog, tuple(tenant_quotas))
+        self.partials = Partials(self.catalog, self.committer, self.quota, self.tenants)
+        self.uploads = Uploads(self.committer, self.quota, self.tenants, chunk_size)
+        self._stager = DirectoryStager(self.catalog, self.committer, self.quota, self.tenants, chunk_size)
         #: when each id was last used (its ref's mtime), and which ids an operator kept (``adapter_fabric.store.keeping``)
         self.recency = Recency(self.layout)
         self.kept = KeptIds(self.layout)
@@ -145,6 +151,14 @@ class AdapterStore:
     def usage(self) -> int:
         """Bytes held: committed blobs, every partial at its full size, uploads written plus what open ones reserved."""
         return self.quota.usage()
+
+    def tenant_usage(self) -> list[TenantUsage]:
+        """Each per-tenant quota with what its prefix holds (committed and reserved); one entry per quota."""
+        return self.tenants.usage()
+
+    def set_tenant_quotas(self, quotas: tuple[TenantLimits, ...]) -> None:
+        """Replace the per-tenant quotas (a policy reload); writers already open keep what they reserved."""
+        self.tenants.set_quotas(tuple(quotas))
 
     # ------------------------------------------------------------ reading
 

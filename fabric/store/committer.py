@@ -7,6 +7,17 @@ temp file, fsync'ed, renamed and its directory fsync'ed, so a reader that sees
 a ref sees its manifest and its blobs. A crash leaves at most orphans (blobs
 or manifests no ref reaches) and temp files, which recovery removes.
 
+Group commit: concurrent ``commit`` calls (a bulk publish's many Stage
+calls) are committed together. The first caller leads: it takes every commit
+waiting (up to ``MAX_BATCH``), and under the lock installs each in turn
+(room is checked against what the ones before it installed), then makes the
+whole batch durable in the same order one commit uses, paying the syncs once
+(``adapter_fabric.store.syncs``): every new file (manifests, refs) synced in one
+round, then blobs and manifests renamed into place and their directories
+synced, then the refs renamed and their directory synced. Every caller returns once its own
+commit is durable, or raises its own error; one commit's refusal never fails
+the others.
+
 What follows a commit elsewhere (integrity stamps, the export directory) is
 told through the ``CommitListener`` handed in, so the committer knows neither.
 """
@@ -14,6 +25,9 @@ told through the ``CommitListener`` handed in, so the committer knows neither.
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +39,10 @@ from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.quota import Quota
 from adapter_fabric.store.recovery import GarbageCollector
+from adapter_fabric.store.syncs import SYNC_THREADS, DeferredSyncs
+
+#: commits one leader makes durable together: bounds how long the last of a batch waits
+MAX_BATCH = 256
 
 
 class CommitListener(Protocol):
@@ -38,6 +56,20 @@ class CommitListener(Protocol):
 
     def ref_removed(self, adapter_id: str) -> None:
         """``adapter_id`` was unstaged."""
+
+
+@dataclass
+class _Pending:
+    """One caller's commit, waiting for a leader (maybe itself) to make it durable."""
+
+    manifest: Manifest
+    adapter_id: str
+    sources: dict[str, Path]
+    check_room: bool
+    manifest_json: bytes | None
+    existed: bool = False
+    error: BaseException | None = None
+    done: bool = False
 
 
 class Committer:
@@ -60,6 +92,10 @@ class Committer:
         self.quota = quota
         self._collector = collector
         self._listener = listener
+        self._group = threading.Condition()  # guards _waiting and _leading
+        self._waiting: list[_Pending] = []
+        self._leading = False
+        self._syncs = ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="store-sync")
 
     def commit(
         self, manifest: Manifest, adapter_id: str, sources: dict[str, Path], *, check_room: bool = False, manifest_json: bytes | None = None
@@ -69,19 +105,89 @@ class Committer:
         ``manifest_json``: ``manifest.to_json()`` when the caller has it already (~5 ms for Llama-3-8B shapes).
         ``check_room``: re-check the store's limit under the lock; partials and uploads reserved their bytes
         when they opened, so only staging from a directory asks (another writer may have taken the room).
+        Returns once this commit is durable; concurrent calls share the syncs (group commit, module docstring).
         """
-        with self.lock.held():
-            # A manifest whose blobs were quarantined (or whose file is damaged) is not "existed": this commit repairs it.
-            existed = self.catalog.complete(manifest.digest) is not None
-            if not existed:
-                if check_room:
-                    self.quota.check_room(self.catalog.missing_bytes(manifest), f"staging {adapter_id!r}", lock_held=True)
-                for entry in manifest.files:
-                    self._install_blob(entry.root, sources[entry.root])
-                self.temps.write_atomic(self.layout.manifest(manifest.digest), manifest_json or manifest.to_json())
-                self.catalog.remember(manifest)
-            self._set_ref(adapter_id, manifest.digest)
-        return existed
+        job = _Pending(manifest, adapter_id, sources, check_room, manifest_json)
+        with self._group:
+            self._waiting.append(job)
+        while True:
+            with self._group:
+                while self._leading and not job.done:
+                    self._group.wait()
+                if job.done:
+                    break
+                self._leading = True
+                batch = self._waiting[:MAX_BATCH]
+                del self._waiting[:MAX_BATCH]
+            self._lead(batch)
+        if job.error is not None:
+            raise job.error
+        return job.existed
+
+    def _lead(self, batch: list[_Pending]) -> None:
+        """Commit ``batch`` under the lock; whatever happens, every caller in it is woken with its outcome."""
+        try:
+            with self.lock.held():
+                self._commit_batch(batch)
+        except BaseException as exc:
+            for job in batch:
+                if job.error is None:
+                    job.error = exc  # the batch's syncs failed: none of it is known durable
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            with self._group:
+                for job in batch:
+                    job.done = True
+                self._leading = False
+                self._group.notify_all()
+
+    def _commit_batch(self, batch: list[_Pending]) -> None:
+        """Each commit's blobs, manifest and ref written in turn (each room check sees the ones before); then, for the
+        whole batch: every file synced (one round), blobs and manifests placed and their directories synced, refs last."""
+        files, refs = DeferredSyncs(self.temps, self._syncs), DeferredSyncs(self.temps, self._syncs)
+        written: set[str] = set()
+        replaced = False
+        try:
+            for job in batch:
+                try:
+                    # A manifest whose blobs were quarantined (or whose file is damaged) is not "existed": this commit repairs it.
+                    job.existed = self.catalog.complete(job.manifest.digest) is not None
+                    if not job.existed:
+                        self._install(job, files)
+                    previous = self.catalog.read_ref(job.adapter_id)
+                except Exception as exc:  # this commit's refusal (room, a vanished source): the others go on
+                    job.error = exc
+                    continue
+                if previous != job.manifest.digest:
+                    refs.write(self.layout.ref(job.adapter_id), job.manifest.digest.encode("ascii"))
+                    # an id that referred to other bytes (before this batch, or earlier in it) may leave them unreferenced
+                    replaced = replaced or previous is not None or job.adapter_id in written
+                    written.add(job.adapter_id)
+            files.sync_files(also=refs)
+            files.place()  # blobs and manifests durable in place before any ref names them
+            refs.place()
+        finally:
+            files.discard()
+            refs.discard()
+        for job in batch:
+            if job.error is None:
+                try:
+                    self._listener.ref_set(job.adapter_id, job.manifest.digest)
+                except Exception as exc:  # committed, but what follows failed (an export): this caller hears it
+                    job.error = exc
+        if replaced:
+            self._collector.collect()  # a previous digest no id refers to any more goes
+
+    def _install(self, job: _Pending, files: DeferredSyncs) -> None:
+        """One commit's blobs (renamed into place; their bytes were synced by their writer) and manifest (written, synced at flush)."""
+        manifest = job.manifest
+        if job.check_room:
+            self.quota.check_room(self.catalog.missing_bytes(manifest), f"staging {job.adapter_id!r}", lock_held=True)
+        for entry in manifest.files:
+            self._install_blob(entry.root, job.sources[entry.root], files)
+        files.write(self.layout.manifest(manifest.digest), job.manifest_json or manifest.to_json())
+        self.catalog.remember(manifest)
 
     def commit_ref(self, manifest: Manifest) -> bool:
         """Point ``manifest.adapter_id`` at its digest when every byte of it is committed already; False when it is not."""
@@ -110,16 +216,17 @@ class Committer:
             self._collector.collect()
             return digest
 
-    def _install_blob(self, root: str, source: Path) -> None:
+    def _install_blob(self, root: str, source: Path, syncs: DeferredSyncs) -> None:
+        """Rename verified bytes into ``blobs/``; ``syncs.flush`` syncs the directories changed."""
         dest = self.layout.blob(root)
         if dest.is_file():
             return  # same bytes already committed (another adapter shares this file)
         if not dest.parent.is_dir():
             dest.parent.mkdir()
-            fsync_dir(dest.parent.parent)
+            syncs.changed(dest.parent.parent)
         os.chmod(source, 0o444)  # a hard link in a view must not let a loader change the blob
         os.rename(source, dest)
-        fsync_dir(dest.parent)
+        syncs.changed(dest.parent)
         self._listener.blob_committed(root)  # verified as it was received or copied
 
     def _set_ref(self, adapter_id: str, digest: str) -> None:

@@ -59,6 +59,18 @@ class TempFiles:
             raise
         fsync_dir(dest.parent)
 
+    def replace(self, dest: Path, data: bytes) -> None:
+        """``dest`` holds ``data`` whole or not at all, not synced: for what a power cut may lose (an upload's resume notes)."""
+        fd, path = self.new()
+        try:
+            pwrite_all(fd, data, 0)
+            os.rename(path, dest)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+
     def blob(self, data: bytes) -> Path:
         """A synced temp file holding ``data``, for the caller to rename into place (or unlink)."""
         fd, path = self.new()

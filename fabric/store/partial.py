@@ -17,15 +17,17 @@ from adapter_fabric.store.files import WRITEBACK_RUN, check_header, lock_held_di
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.quota import Quota
+from adapter_fabric.store.tenants import TenantQuotas, TenantReservation
 
 
 class Partials:
     """The peer downloads of one store: opened by digest, one object per digest while it is open."""
 
-    def __init__(self, catalog: Catalog, committer: Committer, quota: Quota) -> None:
+    def __init__(self, catalog: Catalog, committer: Committer, quota: Quota, tenants: TenantQuotas) -> None:
         self.catalog = catalog
         self.committer = committer
         self.quota = quota
+        self.tenants = tenants
         self._lock = threading.Lock()  # guards _open; never held while waiting on the store's lock
         self._open: dict[str, PartialDownload] = {}
 
@@ -40,23 +42,34 @@ class Partials:
                         f"asked for {manifest.weights.chunk_size}"
                     )
                 return current
-            if self.catalog.complete(manifest.digest) is not None:
-                return PartialDownload(manifest, None, None, self.committer, self._forget)
-            self.quota.check_manifest_limits(manifest)
-            directory = self.committer.layout.partials / manifest.digest
-            if not (directory / "manifest.json").is_file():
-                self.quota.check_room(self.catalog.missing_bytes(manifest), f"downloading {manifest.adapter_id!r}")
-            lock_fd = lock_held_dir(directory, f"partial download of {manifest.digest}")
+            # The tenant's quota before the store's (which may evict), even for a reference to bytes already here: one more id.
+            what = f"downloading {manifest.adapter_id!r}"
+            tenant = self.tenants.reserve(manifest.adapter_id, {f.root: f.size for f in manifest.files}, what)
             try:
-                if self.catalog.complete(manifest.digest) is not None:  # another process committed it meanwhile
-                    os.close(lock_fd)
-                    return PartialDownload(manifest, None, None, self.committer, self._forget)
-                partial = PartialDownload(manifest, directory, lock_fd, self.committer, self._forget)
+                return self._open_reserved(manifest, tenant, what)
             except BaseException:
-                os.close(lock_fd)
+                tenant.release()
                 raise
-            self._open[manifest.digest] = partial
-            return partial
+
+    def _open_reserved(self, manifest: Manifest, tenant: TenantReservation, what: str) -> PartialDownload:
+        """``open`` once the tenant's room is held (under ``_lock``); the download releases ``tenant`` when it ends."""
+        if self.catalog.complete(manifest.digest) is not None:
+            return PartialDownload(manifest, None, None, self.committer, self._forget, tenant)
+        self.quota.check_manifest_limits(manifest)
+        directory = self.committer.layout.partials / manifest.digest
+        if not (directory / "manifest.json").is_file():
+            self.quota.check_room(self.catalog.missing_bytes(manifest), what)
+        lock_fd = lock_held_dir(directory, f"partial download of {manifest.digest}")
+        try:
+            if self.catalog.complete(manifest.digest) is not None:  # another process committed it meanwhile
+                os.close(lock_fd)
+                return PartialDownload(manifest, None, None, self.committer, self._forget, tenant)
+            partial = PartialDownload(manifest, directory, lock_fd, self.committer, self._forget, tenant)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        self._open[manifest.digest] = partial
+        return partial
 
     def find(self, digest: str) -> PartialDownload | None:
         """The download of ``digest`` open in this store object, if any (to answer Availability and serve its verified chunks).
@@ -108,10 +121,15 @@ class PartialDownload:
     """
 
     def __init__(
-        self, manifest: Manifest, directory: Path | None, lock_fd: int | None, committer: Committer, forget: Callable[[str], None]
+        self, manifest: Manifest, directory: Path | None, lock_fd: int | None, committer: Committer, forget: Callable[[str], None],
+        tenant: TenantReservation | None = None,
     ) -> None:
-        """``directory`` None: the digest is committed already (reads come from its blob). ``forget``: tell the registry it closed."""
+        """``directory`` None: the digest is committed already (reads come from its blob). ``forget``: tell the registry it closed.
+
+        ``tenant``: the room its tenant's quota holds for it, released when the download ends (committed, closed or discarded).
+        """
         self.manifest = manifest
+        self._tenant = tenant
         self._committer = committer
         self._forget = forget
         self._lock = threading.Lock()
@@ -275,7 +293,10 @@ class PartialDownload:
         manifest = self.manifest.with_id(adapter_id)
         with self._lock:
             if self._directory is None:
-                self._committer.require_ref(manifest)
+                try:
+                    self._committer.require_ref(manifest)
+                finally:
+                    self._release_tenant()
                 return manifest
             self._require_open()
             self._check_complete()
@@ -332,6 +353,7 @@ class PartialDownload:
         """Drop the partial and its bytes (a committed adapter is not touched)."""
         with self._lock:
             self._discard_locked()
+            self._release_tenant()
 
     def _discard_locked(self) -> None:
         if self._directory is not None and self._fd is not None:
@@ -343,6 +365,7 @@ class PartialDownload:
             if self._directory is not None and self._fd is not None:
                 os.fdatasync(self._fd)
                 self._close_locked(remove=False, committed=False)
+            self._release_tenant()
 
     def _close_locked(self, remove: bool, committed: bool = True) -> None:
         if remove:
@@ -353,3 +376,8 @@ class PartialDownload:
         if committed:
             self._directory = None  # from now on reads come from the blob
         self._forget(self.manifest.digest)
+        self._release_tenant()
+
+    def _release_tenant(self) -> None:
+        if self._tenant is not None:
+            self._tenant.release()

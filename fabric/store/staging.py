@@ -12,15 +12,17 @@ from adapter_fabric.store.files import COPY_BLOCK, pwrite_all
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, build_manifest, iter_file
 from adapter_fabric.store.quota import Quota
+from adapter_fabric.store.tenants import TenantQuotas
 
 
 class DirectoryStager:
     """Copies adapter directories into the store through the committer."""
 
-    def __init__(self, catalog: Catalog, committer: Committer, quota: Quota, chunk_size: int) -> None:
+    def __init__(self, catalog: Catalog, committer: Committer, quota: Quota, tenants: TenantQuotas, chunk_size: int) -> None:
         self.catalog = catalog
         self.committer = committer
         self.quota = quota
+        self.tenants = tenants
         self.chunk_size = chunk_size
 
     def stage(self, directory: Path | str, adapter_id: str) -> Manifest:
@@ -34,16 +36,18 @@ class DirectoryStager:
         what = f"staging {adapter_id!r}"
         self.quota.check_adapter_size(config_path.stat().st_size + weights_path.stat().st_size, what)
         manifest = build_manifest(adapter_id, config_path.read_bytes(), weights_path, self.chunk_size, max_header_bytes=self.quota.max_header_bytes)
-        if self.committer.commit_ref(manifest):
-            return manifest  # the same bytes are committed already: only the ref is new
-        self.quota.check_room(self.catalog.missing_bytes(manifest), what)
-        sources = {manifest.files[0].root: self.committer.temps.blob(manifest.config_json)}
-        try:
-            sources[manifest.weights.root] = self._copy_weights(weights_path, manifest)
-            self.committer.commit(manifest, adapter_id, sources, check_room=True)
-        finally:
-            for path in sources.values():
-                path.unlink(missing_ok=True)
+        # The tenant's quota first: a tenant past it never makes an evicting store drop other tenants' adapters.
+        with self.tenants.reserve(adapter_id, {f.root: f.size for f in manifest.files}, what):
+            if self.committer.commit_ref(manifest):
+                return manifest  # the same bytes are committed already: only the ref is new
+            self.quota.check_room(self.catalog.missing_bytes(manifest), what)
+            sources = {manifest.files[0].root: self.committer.temps.blob(manifest.config_json)}
+            try:
+                sources[manifest.weights.root] = self._copy_weights(weights_path, manifest)
+                self.committer.commit(manifest, adapter_id, sources, check_room=True)
+            finally:
+                for path in sources.values():
+                    path.unlink(missing_ok=True)
         return manifest
 
     def _copy_weights(self, source: Path, manifest: Manifest) -> Path:

@@ -28,18 +28,22 @@ from adapter_fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, p
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, hash_bytes, manifest_of
 from adapter_fabric.store.quota import Quota
+from adapter_fabric.store.tenants import TenantQuotas, TenantReservation
 
 
 class Uploads:
     """The client uploads of one store: opened by (id, whole-file BLAKE3), one stream each at a time."""
 
-    def __init__(self, committer: Committer, quota: Quota, chunk_size: int) -> None:
+    def __init__(self, committer: Committer, quota: Quota, tenants: TenantQuotas, chunk_size: int) -> None:
         self.committer = committer
         self.quota = quota
+        self.tenants = tenants
+        self._tenant_holds: dict[str, TenantReservation] = {}  # guarded by _lock: what each open upload reserved of its tenant's quota
         #: the chunk size new uploads are hashed at (the store's)
         self.chunk_size = chunk_size
         self._lock = threading.Lock()  # guards _open
         self._open: dict[str, Upload] = {}
+        self._opening: set[str] = set()  # keys of uploads being opened (outside the lock): a second stream is Busy
 
     def _upload_dir(self, adapter_id: str, blake3: str) -> Path:
         key = hashlib.sha256(f"{adapter_id}\0{blake3}".encode()).hexdigest()
@@ -78,8 +82,9 @@ class Uploads:
         self.quota.check_adapter_size(size + len(config_json), f"uploading {adapter_id!r}")
         PeftAdapterConfig.from_json_bytes(config_json)  # refuse a bad config before any byte moves
         directory = self._upload_dir(adapter_id, blake3)
+        key = directory.name
         with self._lock:
-            if directory.name in self._open:
+            if key in self._open or key in self._opening:
                 # Each stream owns its upload: a second writer never shares (and never closes) the first's.
                 raise Busy(
                     f"an upload of {adapter_id!r} with these bytes (BLAKE3 {blake3}) is being sent by another Stage stream; "
@@ -89,24 +94,42 @@ class Uploads:
             config_root = hash_bytes(CONFIG_FILE, config_json, self.chunk_size).root
             blob = self.committer.layout.blob
             reserved = (0 if blob(weights_root).is_file() else size) + (0 if blob(config_root).is_file() else len(config_json))
-            # What a resumed upload holds on disk is counted already.
-            self.quota.check_room(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")
-            lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (BLAKE3 {blake3})")
+            # The tenant's quota before the store's (which may evict): held, like the store's, until the upload ends.
+            tenant = self.tenants.reserve(adapter_id, {config_root: len(config_json), weights_root: size}, f"uploading {adapter_id!r}")
             try:
-                upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root, reserved)
+                # What a resumed upload holds on disk is counted already.
+                self.quota.check_room(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")
+                lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (BLAKE3 {blake3})")
             except BaseException:
-                os.close(lock_fd)
+                tenant.release()
                 raise
-            self._open[directory.name] = upload
+            self._opening.add(key)
+            self._tenant_holds[key] = tenant
+            self.quota.hold_pending(key, lambda: reserved)  # in full while it opens
+        # Opened (its files synced) outside the lock, so concurrent Stage calls open their uploads together.
+        try:
+            upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root, reserved)
+        except BaseException:
+            os.close(lock_fd)
+            with self._lock:
+                self._opening.discard(key)
+            self.release(key)
+            raise
+        with self._lock:
+            self._opening.discard(key)
+            self._open[key] = upload
             # Its reservation counts in full: what it has not written yet is on its way.
-            self.quota.hold_pending(directory.name, lambda: upload.reserved - upload.offset)
-            return upload
+            self.quota.hold_pending(key, lambda: upload.reserved - upload.offset)
+        return upload
 
     def release(self, key: str) -> None:
         """The upload under ``key`` let go (committed, closed or discarded): forget it and its reservation."""
         with self._lock:
             self._open.pop(key, None)
+            tenant = self._tenant_holds.pop(key, None)
         self.quota.release_pending(key)
+        if tenant is not None:
+            tenant.release()
 
 
 class Upload:
@@ -137,9 +160,12 @@ class Upload:
         fresh = not meta_path.is_file() or meta_path.read_bytes() != meta
         self._fd: int | None = os.open(directory / "data", os.O_RDWR | os.O_CREAT, 0o644)
         if fresh or os.fstat(self._fd).st_size > size:
-            os.ftruncate(self._fd, 0)
-            os.fsync(self._fd)
-            self._committer.temps.write_atomic(meta_path, meta)
+            if os.fstat(self._fd).st_size:  # a new data file is empty already: nothing to truncate or sync
+                os.ftruncate(self._fd, 0)
+                os.fsync(self._fd)
+            # Not synced: after a power cut a resume finds no meta and restarts from 0 (the Stage had not returned);
+            # each appended byte is synced, and commit verifies every byte against the declared root anyway.
+            self._committer.temps.replace(meta_path, meta)
         self._offset = os.fstat(self._fd).st_size
         self._hasher = self._hash_kept(self._offset)
         self._written_stamp = write_stamp(self._fd)  # after our last write: another writer since is caught at commit
@@ -202,7 +228,7 @@ class Upload:
                 raise InvalidArgument(f"upload of {self.adapter_id!r} holds {self._offset} of {self.size} bytes: send the rest first")
             data_path = self._directory / "data"
             try:
-                os.fsync(self._fd)
+                os.fdatasync(self._fd)  # its bytes and size (each append synced its own already: usually nothing left)
                 if write_stamp(self._fd) != self._written_stamp:  # written by someone else since: hash what is on disk
                     self._hasher = self._hash_kept(self.size)
                 weights = self._hasher.entry(WEIGHTS_FILE)

@@ -496,7 +496,7 @@ class DamagedEntry(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StoreStatusResponse(_message.Message):
-    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts")
+    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts", "tenants")
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
@@ -507,6 +507,7 @@ class StoreStatusResponse(_message.Message):
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
     EVICTS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     used_bytes: int
     quota_bytes: int
     adapters: int
@@ -517,7 +518,22 @@ class StoreStatusResponse(_message.Message):
     evictions: int
     kept: int
     evicts: bool
-    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantUsage]
+    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ...) -> None: ...
+
+class TenantUsage(_message.Message):
+    __slots__ = ("prefix", "max_bytes", "max_adapters", "bytes", "adapters")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    max_bytes: int
+    max_adapters: int
+    bytes: int
+    adapters: int
+    def __init__(self, prefix: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_adapters: _Optional[int] = ..., bytes: _Optional[int] = ..., adapters: _Optional[int] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("kind", "message", "retryable")

@@ -41,8 +41,8 @@ LAYERS = {
 MAX_MODULE_LINES = 420
 #: pure policy: plain functions over plain data, testable without a device, a model or a socket
 PURE_MODULES = ("fabric/serving/policy.py", "fabric/transport/swarm.py", "fabric/access/policy.py")
-#: what a pure policy may import from fabric: the error types, and the id rules (plain ``re`` over strings)
-PURE_MAY_IMPORT = {"adapter_fabric.errors", "adapter_fabric.store.ids"}
+#: what a pure policy may import from fabric: the error types, the id rules and the size parser (plain ``re`` over strings)
+PURE_MAY_IMPORT = {"adapter_fabric.errors", "adapter_fabric.store.ids", "adapter_fabric.units"}
 IMPURE_IMPORTS = {"torch", "grpc", "socket", "numpy", "threading", "asyncio", "os", "subprocess"}
 
 

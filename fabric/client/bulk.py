@@ -1,0 +1,89 @@
+"""Bulk publishing: many adapters staged through one node at once (``NodeClient.stage_many``, ``fabric stage-many``).
+
+Each adapter is its own Stage call, as ``NodeClient.stage`` sends it, with
+its own durability: a Stage that returned is committed on the node's disk.
+Running ``workers`` of them at a time lets the node commit them together (its
+committer syncs a batch of concurrent commits with one journal flush instead
+of one per adapter: ``adapter_fabric.store.committer``), which is where one-at-a-time
+staging spends its time. A failure is one adapter's: it is named in the
+result beside the error, and every other adapter is committed or refused on
+its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from adapter_fabric.client.results import StageResult
+from adapter_fabric.errors import FabricError, InvalidArgument
+
+#: concurrent Stage calls by default, and at most: past ~32 the node's I/O threads are the limit, not its disk
+DEFAULT_WORKERS = 16
+MAX_WORKERS = 64
+#: adapters one call takes: a larger batch is the caller's loop (the result lists every adapter)
+MAX_ADAPTERS = 100_000
+
+
+@dataclass(frozen=True)
+class StageFailure:
+    """An adapter a bulk stage could not commit, and why (the library's error, as a single stage raises it)."""
+
+    adapter_id: str
+    directory: str
+    error: FabricError
+
+
+@dataclass(frozen=True)
+class BulkStageResult:
+    """What a bulk stage committed (in the order given) and what it could not, each named."""
+
+    staged: list[StageResult] = field(default_factory=list)
+    failed: list[StageFailure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every adapter was committed."""
+        return not self.failed
+
+
+def stage_many(
+    stage: Callable[[Path, str], StageResult],
+    items: Iterable[tuple[str | Path, str]],
+    workers: int = DEFAULT_WORKERS,
+    on_done: Callable[[str, StageResult | None, FabricError | None], None] | None = None,
+) -> BulkStageResult:
+    """Stage every ``(directory, adapter_id)`` with ``stage`` (``NodeClient.stage``), ``workers`` at a time.
+
+    A library error stops only its adapter (``failed`` names it); anything else (a bug, Ctrl-C) propagates.
+    ``on_done(adapter_id, result, error)`` is called as each ends, from the worker threads.
+    """
+    pairs = [(Path(d), i) for d, i in items]
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise InvalidArgument(f"workers {workers!r}: expected 1 to {MAX_WORKERS} concurrent stages")
+    if len(pairs) > MAX_ADAPTERS:
+        raise InvalidArgument(f"{len(pairs)} adapters in one bulk stage: at most {MAX_ADAPTERS}; split the list")
+    ids = [adapter_id for _, adapter_id in pairs]
+    if len(set(ids)) != len(ids):
+        twice = sorted(i for i, n in Counter(ids).items() if n > 1)[:3]
+        raise InvalidArgument(f"adapter ids appear twice in one bulk stage: {', '.join(twice)}; each id names one adapter")
+
+    def one(pair: tuple[Path, str]) -> StageResult | StageFailure:
+        directory, adapter_id = pair
+        try:
+            result: StageResult | StageFailure = stage(directory, adapter_id)
+        except FabricError as exc:
+            result = StageFailure(adapter_id, str(directory), exc)
+        if on_done is not None:
+            ok = isinstance(result, StageResult)
+            on_done(adapter_id, result if ok else None, None if ok else result.error)
+        return result
+
+    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(pairs))), thread_name_prefix="stage-many") as pool:
+        outcomes = list(pool.map(one, pairs))
+    return BulkStageResult(
+        staged=[o for o in outcomes if isinstance(o, StageResult)], failed=[o for o in outcomes if isinstance(o, StageFailure)]
+    )

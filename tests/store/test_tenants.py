@@ -1,0 +1,107 @@
+"""Per-tenant quotas in the store itself (issue 21): reserved before bytes arrive, per prefix, released when a writer ends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from adapter_fabric.access.policy import TenantQuota
+from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.manifest import build_manifest
+from tests.support.store import blake3_of
+
+SHAPE = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory) -> dict[str, Path]:
+    root, base = tmp_path_factory.mktemp("tenants"), build_tiny_model()
+    return {name: make_peft_adapter(root / name, base_model=base, seed=40 + i, **SHAPE) for i, name in enumerate("abcd")}
+
+
+def sizes(directory: Path) -> tuple[int, int]:
+    """(config, weights) bytes: adapters of one shape share their config file, which a tenant holds once."""
+    return (directory / "adapter_config.json").stat().st_size, (directory / "adapter_model.safetensors").stat().st_size
+
+
+def written(store: AdapterStore) -> list[str]:
+    """Whatever an upload, a partial or a temp file left in the store."""
+    return [p.name for d in (store.layout.uploads, store.layout.partials, store.layout.tmp) for p in d.iterdir()]
+
+
+def test_a_stage_past_the_tenants_bytes_is_refused_naming_prefix_limit_and_usage(tmp_path, adapters) -> None:
+    config, weights = sizes(adapters["a"])
+    limit = config + weights * 2 + weights // 2
+    store = AdapterStore(tmp_path / "s", tenant_quotas=(TenantQuota("team-a/", max_bytes=limit),))
+    store.stage(adapters["a"], "team-a/a")
+    store.stage(adapters["b"], "Team-A/b")  # case-blind: the same tenant
+    with pytest.raises(QuotaExceeded) as caught:
+        store.stage(adapters["c"], "team-a/c")
+    message = str(caught.value)
+    assert "tenant 'team-a/'" in message and f"{limit} bytes" in message and f"it holds {config + weights * 2}" in message, message
+    assert written(store) == [] and sorted(m.adapter_id for m in store.list()) == ["Team-A/b", "team-a/a"]
+    store.stage(adapters["c"], "team-b/c")  # another tenant is not limited
+    store.stage(adapters["a"], "team-a/a-again")  # the same bytes under a new id of the tenant need no more bytes
+    [usage] = store.tenant_usage()
+    assert (usage.prefix, usage.bytes, usage.adapters) == ("team-a/", config + weights * 2, 3)
+
+
+def test_a_stage_past_the_tenants_count_is_refused_but_restaging_an_id_is_not(tmp_path, adapters) -> None:
+    store = AdapterStore(tmp_path / "s", tenant_quotas=(TenantQuota("team-a/", max_adapters=2),))
+    store.stage(adapters["a"], "team-a/1")
+    store.stage(adapters["b"], "team-a/2")
+    with pytest.raises(QuotaExceeded, match=r"tenant 'team-a/' is at its limit of 2 adapters \(it holds 2\)"):
+        store.stage(adapters["c"], "team-a/3")
+    store.stage(adapters["c"], "team-a/2")  # a new version of an id it holds: still two ids
+    assert store.get("team-a/2").digest != store.get("team-a/1").digest
+    assert [(u.adapters, u.max_adapters) for u in store.tenant_usage()] == [(2, 2)]
+
+
+def test_nested_prefixes_each_count(tmp_path, adapters) -> None:
+    quotas = (TenantQuota("team-a/", max_adapters=3), TenantQuota("team-a/big/", max_adapters=1))
+    store = AdapterStore(tmp_path / "s", tenant_quotas=quotas)
+    store.stage(adapters["a"], "team-a/big/1")
+    with pytest.raises(QuotaExceeded, match="tenant 'team-a/big/'"):
+        store.stage(adapters["b"], "team-a/big/2")
+    store.stage(adapters["b"], "team-a/small/2")
+    store.stage(adapters["c"], "team-a/small/3")
+    with pytest.raises(QuotaExceeded, match="tenant 'team-a/' is at its limit of 3"):
+        store.stage(adapters["d"], "team-a/small/4")
+
+
+def test_an_open_upload_holds_its_tenants_room_until_it_ends(tmp_path, adapters) -> None:
+    """Two uploads of one tenant opened together cannot pass its limit: the first reserved its declared size."""
+    config, weights = sizes(adapters["a"])
+    store = AdapterStore(tmp_path / "s", tenant_quotas=(TenantQuota("team-a/", max_bytes=config + weights + weights // 2),))
+
+    def open_upload(name: str, adapter_id: str):
+        weights = adapters[name] / "adapter_model.safetensors"
+        config = (adapters[name] / "adapter_config.json").read_bytes()
+        root = build_manifest(adapter_id, config, weights, store.chunk_size).weights.root  # what a client declares
+        return store.open_upload(adapter_id, config, weights.stat().st_size, blake3_of(weights), root), weights.read_bytes()
+
+    first, data = open_upload("a", "team-a/1")
+    with pytest.raises(QuotaExceeded, match="tenant 'team-a/'"):
+        open_upload("b", "team-a/2")
+    assert os.listdir(store.layout.uploads) == [first._directory.name]  # the refused one wrote nothing
+    assert store.tenant_usage()[0].adapters == 1  # the open upload counts
+    first.discard()  # released on failure: the room is free again
+    assert store.tenant_usage()[0].bytes == 0
+    second, data = open_upload("b", "team-a/2")
+    second.append(0, data)
+    second.commit()
+    assert [m.adapter_id for m in store.list()] == ["team-a/2"]
+
+
+def test_quotas_can_be_replaced_without_reopening_the_store(tmp_path, adapters) -> None:
+    store = AdapterStore(tmp_path / "s")
+    store.stage(adapters["a"], "team-a/1")
+    store.set_tenant_quotas((TenantQuota("team-a/", max_adapters=1),))
+    with pytest.raises(QuotaExceeded, match="limit of 1 adapters"):
+        store.stage(adapters["b"], "team-a/2")
+    store.set_tenant_quotas(())
+    store.stage(adapters["b"], "team-a/2")
