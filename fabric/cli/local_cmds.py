@@ -43,9 +43,11 @@ def cmd_make_adapter(args: argparse.Namespace) -> None:
     if args.model not in TINY_PRESETS and not Path(args.model).is_dir():
         raise InvalidArgument(f"--model {args.model!r} is neither a built-in model ({', '.join(TINY_PRESETS)}) nor a local model directory")
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, not ours
-    targets = [t for t in args.targets.split(",") if t] if args.targets != "all-linear" else "all-linear"
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()] if args.targets != "all-linear" else "all-linear"
+    base = load_base_model(args.model)
+    check_targets(base, targets)  # PEFT itself refuses only a list that matches nothing: q_proj,nope_proj went through
     try:
-        make_peft_adapter(out, base_model=load_base_model(args.model), r=args.rank, lora_alpha=args.alpha, target_modules=targets, seed=args.seed)
+        make_peft_adapter(out, base_model=base, r=args.rank, lora_alpha=args.alpha, target_modules=targets, seed=args.seed)
     except ValueError as exc:  # PEFT's refusal, e.g. a --targets module the model lacks
         raise InvalidArgument(f"--model {args.model} cannot take this adapter: {str(exc).splitlines()[0][:300]}") from None
     config_path = out / "adapter_config.json"
@@ -54,6 +56,18 @@ def cmd_make_adapter(args: argparse.Namespace) -> None:
     config["base_model_name_or_path"] = args.base_model_name or config.get("base_model_name_or_path") or args.model
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
     emit(args.json, {"dir": str(out), "model": args.model, "r": args.rank, "lora_alpha": args.alpha, "base_model_name_or_path": config["base_model_name_or_path"]}, f"made {out} (PEFT LoRA r={args.rank} for --model {args.model})")
+
+
+def check_targets(base, targets: list[str] | str) -> None:
+    """``InvalidArgument`` naming each ``--targets`` module that is no linear module of ``base``, and the ones it has."""
+    import torch
+
+    from fabric.errors import InvalidArgument
+
+    linear = sorted({name.rsplit(".", 1)[-1] for name, module in base.named_modules() if isinstance(module, torch.nn.Linear)})
+    unknown = [t for t in targets if t not in linear] if isinstance(targets, list) else []
+    if not targets or unknown:
+        raise InvalidArgument(f"--targets: {', '.join(unknown) or 'none given'}: not a linear module of the model; expected some of {', '.join(linear)}, or all-linear")
 
 
 def register(command) -> None:
