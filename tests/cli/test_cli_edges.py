@@ -31,10 +31,13 @@ def test_out_of_range_numbers_are_usage_errors_not_tracebacks(argv, needle, caps
     assert needle in err and "Traceback" not in err
 
 
-def test_a_target_the_model_lacks_is_named(tmp_path, capsys) -> None:
-    assert run(["make-adapter", str(tmp_path / "a"), "--model", "tiny", "--targets", "nope_proj", "--json"]) == 1
+@pytest.mark.parametrize("targets", ["nope_proj", "q_proj,nope_proj", ","])
+def test_a_target_the_model_lacks_is_named(tmp_path, capsys, targets) -> None:
+    """Beside a module it has too (PEFT alone made q_proj,nope_proj an adapter of q_proj), and with none given."""
+    assert run(["make-adapter", str(tmp_path / "a"), "--model", "tiny", "--targets", targets, "--json"]) == 1
     error = json.loads(capsys.readouterr().out)["error"]
-    assert error["type"] == "InvalidArgument" and "nope_proj" in error["message"]
+    assert error["type"] == "InvalidArgument" and ("nope_proj" if "nope" in targets else "none given") in error["message"]
+    assert "q_proj" in error["message"].split("expected some of ")[1] and not (tmp_path / "a").exists()  # the fix named; nothing written
 
 
 def test_keygen_over_an_existing_key_says_why_in_text_and_json(tmp_path, capsys) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support import ROOT
 from fabric.client.node_client import NodeClient
-from fabric.errors import FabricError
+from fabric.errors import AdapterNotFound, FabricError
 from fabric.harness.cluster import LocalCluster, LocalNode
 from fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.store import blake3_of
@@ -176,10 +176,19 @@ def test_interrupted_library_stage_resumes(nodes, adapters) -> None:
     assert 0 < kept and reply.resumed_from == kept and reply.bytes_received <= size - kept, "the second upload must resume, not start over"
 
 
+def arriving(client: NodeClient, digest: str) -> bool:
+    """Whether the node holds ``digest`` or has begun pulling it."""
+    try:
+        client.availability(digest)
+    except AdapterNotFound:
+        return False
+    return True
+
+
 def test_ctrl_c_of_pull_leaves_the_nodes_pull_running_and_the_rerun_says_what_it_found(cluster, tmp_path) -> None:
     """The rerun joins the node's pull still under way, then finds the adapter present: neither reads as "0 bytes"."""
     seed = cluster.nodes[0]
-    # ~2 MiB pulled at 128 KiB/s: the node's pull runs ~16 s, long after the client is gone
+    # ~2.5 MB pulled at 128 KiB/s: the node's pull waits ~19 s on its rate limit, long after the client is gone
     adapter = make_peft_adapter(tmp_path / "mid", base_model=build_tiny_model(), r=256, target_modules="all-linear", seed=23)
     with NodeClient(seed.address) as client:
         digest = client.stage(adapter, "term/mid").digest
@@ -189,7 +198,7 @@ def test_ctrl_c_of_pull_leaves_the_nodes_pull_running_and_the_rerun_says_what_it
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         with NodeClient(slow.address) as observer:
             deadline = time.monotonic() + 120
-            while observer.availability(digest).verified_chunks == 0 and process.poll() is None and time.monotonic() < deadline:
+            while not arriving(observer, digest) and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             process.send_signal(signal.SIGINT)
             out, err = process.communicate(timeout=60)

@@ -139,6 +139,12 @@ def test_the_demo_runs_and_reports_json() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True and any("all checks passed" in line for line in report["log"])
+    # it says what it does: three adapters staged (it said one), and the work directory it prints is removed, saying so
+    log = report["log"]
+    staged = log[log.index("3. staging the three adapters on node1") + 1 : log.index("4. promoting across the cluster")]
+    assert [line.split()[0] for line in staged] == ["support-v1", "sql-v2", "legal-v1"], log
+    workdir = log[0].split("(work directory ")[1].split(",")[0]
+    assert ", removed at the end" in log[0] and f"work directory {workdir} removed" in log and not Path(workdir).exists(), log
 
 
 def test_module_table_names_every_module() -> None:
