@@ -31,6 +31,30 @@ def lora_rank(text: str) -> int:
     return int(text)
 
 
+#: lora_alpha past this is a typo (alpha / r scales every delta; PEFT's configs use up to a few hundred)
+MAX_ALPHA = 1e6
+#: seeds are whole numbers from 0 to this (what every RNG a reader might reuse accepts)
+MAX_SEED = 2**32 - 1
+
+
+def lora_alpha(text: str) -> float:
+    """``--alpha``: a finite positive number up to MAX_ALPHA (nan, inf or -3 wrote a config no node accepts)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_ALPHA:  # false for nan too
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a lora_alpha above 0 and at most {MAX_ALPHA:g}")
+    return value
+
+
+def seed(text: str) -> int:
+    """``--seed``: a whole number from 0 to MAX_SEED."""
+    if not text.isdigit() or int(text) > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a seed from 0 to {MAX_SEED}")
+    return int(text)
+
+
 def cmd_make_adapter(args: argparse.Namespace) -> None:
     import warnings
 
@@ -80,7 +104,7 @@ def register(command) -> None:
     p.add_argument("dir", help="new directory to write adapter_config.json and adapter_model.safetensors into")
     p.add_argument("--model", default="tiny", help="the node's --model: tiny, tiny-mistral, tiny-qwen2 or a local model directory (default: %(default)s)")
     p.add_argument("--rank", type=lora_rank, default=8, help="LoRA rank r (default: %(default)s)")
-    p.add_argument("--alpha", type=float, default=16, help="lora_alpha (default: %(default)s)")
+    p.add_argument("--alpha", type=lora_alpha, default=16.0, help=f"lora_alpha, above 0 and at most {MAX_ALPHA:g} (default: %(default)g)")
     p.add_argument("--targets", default="q_proj,v_proj", help="comma-separated modules, or all-linear (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=1, help="random seed of the weights (default: %(default)s)")
+    p.add_argument("--seed", type=seed, default=1, help=f"random seed of the weights, 0 to {MAX_SEED} (default: %(default)s)")
     p.add_argument("--base-model-name", help="base_model_name_or_path to record (default: --model); vLLM matches it to its served model")

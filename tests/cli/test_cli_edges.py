@@ -23,6 +23,11 @@ DEAD = "127.0.0.1:1"  # never dialled: each case below is refused before any cal
         (["generate", DEAD, "--tokens", "1", "--max-new-tokens", "4294967296"], "1 to 2147483647"),
         (["make-adapter", "unused", "--model", "tiny", "--rank", "0"], "rank from 1 to 1024"),
         (["make-adapter", "unused", "--model", "tiny", "--rank", "-4"], "rank from 1 to 1024"),
+        # these wrote a config no node accepts (lora_alpha NaN is not even JSON), or seeded with a negative number
+        (["make-adapter", "unused", "--model", "tiny", "--alpha", "nan"], "lora_alpha above 0"),
+        (["make-adapter", "unused", "--model", "tiny", "--alpha", "-3"], "lora_alpha above 0"),
+        (["make-adapter", "unused", "--model", "tiny", "--alpha", "inf"], "lora_alpha above 0"),
+        (["make-adapter", "unused", "--model", "tiny", "--seed", "-5"], "seed from 0 to 4294967295"),
     ],
 )
 def test_out_of_range_numbers_are_usage_errors_not_tracebacks(argv, needle, capsys) -> None:

@@ -1,4 +1,4 @@
-"""The README runs as pasted: every ```bash block, section by section, in a fresh directory; and its module table is the tree.
+"""The README runs as pasted: every ```bash and ```python block, section by section, in a fresh directory; and its module table is the tree.
 
 Blocks run as written, with two changes a reader's machine does not need: the
 127.0.0.1 ports become free ones (other tests may hold the README's), and the
@@ -49,9 +49,11 @@ def sections() -> list[Section]:
             title = line[3:].strip()
         elif SKIP.search(line):
             pending_skip = SKIP.search(line).group(1)
-        elif line.strip() == "```bash":
+        elif line.strip() in ("```bash", "```python"):
             end = lines.index("```", i + 1)
             block = "\n".join(lines[i + 1 : end])
+            if line.strip() == "```python":  # run by the section's shell, in its .venv, as a reader runs it after the bash before
+                block = f"python - <<'PY'\n{block}\nPY"
             if not found or found[-1].title != title:
                 found.append(Section(title))
             if pending_skip:
