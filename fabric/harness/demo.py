@@ -45,7 +45,7 @@ def _reference_logits(adapter_dir: Path | None) -> torch.Tensor:
 def _check(label: str, got: list[float], adapter_dir: Path | None) -> bool:
     diff = (torch.tensor(got) - _reference_logits(adapter_dir)).abs().max().item()
     ok = diff <= TOLERANCE
-    print(f"   {label:<34} max |logits - PEFT| = {diff:.2e}  {'OK' if ok else 'MISMATCH'}")
+    print(f"   {label:<36} max |logits - PEFT| = {diff:.2e}  {'OK' if ok else 'MISMATCH'}")
     return ok
 
 
@@ -83,7 +83,7 @@ def run_demo(workdir: str | None = None, keep: bool = False) -> int:
             t0 = time.perf_counter()
             r = client.promote(adapter, peer=peer, name=adapter)
             evicted = f", evicted {r.evicted_name}" if r.evicted_name else ""
-            print(f"   {label}: {adapter} -> slot {r.slot}{evicted}  ({r.bytes_transferred} B from {r.source_peer or 'local store'}, {1e3 * (time.perf_counter() - t0):.0f} ms)")
+            print(f"   {label}: {adapter} -> slot {r.slot}{evicted}  ({r.bytes_transferred} B of weights from {r.source_peer or 'local store'}, {1e3 * (time.perf_counter() - t0):.0f} ms)")
             return r.evicted_name
 
         promote(n2, "node2 <- node1", "support-v1", cluster.nodes[0].address)
