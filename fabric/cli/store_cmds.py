@@ -26,7 +26,7 @@ def cmd_stage(args: argparse.Namespace) -> None:
 
         sign_key = Path(args.sign_key).read_bytes() if args.sign_key else None
         reply = run_polled(lambda: client.stage(args.dir, args.id, progress=progress, on_resume=resumed, sign_key=sign_key), None)
-    notes = [n for n, on in (("already staged", reply.already_staged), (f"resumed at byte {reply.resumed_from}", reply.resumed_from)) if on]
+    notes = [n for n, on in (("its bytes were here already: nothing new stored", reply.already_staged), (f"resumed at byte {reply.resumed_from}", reply.resumed_from)) if on]
     note = f" ({', '.join(notes)})" if notes else ""
     emit(args.json, reply.to_dict(), f"staged {reply.adapter_id} digest={reply.digest} content_id={reply.content_id:#018x}{note}")
 

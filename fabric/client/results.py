@@ -40,7 +40,10 @@ class _Result:
 
 @dataclass(frozen=True)
 class StageResult(_Result):
-    """A committed upload. ``resumed_from``: bytes the node already held from an interrupted upload (0: from the start)."""
+    """A committed upload. ``resumed_from``: bytes the node already held from an interrupted upload (0: from the start).
+
+    ``already_staged``: the same content (digest) was in the store already, under this id or another: nothing new stored.
+    """
 
     adapter_id: str
     digest: str

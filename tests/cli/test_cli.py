@@ -70,7 +70,9 @@ def test_stage_promote_ls_generate_unstage(nodes, adapters) -> None:
 
     # content ids: one form, 0x and 16 hex digits, in JSON and in the text alike
     assert re.fullmatch(r"0x[0-9a-f]{16}", staged["content_id"]), staged
-    assert f"content_id={staged['content_id']}" in fabric("stage", seed, str(adapters["a"]), "--id", "cli/a").stdout
+    restaged = fabric("stage", seed, str(adapters["a"]), "--id", "cli/a2").stdout  # a new id, the same bytes: said so (was "already staged")
+    assert f"content_id={staged['content_id']}" in restaged and "(its bytes were here already: nothing new stored)" in restaged, restaged
+    fabric("unstage", seed, "--id", "cli/a2")
 
     promoted = fabric_json("promote", puller, "--from", seed, "--id", "cli/a", "--name", "a")
     assert promoted["digest"] == staged["digest"] and promoted["slot"] in (0, 1) and promoted["source_peers"] == [seed]
