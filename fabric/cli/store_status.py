@@ -14,12 +14,12 @@ def _size(n: int) -> str:
 
 
 def cmd_store_status(args: argparse.Namespace) -> None:
-    from fabric.cli.connect import client_for
-    from fabric.cli.output import emit
+    from adapter_fabric.cli.connect import client_for
+    from adapter_fabric.cli.output import emit
 
     with client_for(args) as client:
         reply = client.store_status()
-    from fabric.units import format_duration, format_size
+    from adapter_fabric.units import format_duration, format_size
 
     # the limits as the flags and the README write them (--max-store-bytes 18GiB, --expire-abandoned-after 24h)
     quota = format_size(reply.quota_bytes) if reply.quota_bytes else "no limit"
@@ -37,5 +37,5 @@ def cmd_store_status(args: argparse.Namespace) -> None:
 
 
 def register(command) -> None:
-    """Add ``store-status`` through ``command(name, handler, help)`` (see ``fabric.cli.main``)."""
+    """Add ``store-status`` through ``command(name, handler, help)`` (see ``adapter_fabric.cli.main``)."""
     command("store-status", cmd_store_status, "a node's store: usage, quota, kept uploads and partial downloads (age, bytes), damaged entries")

@@ -41,7 +41,7 @@ MAX_MODULE_LINES = 420
 #: pure policy: plain functions over plain data, testable without a device, a model or a socket
 PURE_MODULES = ("fabric/serving/policy.py", "fabric/transport/swarm.py", "fabric/access/policy.py")
 #: what a pure policy may import from fabric: the error types, and the id rules (plain ``re`` over strings)
-PURE_MAY_IMPORT = {"fabric.errors", "fabric.store.ids"}
+PURE_MAY_IMPORT = {"adapter_fabric.errors", "adapter_fabric.store.ids"}
 IMPURE_IMPORTS = {"torch", "grpc", "socket", "numpy", "threading", "asyncio", "os", "subprocess"}
 
 
@@ -50,7 +50,7 @@ def _modules(top: str) -> list[Path]:
 
 
 def _package_of(module: str) -> str | None:
-    """'fabric.store.manifest' -> 'store'; 'node.servicer' -> 'node'; 'fabric' -> None (the public API)."""
+    """'adapter_fabric.store.manifest' -> 'store'; 'adapter_fabric.node.servicer' -> 'node'; 'fabric' -> None (the public API)."""
     parts = module.split(".")
     if parts[0] == "node":
         return "node"
@@ -60,7 +60,7 @@ def _package_of(module: str) -> str | None:
 
 
 def _imports(path: Path) -> set[str]:
-    """Every fabric/node module a file imports (``from fabric import wire`` counts as fabric.wire)."""
+    """Every fabric/node module a file imports (``from adapter_fabric import wire`` counts as fabric.wire)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -126,10 +126,10 @@ def test_policy_stays_pure(relative: str) -> None:
 
 
 def test_public_api() -> None:
-    """``from fabric import ...`` gives what a user needs; every public class and method says what it does."""
+    """``from adapter_fabric import ...`` gives what a user needs; every public class and method says what it does."""
     import inspect
 
-    import fabric
+    import adapter_fabric as fabric
 
     for name in fabric.__all__:
         value = getattr(fabric, name)
@@ -153,7 +153,7 @@ def test_import_fabric_stays_light() -> None:
 def test_version_is_the_package_version() -> None:
     from importlib.metadata import version
 
-    import fabric
+    import adapter_fabric as fabric
 
     assert fabric.__version__ == version("adapter-fabric")
 
@@ -170,7 +170,7 @@ LIBRARY = {_module_name(p): p for p in _modules("fabric") + _modules("node")}
 
 
 def _resolve(module: str, name: str | None = None) -> str | None:
-    """The library module an import statement loads: ``from fabric.store import manifest`` -> fabric.store.manifest."""
+    """The library module an import statement loads: ``from adapter_fabric.store import manifest`` -> adapter_fabric.store.manifest."""
     if name is not None and f"{module}.{name}" in LIBRARY:
         return f"{module}.{name}"
     return module if module in LIBRARY else None
