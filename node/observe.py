@@ -20,7 +20,7 @@ from adapter_fabric import errors
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.rpc.bounds import shown
-from adapter_fabric.rpc.status import ERROR_DETAIL_KEY
+from adapter_fabric.rpc.status import ERROR_DETAIL_KEY, bounded
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport.pull import PeerPuller, PullStats
 from adapter_fabric.v1 import fabric_pb2
@@ -42,16 +42,17 @@ def outcome_of(exc: BaseException | None) -> str:
     return name if isinstance(exc, errors.FabricError) and getattr(errors, name, None) is type(exc) else "internal"
 
 
-def _error_kind(context: grpc.aio.ServicerContext) -> str | None:
-    """The error type the servicer sent in its trailer (adapter_fabric.rpc.status), if any."""
+def _error_detail(context: grpc.aio.ServicerContext) -> tuple[str | None, str | None]:
+    """``(type, message)`` of the error the servicer sent in its trailer (adapter_fabric.rpc.status); Nones if none."""
     try:
         trailing = context.trailing_metadata() or ()
     except Exception:  # noqa: BLE001 (older grpc: no getter)
-        return None
+        return None, None
     for key, value in trailing:
         if key == ERROR_DETAIL_KEY:
-            return fabric_pb2.ErrorDetail.FromString(value).kind
-    return None
+            detail = fabric_pb2.ErrorDetail.FromString(value)
+            return detail.kind, bounded(detail.message) or None
+    return None, None
 
 
 class _Call:
@@ -67,6 +68,7 @@ class _Call:
         self.bytes = 0
         self.request: Any = None
         self.response: Any = None
+        self.message: str | None = None  # a refusal's message (the one line that logs it)
 
     def note_request(self, request: Any) -> None:
         self.request = request
@@ -110,7 +112,7 @@ class _Call:
         level = logging.WARNING if code == "UNAUTHENTICATED" else logging.INFO
         # Never the metadata: it carries the bearer token.
         event(
-            log, f"{method} {outcome}", level,
+            log, f"{method} {outcome}" + (f": {self.message}" if self.message else ""), level,
             method=method, adapter=self.adapter_id, peer=self.peer, bytes=self.bytes,
             duration_s=round(elapsed, 6), outcome=outcome, code=code, error=kind,
             source_peer=getattr(self.response, "source_peer", None) or None,
@@ -122,7 +124,7 @@ class _Call:
             return "OK", None
         if isinstance(failure, (asyncio.CancelledError, GeneratorExit)):
             return "CANCELLED", None  # the caller went away (or a drain cut it): the context is gone
-        kind = _error_kind(self.context)
+        kind, self.message = _error_detail(self.context)
         try:
             code = self.context.code()
         except Exception:  # noqa: BLE001 (older grpc: no getter)

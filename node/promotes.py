@@ -103,6 +103,7 @@ class Promotes:
             bytes_transferred=stats.bytes_transferred,
             source_peer=",".join(stats.source_peers),
             pull_seconds=stats.pull_seconds,
+            joined=stats.shared,
         )
 
     async def _verified(
@@ -143,7 +144,7 @@ class Promotes:
         _check_peer_address(request.peer)
         if request.named_peer_only:
             return [request.peer]
-        return [request.peer, *await self.context.known_peers()]
+        return list(dict.fromkeys([request.peer, *await self.context.known_peers()]))  # the named peer may be a known one too
 
     async def _pull_only(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
         """Promote with stage_only: bring the bytes into the store (and serve them on), load no slot."""
@@ -165,6 +166,7 @@ class Promotes:
             bytes_transferred=stats.bytes_transferred,
             source_peer=",".join(stats.source_peers),
             pull_seconds=stats.pull_seconds,
+            joined=stats.shared,
         )
 
 

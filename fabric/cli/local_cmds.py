@@ -31,6 +31,30 @@ def lora_rank(text: str) -> int:
     return int(text)
 
 
+#: lora_alpha past this is a typo (alpha / r scales every delta; PEFT's configs use up to a few hundred)
+MAX_ALPHA = 1e6
+#: seeds are whole numbers from 0 to this (what every RNG a reader might reuse accepts)
+MAX_SEED = 2**32 - 1
+
+
+def lora_alpha(text: str) -> float:
+    """``--alpha``: a finite positive number up to MAX_ALPHA (nan, inf or -3 wrote a config no node accepts)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_ALPHA:  # false for nan too
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a lora_alpha above 0 and at most {MAX_ALPHA:g}")
+    return value
+
+
+def seed(text: str) -> int:
+    """``--seed``: a whole number from 0 to MAX_SEED."""
+    if not text.isdigit() or int(text) > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a seed from 0 to {MAX_SEED}")
+    return int(text)
+
+
 def cmd_make_adapter(args: argparse.Namespace) -> None:
     import warnings
 
@@ -43,9 +67,11 @@ def cmd_make_adapter(args: argparse.Namespace) -> None:
     if args.model not in TINY_PRESETS and not Path(args.model).is_dir():
         raise InvalidArgument(f"--model {args.model!r} is neither a built-in model ({', '.join(TINY_PRESETS)}) nor a local model directory")
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, not ours
-    targets = [t for t in args.targets.split(",") if t] if args.targets != "all-linear" else "all-linear"
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()] if args.targets != "all-linear" else "all-linear"
+    base = load_base_model(args.model)
+    check_targets(base, targets)  # PEFT itself refuses only a list that matches nothing: q_proj,nope_proj went through
     try:
-        make_peft_adapter(out, base_model=load_base_model(args.model), r=args.rank, lora_alpha=args.alpha, target_modules=targets, seed=args.seed)
+        make_peft_adapter(out, base_model=base, r=args.rank, lora_alpha=args.alpha, target_modules=targets, seed=args.seed)
     except ValueError as exc:  # PEFT's refusal, e.g. a --targets module the model lacks
         raise InvalidArgument(f"--model {args.model} cannot take this adapter: {str(exc).splitlines()[0][:300]}") from None
     config_path = out / "adapter_config.json"
@@ -54,6 +80,18 @@ def cmd_make_adapter(args: argparse.Namespace) -> None:
     config["base_model_name_or_path"] = args.base_model_name or config.get("base_model_name_or_path") or args.model
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
     emit(args.json, {"dir": str(out), "model": args.model, "r": args.rank, "lora_alpha": args.alpha, "base_model_name_or_path": config["base_model_name_or_path"]}, f"made {out} (PEFT LoRA r={args.rank} for --model {args.model})")
+
+
+def check_targets(base, targets: list[str] | str) -> None:
+    """``InvalidArgument`` naming each ``--targets`` module that is no linear module of ``base``, and the ones it has."""
+    import torch
+
+    from adapter_fabric.errors import InvalidArgument
+
+    linear = sorted({name.rsplit(".", 1)[-1] for name, module in base.named_modules() if isinstance(module, torch.nn.Linear)})
+    unknown = [t for t in targets if t not in linear] if isinstance(targets, list) else []
+    if not targets or unknown:
+        raise InvalidArgument(f"--targets: {', '.join(unknown) or 'none given'}: not a linear module of the model; expected some of {', '.join(linear)}, or all-linear")
 
 
 def register(command) -> None:
@@ -66,7 +104,7 @@ def register(command) -> None:
     p.add_argument("dir", help="new directory to write adapter_config.json and adapter_model.safetensors into")
     p.add_argument("--model", default="tiny", help="the node's --model: tiny, tiny-mistral, tiny-qwen2 or a local model directory (default: %(default)s)")
     p.add_argument("--rank", type=lora_rank, default=8, help="LoRA rank r (default: %(default)s)")
-    p.add_argument("--alpha", type=float, default=16, help="lora_alpha (default: %(default)s)")
+    p.add_argument("--alpha", type=lora_alpha, default=16.0, help=f"lora_alpha, above 0 and at most {MAX_ALPHA:g} (default: %(default)g)")
     p.add_argument("--targets", default="q_proj,v_proj", help="comma-separated modules, or all-linear (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=1, help="random seed of the weights (default: %(default)s)")
+    p.add_argument("--seed", type=seed, default=1, help=f"random seed of the weights, 0 to {MAX_SEED} (default: %(default)s)")
     p.add_argument("--base-model-name", help="base_model_name_or_path to record (default: --model); vLLM matches it to its served model")

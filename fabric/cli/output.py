@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from adapter_fabric.client.results import json_ready
+from adapter_fabric.client.results import PromoteResult, json_ready
 
 def emit(as_json: bool, payload: Any, human: str) -> None:
     """Print a result: ``payload`` as JSON (u64 ids as strings) or the human text."""
@@ -26,6 +26,19 @@ def emit(as_json: bool, payload: Any, human: str) -> None:
         print(json.dumps(json_ready(payload), indent=2, sort_keys=True), flush=True)
     else:
         print(human, flush=True)
+
+
+def pull_note(reply: PromoteResult) -> str:
+    """What a pull (or a promote's pull) moved, in words: bytes of weights, a pull it joined, or nothing.
+
+    A rerun after Ctrl-C finds the node's own pull still going (joined) or done (already present): neither
+    moved a byte, and neither reads as "0 bytes".
+    """
+    if reply.joined:
+        return f"joined the node's pull already under way from {reply.source_peer} (that pull moved the bytes)"
+    if reply.source_peers:
+        return f"pulled {reply.bytes_transferred} B of weights from {reply.source_peer} in {reply.pull_seconds:.2f} s"
+    return "already present on the node, nothing moved"
 
 
 def report_error(command: str, as_json: bool, kind: str, message: str, retryable: bool, code: int) -> int:

@@ -26,10 +26,42 @@ def on_terminal(quiet: bool) -> bool:
     return not quiet and sys.stderr.isatty()
 
 
+#: the size taken for a terminal that reports none (a pty nobody sized, some CI consoles) when COLUMNS/LINES are unset
+FALLBACK_SIZE = (80, 24)
+
+
+class _Bar(tqdm):
+    """A tqdm bar whose full (100%) line is drawn once, by ``close``: a refresh at the total would draw it twice."""
+
+    def refresh(self, nolock: bool = False, lock_args=None):  # noqa: D102 (tqdm's)
+        if self.total and self.n >= self.total:
+            return False
+        return super().refresh(nolock, lock_args)
+
+
+def unknown_terminal_size() -> tuple[int, int] | None:
+    """None when stderr's terminal reports its size (tqdm then follows it); else the ``(columns, lines)`` to draw in.
+
+    A terminal of size 0x0 would make tqdm draw nothing at all (it fits the bar into 0 columns and -1 rows).
+    """
+    import os
+    import shutil
+
+    try:
+        if os.get_terminal_size(sys.stderr.fileno()).columns > 0:
+            return None
+    except (OSError, ValueError):
+        pass
+    columns, lines = shutil.get_terminal_size(FALLBACK_SIZE)  # COLUMNS and LINES first
+    return columns or FALLBACK_SIZE[0], lines or FALLBACK_SIZE[1]
+
+
 def byte_bar(desc: str, total: int, enabled: bool, position: int | None = None) -> tqdm:
     """A bytes bar (size, rate, ETA) on stderr; a disabled no-op when ``enabled`` is False."""
-    return tqdm(
-        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not enabled, file=sys.stderr, position=position, leave=True, dynamic_ncols=True
+    columns, lines = (unknown_terminal_size() if enabled else None) or (None, None)
+    return _Bar(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not enabled, file=sys.stderr, position=position, leave=True,
+        dynamic_ncols=columns is None, ncols=columns, nrows=lines,
     )
 
 
@@ -98,5 +130,5 @@ class PullWatcher:
         """Fill the bar and leave ``note`` (e.g. the sources) after it."""
         if self.plan is not None:
             self.bar.n = self.plan[1]
-            self.bar.set_postfix_str(note, refresh=True)
+            self.bar.set_postfix_str(note, refresh=False)  # close draws the final line, once
         self.bar.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from adapter_fabric.cli.connect import client_for, node_address
-from adapter_fabric.cli.output import emit
+from adapter_fabric.cli.output import emit, pull_note
 from adapter_fabric.cli.progress import PullWatcher, on_terminal, run_polled
 from adapter_fabric.client.node_client import DEFAULT_MAX_NEW_TOKENS
 
@@ -24,7 +24,7 @@ def cmd_promote(args: argparse.Namespace) -> None:
     # "(evicted X)" sits by the slot it left: after the peer, it read as if the peer had evicted it
     notes = ([f"evicted {reply.evicted_name}"] if reply.evicted_name else []) + (["pinned"] if args.pin else [])
     where = f"into slot {reply.slot}" + (f" ({', '.join(notes)})" if notes else "")
-    moved = f"; pulled {reply.bytes_transferred} bytes from {reply.source_peer} in {reply.pull_seconds:.2f} s" if reply.source_peers else ""
+    moved = f"; {pull_note(reply)}" if args.peer else ""  # without --from it came from the node's own store
     emit(args.json, {"adapter_id": args.id, "name": args.name or args.id, **reply.to_dict()}, f"promoted {args.id} as {args.name or args.id} {where}{moved}")
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from adapter_fabric.cli.connect import client_for, node_address
-from adapter_fabric.cli.output import emit
+from adapter_fabric.cli.output import emit, pull_note
 from adapter_fabric.cli.progress import PullWatcher, byte_bar, on_terminal, run_polled
 
 
@@ -26,7 +26,7 @@ def cmd_stage(args: argparse.Namespace) -> None:
 
         sign_key = Path(args.sign_key).read_bytes() if args.sign_key else None
         reply = run_polled(lambda: client.stage(args.dir, args.id, progress=progress, on_resume=resumed, sign_key=sign_key), None)
-    notes = [n for n, on in (("already staged", reply.already_staged), (f"resumed at byte {reply.resumed_from}", reply.resumed_from)) if on]
+    notes = [n for n, on in (("its bytes were here already: nothing new stored", reply.already_staged), (f"resumed at byte {reply.resumed_from}", reply.resumed_from)) if on]
     note = f" ({', '.join(notes)})" if notes else ""
     emit(args.json, reply.to_dict(), f"staged {reply.adapter_id} digest={reply.digest} content_id={reply.content_id:#018x}{note}")
 
@@ -37,8 +37,7 @@ def cmd_pull(args: argparse.Namespace) -> None:
         watcher = PullWatcher(client, source, args.id, f"pull {args.id}", show)
         reply = run_polled(lambda: client.pull(args.id, peer=args.peer, named_peer_only=args.no_swarm), watcher.poll)
         watcher.finish(f"from {reply.source_peer or 'local store'}")
-    source_text = f" from {reply.source_peer} ({reply.bytes_transferred} bytes, {reply.pull_seconds:.2f} s)" if reply.source_peers else " (already here)"
-    emit(args.json, {"adapter_id": args.id, **reply.to_dict()}, f"pulled {args.id} digest={reply.digest}{source_text}")
+    emit(args.json, {"adapter_id": args.id, **reply.to_dict()}, f"{args.id} digest={reply.digest}: {pull_note(reply)}")
 
 
 def cmd_keep(args: argparse.Namespace) -> None:
@@ -56,13 +55,17 @@ def cmd_unstage(args: argparse.Namespace) -> None:
 def cmd_ls(args: argparse.Namespace) -> None:
     with client_for(args) as client:
         listing = client.list(args.page_size)  # every page
+    # "B stored" is every file (config and weights); a pull's or promote's "B of weights" counts the weights file only
     lines = [f"staged ({len(listing.staged)}):"]
     for a in listing.staged:
         damage = f"  DAMAGED: {a.damaged}" if a.damaged else ""
-        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B  r={a.peft.r} alpha={a.peft.lora_alpha:g}{damage}")
+        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B stored  r={a.peft.r} alpha={a.peft.lora_alpha:g}{damage}")
     if listing.slots:
         lines.append(f"slots (device {listing.device}, max rank {listing.max_rank}; * active, P pinned):")
         for s in listing.slots:
+            if s.empty:
+                lines.append(f"  [{s.slot}] (empty)")
+                continue
             flags = "".join(f for f, on in (("*", s.active), ("P", s.pinned)) if on)
             lines.append(f"  [{s.slot}] {s.name or '-':<24} id={s.content_id:#018x} refs={s.ref_count} rank={s.rank} last_use={s.last_used} {flags}")
     else:

@@ -19,8 +19,11 @@ def cmd_store_status(args: argparse.Namespace) -> None:
 
     with client_for(args) as client:
         reply = client.store_status()
-    quota = _size(reply.quota_bytes) if reply.quota_bytes else "no limit"
-    expiry = f"after {reply.expire_after_seconds:.0f}s untouched" if reply.expire_after_seconds else "never"
+    from adapter_fabric.units import format_duration, format_size
+
+    # the limits as the flags and the README write them (--max-store-bytes 18GiB, --expire-abandoned-after 24h)
+    quota = format_size(reply.quota_bytes) if reply.quota_bytes else "no limit"
+    expiry = f"after {format_duration(reply.expire_after_seconds)} untouched" if reply.expire_after_seconds else "never"
     lines = [f"{args.node}: {reply.adapters} adapters, {_size(reply.used_bytes)} used of {quota}; abandoned entries expire {expiry}"]
     at_limit = f"evicts cold adapters ({reply.evictions} evicted since start)" if reply.evicts else "refuses commits (a durable node: never evicts)"
     lines.append(f"  at the limit: {at_limit}; {reply.kept} kept by an operator")

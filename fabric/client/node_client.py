@@ -264,6 +264,7 @@ class NodeClient:
         ``stage_only``: pull into the store, load no slot (see ``pull``); ``named_peer_only``: pull from
         ``peer`` alone, not the swarm; ``pin``: pin it too (refused before anything is evicted when
         the pin limit is reached). ``timeout``: seconds (default ``long_timeout``; None: no deadline).
+        A promote that loads a slot makes the adapter the node's active one (replacing a ``set_active`` choice).
         """
         request = fabric_pb2.PromoteRequest(
             peer=peer, adapter_id=adapter_id, name=name, pin=pin, stage_only=stage_only, named_peer_only=named_peer_only

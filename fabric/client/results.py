@@ -1,7 +1,8 @@
 """What ``NodeClient`` calls return: plain dataclasses, not protobuf messages.
 
-Each has ``to_dict()`` for JSON: 64-bit content ids become decimal strings
-(JavaScript and ``jq`` lose precision past 2**53), everything else stays as is.
+Each has ``to_dict()`` for JSON: 64-bit content ids become strings in the
+text output's form, ``0x`` and 16 hex digits (JavaScript and ``jq`` lose
+precision past 2**53 as numbers), everything else stays as is.
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ from adapter_fabric.v1 import fabric_pb2
 _U64_FIELDS = frozenset({"content_id"})
 
 
+def hex_id(content_id: int) -> str:
+    """A u64 content id as the CLI shows it, in text and JSON alike: ``0x`` and 16 hex digits."""
+    return f"{content_id:#018x}"
+
+
 def json_ready(value: Any) -> Any:
-    """``value`` with every u64 id field rendered as a string (recursing through dicts and lists)."""
+    """``value`` with every u64 id field rendered as ``hex_id`` (recursing through dicts and lists)."""
     if isinstance(value, dict):
-        return {k: (str(v) if k in _U64_FIELDS and isinstance(v, int) else json_ready(v)) for k, v in value.items()}
+        return {k: (hex_id(v) if k in _U64_FIELDS and isinstance(v, int) else json_ready(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_ready(v) for v in value]
     if isinstance(value, bytes):
@@ -28,13 +34,16 @@ def json_ready(value: Any) -> Any:
 
 class _Result:
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (u64 ids as strings)."""
+        """A JSON-ready dict (u64 ids as ``0x`` hex strings)."""
         return json_ready(asdict(self))  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)
 class StageResult(_Result):
-    """A committed upload. ``resumed_from``: bytes the node already held from an interrupted upload (0: from the start)."""
+    """A committed upload. ``resumed_from``: bytes the node already held from an interrupted upload (0: from the start).
+
+    ``already_staged``: the same content (digest) was in the store already, under this id or another: nothing new stored.
+    """
 
     adapter_id: str
     digest: str
@@ -46,7 +55,12 @@ class StageResult(_Result):
 
 @dataclass(frozen=True)
 class PromoteResult(_Result):
-    """A promote (or a stage-only pull). ``slot`` is -1 for a pull; ``source_peers``: every peer that sent bytes."""
+    """A promote (or a stage-only pull). ``slot`` is -1 for a pull; ``source_peers``: every peer that sent bytes.
+
+    ``bytes_transferred`` counts the weights file's bytes this call moved (the config travels in the manifest).
+    ``joined``: the node was already pulling this digest (say, for a client interrupted by Ctrl-C) and this call
+    waited for that pull; it moved nothing itself. No source peers and not joined: the bytes were already here.
+    """
 
     slot: int
     evicted_name: str
@@ -55,6 +69,7 @@ class PromoteResult(_Result):
     bytes_transferred: int
     source_peers: list[str]
     pull_seconds: float
+    joined: bool = False
 
     @property
     def source_peer(self) -> str:
@@ -71,6 +86,7 @@ class PromoteResult(_Result):
             bytes_transferred=pb.bytes_transferred,
             source_peers=[p for p in pb.source_peer.split(",") if p],
             pull_seconds=pb.pull_seconds,
+            joined=pb.joined,
         )
 
 
@@ -106,6 +122,7 @@ class StagedAdapter(_Result):
     adapter_id: str
     digest: str
     content_id: int
+    #: bytes of every file of it as stored (config and weights); a pull's ``bytes_transferred`` counts weights only
     size: int
     peft: PeftSummary
     #: non-empty when the node cannot load or serve it as it is: why (adapter_fabric.store.integrity)
@@ -114,7 +131,7 @@ class StagedAdapter(_Result):
 
 @dataclass(frozen=True)
 class SlotInfo(_Result):
-    """One slot of a node's pool; ``name`` is empty while it was never filled."""
+    """One slot of a node's pool; ``name`` is empty while it was never filled (``empty``)."""
 
     slot: int
     name: str
@@ -125,6 +142,11 @@ class SlotInfo(_Result):
     last_used: int
     rank: int
     digest: str
+
+    @property
+    def empty(self) -> bool:
+        """Never filled: no adapter, content id 0, nothing else to show."""
+        return not self.name
 
 
 @dataclass(frozen=True)

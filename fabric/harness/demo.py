@@ -1,9 +1,9 @@
 """``fabric demo``: a local 3-node cluster on the tiny model, end to end.
 
 Three real node processes (2 slots each) on loopback. Three adapters are made
-with PEFT's ``save_pretrained``; one is staged on node 1, promoted on node 2
-from node 1 and on node 3 from node 2 (a chain: a node that pulled an adapter
-serves it); more promotes on node 3 until the pool evicts. Outputs over the
+with PEFT's ``save_pretrained`` and all three staged on node 1; one is promoted
+on node 2 from node 1 and on node 3 from node 2 (a chain: a node that pulled an
+adapter serves it); the other two are promoted on node 3 until its pool evicts. Outputs over the
 wire are checked against PEFT's own ``PeftModel`` for the same adapters.
 """
 
@@ -45,7 +45,7 @@ def _reference_logits(adapter_dir: Path | None) -> torch.Tensor:
 def _check(label: str, got: list[float], adapter_dir: Path | None) -> bool:
     diff = (torch.tensor(got) - _reference_logits(adapter_dir)).abs().max().item()
     ok = diff <= TOLERANCE
-    print(f"   {label:<34} max |logits - PEFT| = {diff:.2e}  {'OK' if ok else 'MISMATCH'}")
+    print(f"   {label:<36} max |logits - PEFT| = {diff:.2e}  {'OK' if ok else 'MISMATCH'}")
     return ok
 
 
@@ -54,7 +54,8 @@ def run_demo(workdir: str | None = None, keep: bool = False) -> int:
     root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, not ours
-    print(f"adapter-fabric demo (work directory {root})")
+    removed = not keep and workdir is None
+    print(f"adapter-fabric demo (work directory {root}{', removed at the end: --keep keeps it' if removed else ''})")
 
     print("1. making three LoRA adapters with PEFT save_pretrained on the built-in tiny Llama")
     base = build_tiny_model()
@@ -71,9 +72,10 @@ def run_demo(workdir: str | None = None, keep: bool = False) -> int:
         for i, node in enumerate(cluster.nodes, 1):
             print(f"   node{i} {node.address} (pid {node.pid})")
 
-        print("3. staging support-v1 on node1")
-        reply = n1.stage(dirs["support-v1"], "support-v1")
-        print(f"   digest {reply.digest[:16]}…  content id {reply.content_id:#018x}")
+        print("3. staging the three adapters on node1")
+        for name in ADAPTERS:
+            reply = n1.stage(dirs[name], name)
+            print(f"   {name:<11} digest {reply.digest[:16]}…  content id {reply.content_id:#018x}")
 
         print("4. promoting across the cluster")
 
@@ -81,13 +83,11 @@ def run_demo(workdir: str | None = None, keep: bool = False) -> int:
             t0 = time.perf_counter()
             r = client.promote(adapter, peer=peer, name=adapter)
             evicted = f", evicted {r.evicted_name}" if r.evicted_name else ""
-            print(f"   {label}: {adapter} -> slot {r.slot}{evicted}  ({r.bytes_transferred} B from {r.source_peer or 'local store'}, {1e3 * (time.perf_counter() - t0):.0f} ms)")
+            print(f"   {label}: {adapter} -> slot {r.slot}{evicted}  ({r.bytes_transferred} B of weights from {r.source_peer or 'local store'}, {1e3 * (time.perf_counter() - t0):.0f} ms)")
             return r.evicted_name
 
         promote(n2, "node2 <- node1", "support-v1", cluster.nodes[0].address)
         promote(n3, "node3 <- node2", "support-v1", cluster.nodes[1].address)
-        for name in ("sql-v2", "legal-v1"):
-            n1.stage(dirs[name], name)
         evicted = ""
         for name in ("sql-v2", "legal-v1"):
             evicted = promote(n3, "node3 <- node1", name, cluster.nodes[0].address) or evicted
@@ -104,12 +104,13 @@ def run_demo(workdir: str | None = None, keep: bool = False) -> int:
 
         print("6. node3's slots")
         for s in n3.list().slots:
-            print(f"   [{s.slot}] {s.name or '-':<11} content id {s.content_id:#018x} refs={s.ref_count}{' active' if s.active else ''}")
+            print(f"   [{s.slot}] (empty)" if s.empty else f"   [{s.slot}] {s.name:<11} content id {s.content_id:#018x} refs={s.ref_count}{' active' if s.active else ''}")
         for client in (n1, n2, n3):
             client.close()
     finally:
         cluster.stop()
-        if not keep and workdir is None:
+        if removed:
             shutil.rmtree(root, ignore_errors=True)
+    print(f"work directory {root} {'removed' if removed else 'kept'}")
     print(f"{'all checks passed' if all_ok else 'SOME CHECKS FAILED'} in {time.perf_counter() - started:.1f} s")
     return 0 if all_ok else 1

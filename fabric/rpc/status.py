@@ -144,6 +144,7 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
                 async for item in method(self, within_bounds(request), context):
                     yield item
             except errors.FabricError as exc:
+                # Logged here: the node's RpcObserver (which logs every other call once) passes response streams by.
                 log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, bounded(str(exc)))
                 await abort_with(context, exc)
 
@@ -154,7 +155,7 @@ def rpc_errors(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return await method(self, within_bounds(request), context)
         except errors.FabricError as exc:
-            log.info("%s refused: %s: %s", method.__name__, type(exc).__name__, bounded(str(exc)))
+            # Not logged here: the node's RpcObserver logs each call once, the refusal's type and message included.
             await abort_with(context, exc)
 
     return unary_wrapper

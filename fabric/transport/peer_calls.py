@@ -53,7 +53,7 @@ def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str
         raise PeerUnavailable(f"no peer to pull {adapter_id!r} from: give a peer address")
     missing: list[str] = []
     failures: list[str] = []
-    for peer in peers:
+    for peer in dict.fromkeys(peers):  # each peer asked (and named in an error) once
         stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
         try:
             reply, call = stub.GetManifest.with_call(manifest_request(adapter_id), timeout=MANIFEST_TIMEOUT_S)

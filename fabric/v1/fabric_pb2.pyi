@@ -348,7 +348,7 @@ class PromoteRequest(_message.Message):
     def __init__(self, peer: _Optional[str] = ..., adapter_id: _Optional[str] = ..., name: _Optional[str] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., pin: _Optional[bool] = ..., stage_only: _Optional[bool] = ..., named_peer_only: _Optional[bool] = ...) -> None: ...
 
 class PromoteResponse(_message.Message):
-    __slots__ = ("slot", "evicted_name", "content_id", "digest", "bytes_transferred", "source_peer", "pull_seconds")
+    __slots__ = ("slot", "evicted_name", "content_id", "digest", "bytes_transferred", "source_peer", "pull_seconds", "joined")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     EVICTED_NAME_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +356,7 @@ class PromoteResponse(_message.Message):
     BYTES_TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
     SOURCE_PEER_FIELD_NUMBER: _ClassVar[int]
     PULL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
     slot: int
     evicted_name: str
     content_id: int
@@ -363,7 +364,8 @@ class PromoteResponse(_message.Message):
     bytes_transferred: int
     source_peer: str
     pull_seconds: float
-    def __init__(self, slot: _Optional[int] = ..., evicted_name: _Optional[str] = ..., content_id: _Optional[int] = ..., digest: _Optional[str] = ..., bytes_transferred: _Optional[int] = ..., source_peer: _Optional[str] = ..., pull_seconds: _Optional[float] = ...) -> None: ...
+    joined: bool
+    def __init__(self, slot: _Optional[int] = ..., evicted_name: _Optional[str] = ..., content_id: _Optional[int] = ..., digest: _Optional[str] = ..., bytes_transferred: _Optional[int] = ..., source_peer: _Optional[str] = ..., pull_seconds: _Optional[float] = ..., joined: _Optional[bool] = ...) -> None: ...
 
 class SetActiveRequest(_message.Message):
     __slots__ = ("name",)

@@ -68,6 +68,12 @@ def test_stage_promote_ls_generate_unstage(nodes, adapters) -> None:
     again = fabric_json("stage", seed, str(adapters["a"]), "--id", "cli/a")
     assert again["already_staged"] is True and again["digest"] == staged["digest"]
 
+    # content ids: one form, 0x and 16 hex digits, in JSON and in the text alike
+    assert re.fullmatch(r"0x[0-9a-f]{16}", staged["content_id"]), staged
+    restaged = fabric("stage", seed, str(adapters["a"]), "--id", "cli/a2").stdout  # a new id, the same bytes: said so (was "already staged")
+    assert f"content_id={staged['content_id']}" in restaged and "(its bytes were here already: nothing new stored)" in restaged, restaged
+    fabric("unstage", seed, "--id", "cli/a2")
+
     promoted = fabric_json("promote", puller, "--from", seed, "--id", "cli/a", "--name", "a")
     assert promoted["digest"] == staged["digest"] and promoted["slot"] in (0, 1) and promoted["source_peers"] == [seed]
 
@@ -75,7 +81,14 @@ def test_stage_promote_ls_generate_unstage(nodes, adapters) -> None:
     assert [s["adapter_id"] for s in listing["staged"]] == ["cli/a"]
     assert [s["name"] for s in listing["slots"] if s["name"]] == ["a"]
     human = fabric("ls", puller).stdout
-    assert "cli/a" in human and "[%d] a" % promoted["slot"] in human
+    assert "cli/a" in human and "[%d] a" % promoted["slot"] in human and f"id={staged['content_id']}" in human
+    # ls counts every file as stored, a promote the weights it moved: each number says which it is, and both are right
+    weights = (adapters["a"] / "adapter_model.safetensors").stat().st_size
+    stored = weights + (adapters["a"] / "adapter_config.json").stat().st_size  # its two files (not the README PEFT writes)
+    assert promoted["bytes_transferred"] == weights
+    assert f" {stored} B stored " in human and listing["staged"][0]["size"] == stored > weights, human
+    # the slot never filled reads as empty, not as id=0x0000000000000000 ... last_use=0
+    assert f"[{1 - promoted['slot']}] (empty)\n" in human and "0x0000000000000000" not in human, human
 
     generated = fabric_json("generate", puller, "--adapter", "a", "--tokens", "1,2,3", "--max-new-tokens", "4")
     assert len(generated["output_ids"]) == 4 and generated["content_id"] == staged["content_id"]  # u64 ids: strings everywhere
@@ -90,8 +103,13 @@ def test_pull_inspect_locate_pin_set_active_health_wait(nodes, adapters, tmp_pat
     assert made["r"] == 4 and (tmp_path / "made" / "adapter_model.safetensors").is_file()
     staged = fabric_json("stage", seed, str(tmp_path / "made"), "--id", "cli/made")
 
-    pulled = fabric_json("pull", puller, "--from", seed, "--id", "cli/made")
-    assert pulled["slot"] == -1 and pulled["digest"] == staged["digest"] and pulled["bytes_transferred"] > 0
+    weights = (tmp_path / "made" / "adapter_model.safetensors").stat().st_size
+    pulled = fabric("pull", puller, "--from", seed, "--id", "cli/made").stdout
+    assert re.fullmatch(rf"cli/made digest={staged['digest']}: pulled {weights} B of weights from {seed} in [0-9.]+ s\n", pulled), pulled
+    again = fabric_json("pull", puller, "--from", seed, "--id", "cli/made")
+    assert again["slot"] == -1 and again["digest"] == staged["digest"] and again["bytes_transferred"] == 0 and again["source_peers"] == []
+    again = fabric("pull", puller, "--from", seed, "--id", "cli/made").stdout  # a rerun moves nothing, and says so (was "0 bytes")
+    assert again == f"cli/made digest={staged['digest']}: already present on the node, nothing moved\n", again
     assert [s["name"] for s in fabric_json("ls", puller)["slots"] if s["name"] == "cli/made"] == []  # stage only: no slot
 
     manifest = fabric_json("inspect", puller, "--id", "cli/made")
@@ -114,6 +132,8 @@ def test_exit_codes_and_json_errors(nodes) -> None:
     assert code == 1 and error["type"] == "AdapterNotFound" and "missing/one" in error["message"] and error["retryable"] is False
     plain = fabric("promote", nodes[1], "--from", nodes[0], "--id", "missing/one", check=False)
     assert plain.returncode == 1 and plain.stderr.strip().startswith("fabric promote: AdapterNotFound:") and len(plain.stderr.strip().splitlines()) == 1
+    # --from names a peer the node knows already: asked once and named once (was "not staged on A, A")
+    assert f"not staged on {nodes[0]}:" in plain.stderr and plain.stderr.count(nodes[0]) == 1, plain.stderr
 
     code, error = json_error("unstage", nodes[0], "--id", "../x")
     assert code == 1 and error["type"] == "InvalidAdapterId"

@@ -23,6 +23,11 @@ DEAD = "127.0.0.1:1"  # never dialled: each case below is refused before any cal
         (["generate", DEAD, "--tokens", "1", "--max-new-tokens", "4294967296"], "1 to 2147483647"),
         (["make-adapter", "unused", "--model", "tiny", "--rank", "0"], "rank from 1 to 1024"),
         (["make-adapter", "unused", "--model", "tiny", "--rank", "-4"], "rank from 1 to 1024"),
+        # these wrote a config no node accepts (lora_alpha NaN is not even JSON), or seeded with a negative number
+        (["make-adapter", "unused", "--model", "tiny", "--alpha", "nan"], "lora_alpha above 0"),
+        (["make-adapter", "unused", "--model", "tiny", "--alpha", "-3"], "lora_alpha above 0"),
+        (["make-adapter", "unused", "--model", "tiny", "--alpha", "inf"], "lora_alpha above 0"),
+        (["make-adapter", "unused", "--model", "tiny", "--seed", "-5"], "seed from 0 to 4294967295"),
     ],
 )
 def test_out_of_range_numbers_are_usage_errors_not_tracebacks(argv, needle, capsys) -> None:
@@ -31,10 +36,13 @@ def test_out_of_range_numbers_are_usage_errors_not_tracebacks(argv, needle, caps
     assert needle in err and "Traceback" not in err
 
 
-def test_a_target_the_model_lacks_is_named(tmp_path, capsys) -> None:
-    assert run(["make-adapter", str(tmp_path / "a"), "--model", "tiny", "--targets", "nope_proj", "--json"]) == 1
+@pytest.mark.parametrize("targets", ["nope_proj", "q_proj,nope_proj", ","])
+def test_a_target_the_model_lacks_is_named(tmp_path, capsys, targets) -> None:
+    """Beside a module it has too (PEFT alone made q_proj,nope_proj an adapter of q_proj), and with none given."""
+    assert run(["make-adapter", str(tmp_path / "a"), "--model", "tiny", "--targets", targets, "--json"]) == 1
     error = json.loads(capsys.readouterr().out)["error"]
-    assert error["type"] == "InvalidArgument" and "nope_proj" in error["message"]
+    assert error["type"] == "InvalidArgument" and ("nope_proj" if "nope" in targets else "none given") in error["message"]
+    assert "q_proj" in error["message"].split("expected some of ")[1] and not (tmp_path / "a").exists()  # the fix named; nothing written
 
 
 def test_keygen_over_an_existing_key_says_why_in_text_and_json(tmp_path, capsys) -> None:

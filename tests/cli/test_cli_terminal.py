@@ -17,8 +17,8 @@ import pytest
 
 from tests.support import ROOT
 from adapter_fabric.client.node_client import NodeClient
-from adapter_fabric.errors import FabricError
-from adapter_fabric.harness.cluster import LocalCluster
+from adapter_fabric.errors import AdapterNotFound, FabricError
+from adapter_fabric.harness.cluster import LocalCluster, LocalNode
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.store import blake3_of
 
@@ -48,11 +48,18 @@ def nodes(cluster) -> list[str]:
     return [node.address for node in cluster.nodes]
 
 
-def on_pty(*args: str, timeout: float = 120) -> tuple[int, str]:
-    """Run ``fabric ARGS`` with stdout and stderr on a pseudo-terminal; its exit code and everything it wrote."""
+def on_pty(*args: str, timeout: float = 120, sized: bool = True) -> tuple[int, str]:
+    """Run ``fabric ARGS`` with stdout and stderr on a pseudo-terminal; its exit code and everything it wrote.
+
+    ``sized``: the terminal reports 40x160 (TIOCSWINSZ), as a real one does; else it reports 0x0 (a pty nobody sized,
+    some CI consoles) and COLUMNS/LINES are unset.
+    """
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a real terminal has a size
-    process = subprocess.Popen([*FABRIC, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, cwd=ROOT, env={**os.environ, "COLUMNS": "120"})
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    if sized:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        env["COLUMNS"] = "120"
+    process = subprocess.Popen([*FABRIC, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, cwd=ROOT, env=env)
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + timeout
@@ -87,6 +94,31 @@ def test_progress_on_a_terminal_and_none_in_a_pipe(nodes, adapters) -> None:
     assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout.startswith("promoted term/small2")
     quiet = piped("rollout", puller, "--from", seed, "--id", "term/small2", "--stage-only")
     assert quiet.returncode == 0 and quiet.stderr == "" and "rolled out" in quiet.stdout
+
+
+def drawn_lines(shown: str) -> list[str]:
+    """What a terminal shows, line by line: each ``\\r`` redraws the line it is on, so only its last drawing counts."""
+    return [line.split("\r")[-1] for line in shown.replace("\r\n", "\n").split("\n")]
+
+
+def bar_lines(shown: str) -> list[str]:
+    """Every drawing of a bar (each redraw too): tqdm's ``|`` frame around a filled part."""
+    return [d for line in shown.replace("\r\n", "\n").split("\n") for d in line.split("\r") if "%|" in d and "|" in d.split("%|", 1)[1]]
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["sized-terminal", "terminal-of-unknown-size"])
+def test_the_final_progress_line_is_drawn_once_and_a_bar_is_drawn(cluster, adapters, sized) -> None:
+    """The 100% line printed once (it was twice: a refresh at the total, then close); a bar even where the size is unknown."""
+    seed, puller = (node.address for node in cluster.nodes)
+    adapter_id = f"once/{'sized' if sized else 'unsized'}"
+    for args in (("stage", seed, str(adapters["small"]), "--id", adapter_id), ("pull", puller, "--from", seed, "--id", adapter_id)):
+        code, shown = on_pty(*args, sized=sized)
+        assert code == 0, shown
+        drawings = bar_lines(shown)
+        assert drawings and "█" in drawings[-1], shown  # a bar (a frame with a filled part), not the bare counters
+        finals = [d for d in drawings if "100%" in d]
+        assert len(finals) == 1, finals
+        assert [line for line in drawn_lines(shown) if "100%" in line] == finals  # and it stays on screen
 
 
 def test_ctrl_c_during_stage_prints_one_line_and_the_same_command_resumes(cluster, adapters) -> None:
@@ -142,3 +174,42 @@ def test_interrupted_library_stage_resumes(nodes, adapters) -> None:
         kept = observer.upload_offset("resume/a", sha)
         reply = client.stage(adapter, "resume/a", piece_size=piece)
     assert 0 < kept and reply.resumed_from == kept and reply.bytes_received <= size - kept, "the second upload must resume, not start over"
+
+
+def arriving(client: NodeClient, digest: str) -> bool:
+    """Whether the node holds ``digest`` or has begun pulling it."""
+    try:
+        client.availability(digest)
+    except AdapterNotFound:
+        return False
+    return True
+
+
+def test_ctrl_c_of_pull_leaves_the_nodes_pull_running_and_the_rerun_says_what_it_found(cluster, tmp_path) -> None:
+    """The rerun joins the node's pull still under way, then finds the adapter present: neither reads as "0 bytes"."""
+    seed = cluster.nodes[0]
+    # ~2.5 MB pulled at 128 KiB/s: the node's pull waits ~19 s on its rate limit, long after the client is gone
+    adapter = make_peft_adapter(tmp_path / "mid", base_model=build_tiny_model(), r=256, target_modules="all-linear", seed=23)
+    with NodeClient(seed.address) as client:
+        digest = client.stage(adapter, "term/mid").digest
+    slow = LocalNode(tmp_path / "slow", model="none", peers=[seed.address], extra_args=["--download-rate", "128KiB"]).start()
+    try:
+        command = [*FABRIC, "pull", slow.address, "--from", seed.address, "--id", "term/mid"]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        with NodeClient(slow.address) as observer:
+            deadline = time.monotonic() + 120
+            while not arriving(observer, digest) and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+            assert process.returncode == 130 and "run the same command to resume" in err, out + err
+            assert not observer.availability(digest).complete  # the node's pull still runs
+
+            rerun = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+            assert rerun.returncode == 0, rerun.stderr
+            assert f"joined the node's pull already under way from {seed.address}" in rerun.stdout and "0 B" not in rerun.stdout, rerun.stdout
+            assert observer.availability(digest).complete
+        again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert again.returncode == 0 and again.stdout.strip() == f"term/mid digest={digest}: already present on the node, nothing moved", again.stdout
+    finally:
+        slow.stop()

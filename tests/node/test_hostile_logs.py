@@ -9,12 +9,14 @@ records, and the address appears only escaped.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Iterator
 
 import grpc
 import pytest
 
+from adapter_fabric import AdapterNotFound, NodeClient
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.observability.logs import escape_controls
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
@@ -60,6 +62,25 @@ def test_peer_address_with_newline_forges_no_log_line(node):
         assert any(FORGED in record["message"] for record in records)  # the address, whole, inside one record
     else:
         assert escape_controls(HOST) in text  # the address is logged, escaped
+
+
+def test_a_refused_call_is_logged_once(node):
+    """One line per refused call, with its type and message (the servicer's edge and the observer each logged it)."""
+    with NodeClient(node.address) as client, pytest.raises(AdapterNotFound):
+        client.manifest("logged/once-only")
+
+    def lines() -> list[str]:
+        return [line for line in Path(node.log_path).read_text(errors="replace").splitlines() if "logged/once-only" in line]
+
+    # The observer's line comes last (it logs as the call ends): once it is there, any other line about the call is too.
+    for _ in range(600):
+        if any("GetManifest AdapterNotFound" in line for line in lines()):
+            break
+        time.sleep(0.05)
+    lines = lines()
+    assert len(lines) == 1, lines
+    message = json.loads(lines[0])["message"] if node.fmt == "json" else lines[0]
+    assert "GetManifest AdapterNotFound: " in message and "logged/once-only" in message.split("AdapterNotFound: ")[1], lines
 
 
 def test_escape_controls_names_each_character():

@@ -51,6 +51,7 @@ def test_store_status_and_the_cli_name_an_adapter_whose_manifest_is_truncated(tm
         assert reply.adapters == 1  # b is sound; a is counted as damaged, not as an adapter
         text = store_status_cli(node.address)
         assert text.returncode == 0, text.stderr
+        assert "no limit; abandoned entries expire after 24h untouched" in text.stdout, text.stdout  # as the README and --help write it (was 86400s)
         line = next((l for l in text.stdout.splitlines() if l.split()[:1] == ["damaged"]), None)
         assert line is not None, text.stdout
         assert line.split()[1] == "a" and digest[:16] in line and "manifest" in line, line

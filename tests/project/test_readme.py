@@ -1,4 +1,4 @@
-"""The README runs as pasted: every ```bash block, section by section, in a fresh directory; and its module table is the tree.
+"""The README runs as pasted: every ```bash and ```python block, section by section, in a fresh directory; and its module table is the tree.
 
 Blocks run as written, with two changes a reader's machine does not need: the
 127.0.0.1 ports become free ones (other tests may hold the README's), and the
@@ -49,9 +49,11 @@ def sections() -> list[Section]:
             title = line[3:].strip()
         elif SKIP.search(line):
             pending_skip = SKIP.search(line).group(1)
-        elif line.strip() == "```bash":
+        elif line.strip() in ("```bash", "```python"):
             end = lines.index("```", i + 1)
             block = "\n".join(lines[i + 1 : end])
+            if line.strip() == "```python":  # run by the section's shell, in its .venv, as a reader runs it after the bash before
+                block = f"python - <<'PY'\n{block}\nPY"
             if not found or found[-1].title != title:
                 found.append(Section(title))
             if pending_skip:
@@ -139,6 +141,12 @@ def test_the_demo_runs_and_reports_json() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True and any("all checks passed" in line for line in report["log"])
+    # it says what it does: three adapters staged (it said one), and the work directory it prints is removed, saying so
+    log = report["log"]
+    staged = log[log.index("3. staging the three adapters on node1") + 1 : log.index("4. promoting across the cluster")]
+    assert [line.split()[0] for line in staged] == ["support-v1", "sql-v2", "legal-v1"], log
+    workdir = log[0].split("(work directory ")[1].split(",")[0]
+    assert ", removed at the end" in log[0] and f"work directory {workdir} removed" in log and not Path(workdir).exists(), log
 
 
 def test_module_table_names_every_module() -> None:
