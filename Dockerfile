@@ -18,7 +18,7 @@ RUN if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' 
     fi
 
 WORKDIR /opt/adapter-fabric
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY fabric ./fabric
 COPY node ./node
 COPY protos ./protos

@@ -2,18 +2,18 @@
 
 What a user needs is importable from here::
 
-    from fabric import NodeClient, TlsFiles          # talk to nodes (results: StageResult, PromoteResult, Listing, ...)
-    from fabric import MultiLoraModel, ModelAdapters # serve adapters in-process
-    from fabric import AdapterStore, Manifest        # the content-addressed store
-    from fabric import PeftAdapterConfig             # the strict adapter_config.json
-    from fabric import FabricError, PoolFull, ...    # errors a caller can act on
+    from adapter_fabric import NodeClient, TlsFiles          # talk to nodes (results: StageResult, PromoteResult, Listing, ...)
+    from adapter_fabric import MultiLoraModel, ModelAdapters # serve adapters in-process
+    from adapter_fabric import AdapterStore, Manifest        # the content-addressed store
+    from adapter_fabric import PeftAdapterConfig             # the strict adapter_config.json
+    from adapter_fabric import FabricError, PoolFull, ...    # errors a caller can act on
 
 The subpackages are the map for people who change the code: ``format``
 (the adapter format), ``store``, ``serving``, ``transport`` (moving bytes),
 ``rpc`` (the gRPC edge), ``client``, ``cli``, and ``harness`` (test and demo
 processes, never on a node's runtime path).
 
-Names that pull in torch or grpc load on first use, so ``import fabric``
+Names that pull in torch or grpc load on first use, so ``import adapter_fabric``
 stays cheap for the command line.
 """
 
@@ -23,7 +23,7 @@ import importlib
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
-from fabric.errors import (
+from adapter_fabric.errors import (
     AdapterNotFound,
     AdaptersUnsupported,
     Busy,
@@ -60,24 +60,24 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path without an i
 
 #: public name -> the module that defines it (imported on first access)
 _LAZY = {
-    "NodeClient": "fabric.client.node_client",
-    "GenerateResult": "fabric.client.results",
-    "StageResult": "fabric.client.results",
-    "PromoteResult": "fabric.client.results",
-    "Listing": "fabric.client.results",
-    "StoreStatus": "fabric.client.results",
-    "rollout": "fabric.client.rollout",
-    "NodeRollout": "fabric.client.rollout",
-    "TlsFiles": "fabric.rpc.security",
-    "ModelAdapters": "fabric.serving.adapters",
-    "MultiLoraModel": "fabric.serving.multi_lora",
-    "ShapeOnlyModel": "fabric.serving.shape_only",
-    "SlotPool": "fabric.serving.pool",
-    "build_tiny_model": "fabric.serving.tiny",
-    "make_peft_adapter": "fabric.serving.tiny",
-    "AdapterStore": "fabric.store.adapter_store",
-    "Manifest": "fabric.store.manifest",
-    "PeftAdapterConfig": "fabric.format.config",
+    "NodeClient": "adapter_fabric.client.node_client",
+    "GenerateResult": "adapter_fabric.client.results",
+    "StageResult": "adapter_fabric.client.results",
+    "PromoteResult": "adapter_fabric.client.results",
+    "Listing": "adapter_fabric.client.results",
+    "StoreStatus": "adapter_fabric.client.results",
+    "rollout": "adapter_fabric.client.rollout",
+    "NodeRollout": "adapter_fabric.client.rollout",
+    "TlsFiles": "adapter_fabric.rpc.security",
+    "ModelAdapters": "adapter_fabric.serving.adapters",
+    "MultiLoraModel": "adapter_fabric.serving.multi_lora",
+    "ShapeOnlyModel": "adapter_fabric.serving.shape_only",
+    "SlotPool": "adapter_fabric.serving.pool",
+    "build_tiny_model": "adapter_fabric.serving.tiny",
+    "make_peft_adapter": "adapter_fabric.serving.tiny",
+    "AdapterStore": "adapter_fabric.store.adapter_store",
+    "Manifest": "adapter_fabric.store.manifest",
+    "PeftAdapterConfig": "adapter_fabric.format.config",
 }
 
 __all__ = [
@@ -116,7 +116,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'fabric' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
@@ -127,15 +127,15 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the lazy names, eagerly
-    from fabric.client.node_client import NodeClient
-    from fabric.client.results import GenerateResult, Listing, PromoteResult, StageResult, StoreStatus
-    from fabric.client.rollout import NodeRollout, rollout
-    from fabric.format.config import PeftAdapterConfig
-    from fabric.rpc.security import TlsFiles
-    from fabric.serving.adapters import ModelAdapters
-    from fabric.serving.multi_lora import MultiLoraModel
-    from fabric.serving.pool import SlotPool
-    from fabric.serving.shape_only import ShapeOnlyModel
-    from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-    from fabric.store.adapter_store import AdapterStore
-    from fabric.store.manifest import Manifest
+    from adapter_fabric.client.node_client import NodeClient
+    from adapter_fabric.client.results import GenerateResult, Listing, PromoteResult, StageResult, StoreStatus
+    from adapter_fabric.client.rollout import NodeRollout, rollout
+    from adapter_fabric.format.config import PeftAdapterConfig
+    from adapter_fabric.rpc.security import TlsFiles
+    from adapter_fabric.serving.adapters import ModelAdapters
+    from adapter_fabric.serving.multi_lora import MultiLoraModel
+    from adapter_fabric.serving.pool import SlotPool
+    from adapter_fabric.serving.shape_only import ShapeOnlyModel
+    from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+    from adapter_fabric.store.adapter_store import AdapterStore
+    from adapter_fabric.store.manifest import Manifest

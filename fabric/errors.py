@@ -54,7 +54,7 @@ class LimitExceeded(InvalidArgument):
 
 
 class FieldTooLarge(InvalidArgument):
-    """A request field is longer than its bound (``fabric.rpc.bounds``): the refusal names the field and the limit, never the value."""
+    """A request field is longer than its bound (``adapter_fabric.rpc.bounds``): the refusal names the field and the limit, never the value."""
 
 
 # --- the adapter does not fit this node -------------------------------------

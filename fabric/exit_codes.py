@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fabric.errors import FabricError, SlotBusy
+from adapter_fabric.errors import FabricError, SlotBusy
 
 EXIT_OK = 0
 EXIT_REFUSED = 1

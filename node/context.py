@@ -16,13 +16,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from fabric.errors import AdaptersUnsupported
-from fabric.store import AdapterStore
-from fabric.transport.discovery import PeerSource
-from node.eviction import InUse
+from adapter_fabric.errors import AdaptersUnsupported
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.transport.discovery import PeerSource
+from adapter_fabric.node.eviction import InUse
 
 if TYPE_CHECKING:  # the model module loads torch: named for the type checker only
-    from fabric.serving.multi_lora import MultiLoraModel
+    from adapter_fabric.serving.multi_lora import MultiLoraModel
 
 T = TypeVar("T")
 
@@ -36,10 +36,10 @@ class NodeContext:
     def __init__(self, store: AdapterStore, model: MultiLoraModel | None, peer_source: PeerSource) -> None:
         self.store = store
         self.model = model
-        # Known peers: the static list plus a DNS name, re-resolved on every use (fabric.transport.discovery).
+        # Known peers: the static list plus a DNS name, re-resolved on every use (adapter_fabric.transport.discovery).
         self.peer_source = peer_source
         self._model_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-        #: adapters being served, pulled or loaded now: an evicting store never drops them (``node.eviction``)
+        #: adapters being served, pulled or loaded now: an evicting store never drops them (``adapter_fabric.node.eviction``)
         self.in_use = InUse()
 
     def close(self) -> None:

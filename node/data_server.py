@@ -1,4 +1,4 @@
-"""The node's data channel: Fetch's chunk bytes on a TCP port of their own (``fabric.transport.data_frames``).
+"""The node's data channel: Fetch's chunk bytes on a TCP port of their own (``adapter_fabric.transport.data_frames``).
 
 Each connection carries one request. The node answers it with the same pieces
 a gRPC Fetch sends (``PeerReads.pieces``: committed blobs verified at rest,
@@ -23,14 +23,14 @@ import logging
 import ssl
 from contextlib import aclosing
 
-from fabric.errors import FabricError, InvalidArgument, QuotaExceeded, Unauthenticated
-from fabric.observability.metrics import DATA_STREAMS_SERVED
-from fabric.rpc import bounds
-from fabric.rpc.limits import PeerStreamLimit
-from fabric.rpc.security import BearerAuth
-from fabric.rpc.status import error_detail, public_message
-from fabric.transport import data_frames
-from node.peer_reads import BytesPiece, FilePiece, PeerReads, Picked, Piece
+from adapter_fabric.errors import FabricError, InvalidArgument, QuotaExceeded, Unauthenticated
+from adapter_fabric.observability.metrics import DATA_STREAMS_SERVED
+from adapter_fabric.rpc import bounds
+from adapter_fabric.rpc.limits import PeerStreamLimit
+from adapter_fabric.rpc.security import BearerAuth
+from adapter_fabric.rpc.status import error_detail, public_message
+from adapter_fabric.transport import data_frames
+from adapter_fabric.node.peer_reads import BytesPiece, FilePiece, PeerReads, Picked, Piece
 
 __all__ = ["DataServer", "HELLO_TIMEOUT_S", "MAX_CONNECTIONS", "MIN_READ_RATE"]
 
@@ -45,7 +45,7 @@ MIN_READ_RATE = 64 << 10
 
 
 def _host(peername: object) -> str:
-    """The peer's host as gRPC Fetch's stream count names it (``fabric.rpc.limits.peer_host``): IPv6 in brackets."""
+    """The peer's host as gRPC Fetch's stream count names it (``adapter_fabric.rpc.limits.peer_host``): IPv6 in brackets."""
     host = peername[0] if isinstance(peername, tuple) and peername else str(peername)
     return f"[{host}]" if ":" in host else host
 

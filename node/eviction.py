@@ -1,7 +1,7 @@
 """The evicting store: when a commit would pass --max-store-bytes, cold adapters go first (least recently used).
 
 ``EvictWhenFull`` is the store's ``WhenFull`` policy on a node started with
---when-full evict (the default). The choice is pure (``fabric.store.eviction``);
+--when-full evict (the default). The choice is pure (``adapter_fabric.store.eviction``);
 here is what holds an adapter: an operator's keep (``fabric keep``), a slot
 it is resident in, and a Fetch serving it or a promote pulling or loading it
 (``InUse``), and being the last complete copy the known peers answer for
@@ -17,12 +17,12 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from fabric.errors import AdapterNotFound
-from fabric.observability import metrics
-from fabric.observability.logs import event
-from fabric.store import AdapterStore
-from fabric.store.eviction import IN_USE, KEPT, LAST_COPY, RESIDENT, Candidate, choose_victims
-from fabric.transport.pull import PeerPuller
+from adapter_fabric.errors import AdapterNotFound
+from adapter_fabric.observability import metrics
+from adapter_fabric.observability.logs import event
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.eviction import IN_USE, KEPT, LAST_COPY, RESIDENT, Candidate, choose_victims
+from adapter_fabric.transport.pull import PeerPuller
 
 log = logging.getLogger("fabric.node")
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Sequence
 
-from node.settings import fail, parse_settings
+from adapter_fabric.node.settings import fail, parse_settings
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
-    from fabric.observability.logs import setup_logging
+    from adapter_fabric.observability.logs import setup_logging
 
     setup_logging(settings.log_format, settings.log_level)
-    from fabric.errors import FabricError
-    from fabric.transport import wire
-    from node.server import serve  # after argument parsing: --help stays instant
+    from adapter_fabric.errors import FabricError
+    from adapter_fabric.transport import wire
+    from adapter_fabric.node.server import serve  # after argument parsing: --help stays instant
 
     wire.tune_malloc()  # process-wide; 30-45% faster streams (docs/BENCHMARKS.md)
     try:

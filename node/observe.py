@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Itera
 
 import grpc
 
-from fabric import errors
-from fabric.observability import metrics
-from fabric.observability.logs import event
-from fabric.rpc.bounds import shown
-from fabric.rpc.status import ERROR_DETAIL_KEY
-from fabric.store import AdapterStore
-from fabric.transport.pull import PeerPuller, PullStats
-from fabric.v1 import fabric_pb2
+from adapter_fabric import errors
+from adapter_fabric.observability import metrics
+from adapter_fabric.observability.logs import event
+from adapter_fabric.rpc.bounds import shown
+from adapter_fabric.rpc.status import ERROR_DETAIL_KEY
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.transport.pull import PeerPuller, PullStats
+from adapter_fabric.v1 import fabric_pb2
 
 if TYPE_CHECKING:  # the model module loads torch
-    from fabric.serving.multi_lora import MultiLoraModel
+    from adapter_fabric.serving.multi_lora import MultiLoraModel
 
 log = logging.getLogger("fabric.rpc")
 pull_log = logging.getLogger("fabric.pull")
@@ -35,7 +35,7 @@ FABRIC_PREFIX = "/fabric.v1.Fabric/"
 
 
 def outcome_of(exc: BaseException | None) -> str:
-    """``ok``, an error type of fabric.errors, or ``internal``: a bounded label."""
+    """``ok``, an error type of adapter_fabric.errors, or ``internal``: a bounded label."""
     if exc is None:
         return metrics.OK
     name = type(exc).__name__
@@ -43,7 +43,7 @@ def outcome_of(exc: BaseException | None) -> str:
 
 
 def _error_kind(context: grpc.aio.ServicerContext) -> str | None:
-    """The error type the servicer sent in its trailer (fabric.rpc.status), if any."""
+    """The error type the servicer sent in its trailer (adapter_fabric.rpc.status), if any."""
     try:
         trailing = context.trailing_metadata() or ()
     except Exception:  # noqa: BLE001 (older grpc: no getter)
@@ -210,7 +210,7 @@ class ObservedPuller(PeerPuller):
         metrics.PULLS.labels(metrics.OK).inc()
         metrics.PULL_SECONDS.labels("ok").observe(elapsed)
         known = set(self.known_peers()) | set(peers)
-        for peer, moved in getattr(stats, "peer_bytes", {}).items():  # per-peer bytes (counted by fabric.transport.swarm_fetch)
+        for peer, moved in getattr(stats, "peer_bytes", {}).items():  # per-peer bytes (counted by adapter_fabric.transport.swarm_fetch)
             metrics.PULL_BYTES.labels(metrics.peer_label(peer, known)).inc(moved)
         if stats.resumed_from:
             metrics.PULL_RESUMES.inc()

@@ -17,16 +17,16 @@ from typing import IO, AsyncIterator, Callable, Sequence, Union
 import grpc
 from aiolimiter import AsyncLimiter
 
-from fabric.errors import AdapterNotFound, InvalidArgument, QuotaExceeded
-from fabric.observability.metrics import SERVED_BYTES
-from fabric.store.digests import check_scheme
-from fabric.store.ids import validate_adapter_id
-from fabric.store.manifest import Manifest
-from fabric.transport import fetch_metadata, swarm, wire
-from fabric.transport.pull import PeerPuller
-from fabric.v1 import fabric_pb2
-from node.context import NodeContext
-from node.signed import SignedAdapters
+from adapter_fabric.errors import AdapterNotFound, InvalidArgument, QuotaExceeded
+from adapter_fabric.observability.metrics import SERVED_BYTES
+from adapter_fabric.store.digests import check_scheme
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.transport import fetch_metadata, swarm, wire
+from adapter_fabric.transport.pull import PeerPuller
+from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.signed import SignedAdapters
 
 #: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
 SENT_COUNTS_KEPT = 16
@@ -232,7 +232,7 @@ class PeerReads:
         return sent
 
     def _pick(self, digest: str, chunk_count: int, requested: Sequence[int], accept_bitmap: bytes, holds: Callable[[int], bool]) -> list[int]:
-        """Super-seeding (fabric.transport.swarm.pick_chunks): the chunks this node has handed out least, among those the caller takes."""
+        """Super-seeding (adapter_fabric.transport.swarm.pick_chunks): the chunks this node has handed out least, among those the caller takes."""
         sent = self._sent_counts(digest, chunk_count)
         return swarm.pick_chunks(requested, swarm.bitmap_to_chunks(accept_bitmap, chunk_count), holds, sent, self._rng)
 
@@ -266,7 +266,7 @@ class PeerReads:
                 raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
             SERVED_BYTES.inc(len(data))
             yield BytesPiece(index * weights.chunk_size, data)
-        # What it holds by now, so a swarm puller need not poll Availability (fabric.transport.swarm_pull).
+        # What it holds by now, so a swarm puller need not poll Availability (adapter_fabric.transport.swarm_pull).
         yield Holds(complete=True) if partial.committed else Holds(complete=False, bitmap=partial.verified_bitmap)
 
     def availability(self, request: fabric_pb2.AvailabilityRequest) -> fabric_pb2.AvailabilityResponse:

@@ -3,7 +3,7 @@
 The order is docs/ARCHITECTURE.md's ("Promote from a peer"): the peer's
 manifest is checked against the caller's PEFT fields, this model and pool,
 and the trusted signers before a byte moves; the slot row is staged while the
-verified chunks land (``fabric.serving.row_sink``); the commit at the
+verified chunks land (``adapter_fabric.serving.row_sink``); the commit at the
 quiescent point is a memory copy.
 """
 
@@ -13,14 +13,14 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from fabric.errors import IntegrityError, InvalidArgument
-from fabric.format.peft_fields import check_agrees
-from fabric.store.ids import validate_adapter_id, validate_name
-from fabric.store.manifest import Manifest
-from fabric.transport.pull import PullStats, SinkFor
-from fabric.v1 import fabric_pb2
-from node.context import NodeContext
-from node.signed import SignedAdapters
+from adapter_fabric.errors import IntegrityError, InvalidArgument
+from adapter_fabric.format.peft_fields import check_agrees
+from adapter_fabric.store.ids import validate_adapter_id, validate_name
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.transport.pull import PullStats, SinkFor
+from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 
@@ -68,7 +68,7 @@ class Promotes:
         sinks: list = []
 
         def sink_for(manifest: Manifest):
-            # The slot row is staged as the pull's verified chunks land (fabric.serving.row_sink).
+            # The slot row is staged as the pull's verified chunks land (adapter_fabric.serving.row_sink).
             sink = model.row_sink(manifest)
             sinks.extend([sink] if sink is not None else [])
             return sink
@@ -113,7 +113,7 @@ class Promotes:
         ``sink_for``: as ``PeerPuller.pull``'s, for a pull (a slot row staged while receiving).
 
         Bytes that fail (or a damaged manifest) are quarantined by the store and pulled again from the
-        named peer or the known ones, when there are any (fabric.store.integrity).
+        named peer or the known ones, when there are any (adapter_fabric.store.integrity).
         """
         stats = PullStats()
         try:

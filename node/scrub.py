@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from fabric.errors import FabricError, IntegrityError
-from fabric.store import AdapterStore
-from fabric.transport.discovery import PeerSource
-from node.signed import SignedAdapters
+from adapter_fabric.errors import FabricError, IntegrityError
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.transport.discovery import PeerSource
+from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 

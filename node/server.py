@@ -1,6 +1,6 @@
 """The node process: a grpc.aio server for fabric.v1 plus health checking and reflection.
 
-Start-up order (each step's failure is one line, status 1; ``node.startup``):
+Start-up order (each step's failure is one line, status 1; ``adapter_fabric.node.startup``):
 the probe endpoint first (``/healthz`` live, ``/readyz`` not yet), then
 security files, the store (crash recovery, expiry of abandoned entries), the
 model, and the gRPC port (port reuse off: a second node on a busy port fails
@@ -23,40 +23,40 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from fabric import __version__
-from fabric.errors import FabricError
-from fabric.observability import metrics
-from fabric.observability.endpoint import ProbeEndpoint
-from fabric.observability.logs import event
-from fabric.rpc.limits import PeerStreamLimit
-from fabric.rpc.security import BearerAuth
-from fabric.store import AdapterStore
-from fabric.store.hygiene import expire_abandoned
-from fabric.transport import wire
-from fabric.transport.discovery import PeerSource
-from fabric.transport.channels import PeerChannels
-from fabric.transport.data_channel import DataChannels
-from fabric.transport.fetch_metadata import announce_data_port
-from fabric.transport.pull import PeerPuller
-from fabric.trust.signing import TrustedSigners
-from fabric.v1 import fabric_pb2
-from node.context import NodeContext
-from node.data_server import DataServer
-from node.eviction import CopiesElsewhere, EvictWhenFull
-from node.observe import ObservedPuller, RpcObserver, refresh_gauges
-from node.peer_reads import PeerReads
-from node.promotes import Promotes
-from node.scrub import Scrubber
-from node.servicer import FabricServicer
-from node.settings import NodeSettings, fail
-from node.signed import SignedAdapters
-from node.slots import Slots
-from node.staging import Staging
-from node.startup import bind, check_bindable, load_security, open_store
-from node.store_status import StoreReport
+from adapter_fabric import __version__
+from adapter_fabric.errors import FabricError
+from adapter_fabric.observability import metrics
+from adapter_fabric.observability.endpoint import ProbeEndpoint
+from adapter_fabric.observability.logs import event
+from adapter_fabric.rpc.limits import PeerStreamLimit
+from adapter_fabric.rpc.security import BearerAuth
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.hygiene import expire_abandoned
+from adapter_fabric.transport import wire
+from adapter_fabric.transport.discovery import PeerSource
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.data_channel import DataChannels
+from adapter_fabric.transport.fetch_metadata import announce_data_port
+from adapter_fabric.transport.pull import PeerPuller
+from adapter_fabric.trust.signing import TrustedSigners
+from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.data_server import DataServer
+from adapter_fabric.node.eviction import CopiesElsewhere, EvictWhenFull
+from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
+from adapter_fabric.node.peer_reads import PeerReads
+from adapter_fabric.node.promotes import Promotes
+from adapter_fabric.node.scrub import Scrubber
+from adapter_fabric.node.servicer import FabricServicer
+from adapter_fabric.node.settings import NodeSettings, fail
+from adapter_fabric.node.signed import SignedAdapters
+from adapter_fabric.node.slots import Slots
+from adapter_fabric.node.staging import Staging
+from adapter_fabric.node.startup import bind, check_bindable, load_security, open_store
+from adapter_fabric.node.store_status import StoreReport
 
 if TYPE_CHECKING:  # loaded in build_model, when the node has a model
-    from fabric.serving.multi_lora import MultiLoraModel
+    from adapter_fabric.serving.multi_lora import MultiLoraModel
 
 __all__ = ["build_model", "load_security", "serve"]
 
@@ -74,8 +74,8 @@ def build_model(settings: NodeSettings) -> MultiLoraModel | None:
     """The multi-adapter model, or None for a store-only node."""
     if settings.store_only:
         return None
-    from fabric.serving.multi_lora import MultiLoraModel
-    from fabric.serving.tiny import load_base_model
+    from adapter_fabric.serving.multi_lora import MultiLoraModel
+    from adapter_fabric.serving.tiny import load_base_model
 
     try:
         base = load_base_model(settings.model)

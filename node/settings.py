@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from fabric.exit_codes import EXIT_USAGE
-from fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
-from fabric.serving.tiny import DEFAULT_TARGET_MODULES
-from fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
+from adapter_fabric.exit_codes import EXIT_USAGE
+from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
+from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES
+from adapter_fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
 
 STORE_ONLY = "none"
 PROG = "fabric-node"
@@ -61,7 +61,7 @@ class NodeSettings:
     max_new_tokens: int = 256  # tokens one Generate may ask for
     scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
     trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
-    export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (fabric.store.export)
+    export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (adapter_fabric.store.export)
     # operations
     metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
     log_format: str = "text"
@@ -91,7 +91,7 @@ def chunk_size(text: str) -> int:
 
 
 def duration(text: str) -> float:
-    """Seconds (fabric.units): ``90``, ``90s``, ``15m``, ``24h``, ``7d``; 0 turns the feature off."""
+    """Seconds (adapter_fabric.units): ``90``, ``90s``, ``15m``, ``24h``, ``7d``; 0 turns the feature off."""
     return parse_duration(text)
 
 
@@ -100,7 +100,7 @@ def positive_duration(text: str) -> float:
 
 
 def size(text: str) -> int:
-    """Bytes (fabric.units): ``4096``, ``64MiB``, ``18GiB``; 0 where the flag says so."""
+    """Bytes (adapter_fabric.units): ``4096``, ``64MiB``, ``18GiB``; 0 where the flag says so."""
     return parse_size(text)
 
 
@@ -244,7 +244,7 @@ def _shown(default: Any, parse: Callable[[str], Any]) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors and exit status 2, as ``fabric``'s usage errors (fabric.cli.output)."""
+    """argparse with one-line errors and exit status 2, as ``fabric``'s usage errors (adapter_fabric.cli.output)."""
 
     def error(self, message: str) -> NoReturn:
         usage_error(f"{message} (see {PROG} --help)")
@@ -273,7 +273,7 @@ def _argparse_type(flag: str, parse: Callable[[str], Any]) -> Callable[[str], An
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fabric import __version__
+    from adapter_fabric import __version__
 
     parser = _Parser(
         prog=PROG,

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from fabric.store import AdapterStore
-from fabric.store.digests import CONFIG_FILE, adapter_digest, check_scheme, hash_bytes
-from fabric.store.ids import validate_digest
-from fabric.store.manifest import Manifest
-from fabric.transport.pull import ManifestCheck, PeerPuller, PullStats, SinkFor
-from fabric.trust.signing import TrustedSigners
-from fabric.v1 import fabric_pb2
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.digests import CONFIG_FILE, adapter_digest, check_scheme, hash_bytes
+from adapter_fabric.store.ids import validate_digest
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.transport.pull import ManifestCheck, PeerPuller, PullStats, SinkFor
+from adapter_fabric.trust.signing import TrustedSigners
+from adapter_fabric.v1 import fabric_pb2
 
 
 class SignedAdapters:
@@ -68,7 +68,7 @@ class SignedAdapters:
                 self._keep_pulled_signature(seen[0], committed)
 
     def _signed_pull_check(self, adapter_id: str, check: Callable[[Manifest], None] | None, seen: list[str]) -> ManifestCheck:
-        """A pull's manifest check (``fabric.transport.pull.ManifestCheck``), preceded by the trust check of its signature.
+        """A pull's manifest check (``adapter_fabric.transport.pull.ManifestCheck``), preceded by the trust check of its signature.
 
         The signature comes with the manifest the pull itself reads (one GetManifest). It is held in memory
         while the pull runs (its verified chunks are served on meanwhile) and kept in the store once the pull

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import grpc
 
-from fabric.errors import DeadlineExceeded, InvalidArgument
-from fabric.format.peft_fields import peft_fields_of
-from fabric.serving.generation import Generation
-from fabric.serving.pool import ACTIVE
-from fabric.store.catalog import Listed, is_digest
-from fabric.store.ids import validate_adapter_id
-from fabric.v1 import fabric_pb2
-from node.context import NodeContext
-from node.promotes import Promotes
+from adapter_fabric.errors import DeadlineExceeded, InvalidArgument
+from adapter_fabric.format.peft_fields import peft_fields_of
+from adapter_fabric.serving.generation import Generation
+from adapter_fabric.serving.pool import ACTIVE
+from adapter_fabric.store.catalog import Listed, is_digest
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.promotes import Promotes
 
 #: the name a GenerateRequest uses for the base model
 BASE_NAME = "base"
@@ -22,7 +22,7 @@ MAX_PAGE_SIZE = 5000
 
 
 def _staged(entry: Listed) -> fabric_pb2.StagedAdapter:
-    """A listed id on the wire; a damaged one carries its problem (fabric.store.integrity) instead of failing the list."""
+    """A listed id on the wire; a damaged one carries its problem (adapter_fabric.store.integrity) instead of failing the list."""
     m = entry.manifest
     if m is None:
         return fabric_pb2.StagedAdapter(adapter_id=entry.adapter_id, digest=entry.digest if is_digest(entry.digest) else "", damaged=entry.problem)
@@ -95,7 +95,7 @@ class Slots:
         target = None if request.use_base or request.adapter == BASE_NAME else (request.adapter or ACTIVE)
         run = Generation(model, request.input_ids, target, request.max_new_tokens, request.return_logits, self.max_new_tokens)
         try:
-            # One job per step (fabric.serving.generation): promotes land between steps, and a caller
+            # One job per step (adapter_fabric.serving.generation): promotes land between steps, and a caller
             # that cancels or passes its deadline (this coroutine is cancelled) stops the steps.
             await self.context.on_model(run.start)
             while not run.done:

@@ -7,13 +7,13 @@ import logging
 import time
 from typing import AsyncIterator
 
-from fabric.errors import Busy, InvalidArgument
-from fabric.store.digests import DIGEST_SCHEME, check_scheme
-from fabric.store.ids import validate_adapter_id
-from fabric.store.upload import Upload
-from fabric.v1 import fabric_pb2
-from node.context import NodeContext
-from node.signed import SignedAdapters
+from adapter_fabric.errors import Busy, InvalidArgument
+from adapter_fabric.store.digests import DIGEST_SCHEME, check_scheme
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.upload import Upload
+from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 

@@ -1,7 +1,7 @@
 """Start-up checks: each bad flag or file stops the node with one line naming it and what it needs.
 
 Everything here runs before the node says "listening"; a failure raises
-``SystemExit`` through ``node.settings.fail`` (one line on stderr, status 1),
+``SystemExit`` through ``adapter_fabric.node.settings.fail`` (one line on stderr, status 1),
 never a traceback, and leaves no state behind.
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import grpc
 
-from fabric.errors import FabricError
-from fabric.rpc.security import TlsFiles, read_token
-from fabric.store import AdapterStore
-from node.settings import NodeSettings, fail
+from adapter_fabric.errors import FabricError
+from adapter_fabric.rpc.security import TlsFiles, read_token
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.node.settings import NodeSettings, fail
 
 #: what each TLS flag's file must hold, and what it holds when the flags were swapped
 _PEM_KINDS = {"--tls-cert": (b"-----BEGIN CERTIFICATE-----", "certificate"), "--tls-key": (b"PRIVATE KEY-----", "private key")}
@@ -28,7 +28,7 @@ def _check_pem_kind(flag: str, path: Path | None) -> None:
     try:
         data = Path(path).read_bytes()
     except OSError:
-        return  # TlsFiles says it, naming the file (fabric.rpc.security)
+        return  # TlsFiles says it, naming the file (adapter_fabric.rpc.security)
     marker, what = _PEM_KINDS[flag]
     if marker not in data:
         other = "--tls-key" if flag == "--tls-cert" else "--tls-cert"

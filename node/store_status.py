@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fabric.store import AdapterStore
-from fabric.store.hygiene import UPLOAD, leftovers
-from fabric.v1 import fabric_pb2
-from node.context import NodeContext
-from node.eviction import EvictWhenFull
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.hygiene import UPLOAD, leftovers
+from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.eviction import EvictWhenFull
 
 
 class StoreReport:
@@ -34,7 +34,7 @@ class StoreReport:
             kept=self.store.kept.count(),
             evicts=self.evictor is not None,
         )
-        for damaged in self.store.damaged():  # ids listed apart from adapters: fabric.store.integrity
+        for damaged in self.store.damaged():  # ids listed apart from adapters: adapter_fabric.store.integrity
             reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))
         for item in leftovers(self.store):
             entry = fabric_pb2.StoreLeftover(

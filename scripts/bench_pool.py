@@ -28,11 +28,11 @@ from typing import Callable
 
 import torch
 
-from fabric.serving.device import resolve_device, synchronize
-from fabric.serving.multi_lora import MultiLoraModel
-from fabric.serving.pool import SlotPool
-from fabric.serving.shape_only import LLAMA3_8B, llama_module_shapes
-from fabric.serving.tiny import DEFAULT_TARGET_MODULES, build_tiny_model, make_peft_adapter
+from adapter_fabric.serving.device import resolve_device, synchronize
+from adapter_fabric.serving.multi_lora import MultiLoraModel
+from adapter_fabric.serving.pool import SlotPool
+from adapter_fabric.serving.shape_only import LLAMA3_8B, llama_module_shapes
+from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES, build_tiny_model, make_peft_adapter
 
 
 

@@ -7,7 +7,7 @@ intermediate 14336, k/v out 1024, bf16, PEFT tensor names, ~84 MB):
 
   raw socket     the weights file's bytes over one TCP connection on loopback
                  (sendall / recv_into a pre-touched buffer): the physical baseline
-  Fetch stream   the same bytes as one tuned gRPC Fetch stream (fabric.transport.wire), no
+  Fetch stream   the same bytes as one tuned gRPC Fetch stream (adapter_fabric.transport.wire), no
                  verification, no store: what bench_transfer.py calls "tuned"
   promote        what a node's Promote runs, for real: PeerPuller.pull from a
                  seeder node process (``--model none``) into a fresh AdapterStore
@@ -50,14 +50,14 @@ from pathlib import Path
 
 import torch
 
-from fabric.harness.bench import ServerProcess, TransferPath, run_client
-from fabric.transport import wire
-from fabric.harness.cluster import LocalNode
-from fabric.serving.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes
-from fabric.store import AdapterStore, PartialDownload
-from fabric.transport.channels import PeerChannels
-from fabric.transport.data_channel import DataChannels
-from fabric.transport.pull import PeerPuller
+from adapter_fabric.harness.bench import ServerProcess, TransferPath, run_client
+from adapter_fabric.transport import wire
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.serving.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes
+from adapter_fabric.store import AdapterStore, PartialDownload
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.data_channel import DataChannels
+from adapter_fabric.transport.pull import PeerPuller
 
 ADAPTER_ID = "bench/llama3-8b-r16"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -244,7 +244,7 @@ def main() -> None:
     wire.tune_malloc()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     t_start = time.perf_counter()
-    from fabric.client.node_client import NodeClient
+    from adapter_fabric.client.node_client import NodeClient
 
     with tempfile.TemporaryDirectory(prefix="bench_promote_") as tmp:
         tmp = Path(tmp)

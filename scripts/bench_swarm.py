@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from fabric.harness import netlab
-from fabric.harness.bench import make_adapter
+from adapter_fabric.harness import netlab
+from adapter_fabric.harness.bench import make_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,9 +44,9 @@ ADAPTER_ID = "bench/swarm"
 
 
 def inner(args: argparse.Namespace) -> dict:
-    from fabric.client.node_client import NodeClient
-    from fabric.harness.cluster import LocalNode
-    from fabric.client.rollout import rollout
+    from adapter_fabric.client.node_client import NodeClient
+    from adapter_fabric.harness.cluster import LocalNode
+    from adapter_fabric.client.rollout import rollout
 
     lab = netlab.NetLab(args.prefix, args.count, args.rate_mbit, subnet=args.subnet)
     addresses = [f"{lab.node_ip(i)}:{PORT}" for i in range(args.count)]

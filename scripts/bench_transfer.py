@@ -5,7 +5,7 @@ Side by side, for one payload of random bytes (default 256 MiB):
 
   raw socket       TCP sendall / recv_into a preallocated buffer: the physical baseline
   grpc default     generated stubs, fabric_pb2.Chunk messages, default gRPC options
-  tuned            fabric.transport.wire: hand-encoded chunks, raw-bytes handler and stub, tuned
+  tuned            adapter_fabric.transport.wire: hand-encoded chunks, raw-bytes handler and stub, tuned
                    options, wire.tune_malloc() in both processes
   tuned + BLAKE3   the same, hashing every chunk on the receiving side as a pulling node does
                    (digest scheme 2: the one verification pass)
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fabric.harness.bench import MIB, ServerProcess, TransferPath, run_client
+from adapter_fabric.harness.bench import MIB, ServerProcess, TransferPath, run_client
 
 
 # ------------------------------------------------------------------ driver
@@ -46,7 +46,7 @@ from fabric.harness.bench import MIB, ServerProcess, TransferPath, run_client
 
 def option_sweep() -> list[TransferPath]:
     """--sweep-options: gRPC options that were candidates for wire.CHANNEL_OPTIONS."""
-    from fabric.transport import wire
+    from adapter_fabric.transport import wire
 
     cs = wire.FETCH_CHUNK_SIZE
     msg = [["grpc.max_send_message_length", 64 * MIB], ["grpc.max_receive_message_length", 64 * MIB]]
@@ -67,14 +67,14 @@ def option_sweep() -> list[TransferPath]:
 
 
 def paths(quick: bool) -> list[TransferPath]:
-    from fabric.transport import wire
+    from adapter_fabric.transport import wire
 
     cs = wire.FETCH_CHUNK_SIZE
     k = f"{cs // 1024}K"
     rows = [
         TransferPath("raw socket (sendall / recv_into)", "raw-socket", "raw-socket"),
         TransferPath(f"grpc default (pb2.Chunk, default opts) {k}", "grpc-default", "generated", cs, options=[], malloc=False),
-        TransferPath(f"tuned (fabric.transport.wire, aio client) {k}", "wire", "wire", cs),
+        TransferPath(f"tuned (adapter_fabric.transport.wire, aio client) {k}", "wire", "wire", cs),
         TransferPath(f"tuned + BLAKE3 per chunk {k}", "wire", "wire-blake3", cs),
         TransferPath(f"data channel (sendfile / recv_into) {k}", "data-channel", "data-channel", cs),
         TransferPath(f"data channel + BLAKE3 per chunk {k}", "data-channel", "data-channel-blake3", cs),

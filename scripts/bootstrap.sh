@@ -118,7 +118,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 
 stamp="$venv/.fabric-installed"
-want="$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$root/pyproject.toml" "$root/setup.py" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
     if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import grpc
 
-from fabric.errors import FabricError
-from fabric.harness.cluster import LocalCluster
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.errors import FabricError
+from adapter_fabric.harness.cluster import LocalCluster
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 PROMPT = [3, 14, 15, 92, 65, 35]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from fabric.cli.main import main
+from adapter_fabric.cli.main import main
 
 if __name__ == "__main__":
     main(["stage", *sys.argv[1:]])

@@ -28,8 +28,8 @@ import re
 import tomllib
 from dataclasses import dataclass
 
-from fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
-from fabric.store.ids import validate_adapter_id
+from adapter_fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
+from adapter_fabric.store.ids import validate_adapter_id
 
 #: verbs, each on an id prefix: read (describe, list, locate), pull (an adapter's bytes), publish (stage,
 #: promote, overwrite), unstage, operate (pin, load into slots, evict), admin (every verb)

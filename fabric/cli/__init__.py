@@ -1,5 +1,5 @@
-"""The ``fabric`` command line (``python -m fabric.cli`` runs it too)."""
+"""The ``fabric`` command line (``python -m adapter_fabric.cli`` runs it too)."""
 
-from fabric.cli.main import main
+from adapter_fabric.cli.main import main
 
 __all__ = ["main"]

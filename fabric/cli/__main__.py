@@ -1,3 +1,3 @@
-from fabric.cli.main import main
+from adapter_fabric.cli.main import main
 
 raise SystemExit(main())

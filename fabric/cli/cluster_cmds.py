@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from fabric.cli.connect import client_for, duration_arg, node_address
-from fabric.cli.output import emit
-from fabric.exit_codes import EXIT_RETRYABLE
-from fabric.cli.progress import PullWatcher, on_terminal, run_polled
-from fabric.client.rollout import NodeRollout
+from adapter_fabric.cli.connect import client_for, duration_arg, node_address
+from adapter_fabric.cli.output import emit
+from adapter_fabric.exit_codes import EXIT_RETRYABLE
+from adapter_fabric.cli.progress import PullWatcher, on_terminal, run_polled
+from adapter_fabric.client.rollout import NodeRollout
 
 
 
@@ -35,7 +35,7 @@ def cmd_wait(args: argparse.Namespace) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> None:
-    from fabric.client.rollout import rollout
+    from adapter_fabric.client.rollout import rollout
 
     nodes = [args.node, *args.nodes]
     show = on_terminal(args.json)
@@ -86,7 +86,7 @@ def cmd_rollout(args: argparse.Namespace) -> None:
 
 
 def register(command) -> None:
-    """Add this module's subcommands through ``command(name, handler, help)`` (see ``fabric.cli.main``)."""
+    """Add this module's subcommands through ``command(name, handler, help)`` (see ``adapter_fabric.cli.main``)."""
     command("health", cmd_health, "a node's gRPC health: SERVING (exit 0) or not (exit 3)")
 
     p = command("wait", cmd_wait, "wait until every listed node answers health SERVING (scripts run this before their first call)")

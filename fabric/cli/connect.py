@@ -6,10 +6,10 @@ import argparse
 import os
 from pathlib import Path
 
-from fabric.client.addresses import check_address
-from fabric.client.node_client import NodeClient
-from fabric.errors import InvalidArgument
-from fabric.units import parse_duration
+from adapter_fabric.client.addresses import check_address
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.units import parse_duration
 
 
 def add_security_flags(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def client_for(args: argparse.Namespace, address: str | None = None, *, timeout:
 
     ``timeout``: the deadline of the calls that move adapters (--timeout; 0 or None = no deadline).
     """
-    from fabric.rpc.security import TlsFiles, check_token, read_token
+    from adapter_fabric.rpc.security import TlsFiles, check_token, read_token
 
     tls = TlsFiles(_path(args.tls_cert), _path(args.tls_key), _path(args.tls_ca))
     if args.auth_token_file:
@@ -55,7 +55,7 @@ def node_address(text: str) -> str:
 
 
 def duration_arg(text: str) -> float:
-    """An argparse type: seconds as ``30``, ``30s``, ``15m``, ``1h`` (fabric.units); negative, nan, inf or past a year is a usage error."""
+    """An argparse type: seconds as ``30``, ``30s``, ``15m``, ``1h`` (adapter_fabric.units); negative, nan, inf or past a year is a usage error."""
     try:
         return parse_duration(text)
     except ValueError as exc:

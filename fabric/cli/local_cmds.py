@@ -6,11 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from fabric.cli.output import emit
+from adapter_fabric.cli.output import emit
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from fabric.harness.demo import run_demo
+    from adapter_fabric.harness.demo import run_demo
 
     if args.json:  # the demo narrates as it goes; JSON gets the outcome alone
         import contextlib
@@ -34,8 +34,8 @@ def lora_rank(text: str) -> int:
 def cmd_make_adapter(args: argparse.Namespace) -> None:
     import warnings
 
-    from fabric.errors import InvalidArgument
-    from fabric.serving.tiny import TINY_PRESETS, load_base_model, make_peft_adapter
+    from adapter_fabric.errors import InvalidArgument
+    from adapter_fabric.serving.tiny import TINY_PRESETS, load_base_model, make_peft_adapter
 
     out = Path(args.dir)
     if out.exists() and any(out.iterdir()):
@@ -57,7 +57,7 @@ def cmd_make_adapter(args: argparse.Namespace) -> None:
 
 
 def register(command) -> None:
-    """Add this module's subcommands through ``command(name, handler, help, node=False)`` (see ``fabric.cli.main``)."""
+    """Add this module's subcommands through ``command(name, handler, help, node=False)`` (see ``adapter_fabric.cli.main``)."""
     p = command("demo", cmd_demo, "start a local 3-node cluster on the tiny model and move adapters across it", node=False)
     p.add_argument("--workdir", help="where node stores and logs go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the work directory afterwards")

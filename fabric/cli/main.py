@@ -4,7 +4,7 @@ Every command takes ``--json`` (errors included: an object with the error's
 type, message and whether it is retryable; 64-bit ids as strings). Node
 commands take ``--tls-ca/--tls-cert/--tls-key/--auth-token-file`` (or
 ``FABRIC_TLS_CA``, ... ``FABRIC_AUTH_TOKEN_FILE``); the ones that move
-adapters take ``--timeout``. Exit codes are in ``fabric.cli.output``.
+adapters take ``--timeout``. Exit codes are in ``adapter_fabric.cli.output``.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import argparse
 import sys
 from typing import Callable, NoReturn, Sequence
 
-import fabric
-from fabric.cli import cluster_cmds, local_cmds, sign, slot_cmds, store_cmds, store_status
-from fabric.cli.connect import add_security_flags, duration_arg, node_address
-from fabric.cli.output import report_error
-from fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for
-from fabric.errors import FabricError
+import adapter_fabric as fabric
+from adapter_fabric.cli import cluster_cmds, local_cmds, sign, slot_cmds, store_cmds, store_status
+from adapter_fabric.cli.connect import add_security_flags, duration_arg, node_address
+from adapter_fabric.cli.output import report_error
+from adapter_fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for
+from adapter_fabric.errors import FabricError
 
 #: commands whose work survives an interruption (the node keeps what it verified): run them again to resume
 RESUMABLE = frozenset({"stage", "promote", "pull", "rollout"})

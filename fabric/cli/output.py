@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from fabric.client.results import json_ready
+from adapter_fabric.client.results import json_ready
 
 def emit(as_json: bool, payload: Any, human: str) -> None:
     """Print a result: ``payload`` as JSON (u64 ids as strings) or the human text."""

@@ -14,8 +14,8 @@ from typing import Callable, TypeVar
 
 from tqdm import tqdm
 
-from fabric.client.node_client import NodeClient
-from fabric.errors import FabricError
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.errors import FabricError
 
 T = TypeVar("T")
 POLL_S = 0.25

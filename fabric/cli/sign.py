@@ -1,6 +1,6 @@
 """``fabric keygen`` and ``fabric sign``: an author's key pair and the signature of an adapter's manifest digest.
 
-What is signed is documented in ``fabric.trust.signing``. ``fabric stage
+What is signed is documented in ``adapter_fabric.trust.signing``. ``fabric stage
 --sign-key KEY`` signs while staging.
 """
 
@@ -10,15 +10,15 @@ import argparse
 import os
 from pathlib import Path
 
-from fabric.cli.output import emit
-from fabric.units import parse_chunk_size
+from adapter_fabric.cli.output import emit
+from adapter_fabric.units import parse_chunk_size
 
 
-DEFAULT_CHUNK_SIZE = 1 << 20  # fabric.store.digests.DEFAULT_CHUNK_SIZE (not imported: the CLI starts without the store)
+DEFAULT_CHUNK_SIZE = 1 << 20  # adapter_fabric.store.digests.DEFAULT_CHUNK_SIZE (not imported: the CLI starts without the store)
 
 
 def chunk_size(text: str) -> int:
-    """``--chunk-size``: the node flag's units and bounds (4KiB to 4MiB, fabric.units)."""
+    """``--chunk-size``: the node flag's units and bounds (4KiB to 4MiB, adapter_fabric.units)."""
     try:
         return parse_chunk_size(text)
     except ValueError as exc:
@@ -27,8 +27,8 @@ def chunk_size(text: str) -> int:
 
 def cmd_keygen(args: argparse.Namespace) -> None:
     """Write ``OUT.key`` (private, PEM, mode 0600) and ``OUT.pub`` (public, PEM: give it to nodes' --trusted-signers)."""
-    from fabric.errors import InvalidArgument
-    from fabric.trust.signing import keygen
+    from adapter_fabric.errors import InvalidArgument
+    from adapter_fabric.trust.signing import keygen
 
     key_path, pub_path = Path(f"{args.out}.key"), Path(f"{args.out}.pub")
     for path in (key_path, pub_path):
@@ -44,8 +44,8 @@ def cmd_keygen(args: argparse.Namespace) -> None:
 
 def cmd_sign(args: argparse.Namespace) -> None:
     """Print the digest of a PEFT directory and its signature (hex) by ``--key``."""
-    from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, build_manifest
-    from fabric.trust.signing import sign_digest
+    from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, build_manifest
+    from adapter_fabric.trust.signing import sign_digest
 
     directory = Path(args.dir)
     manifest = build_manifest("signing", (directory / CONFIG_FILE).read_bytes(), directory / WEIGHTS_FILE, args.chunk_size)
@@ -54,7 +54,7 @@ def cmd_sign(args: argparse.Namespace) -> None:
 
 
 def register(command) -> None:
-    """Add ``keygen`` and ``sign`` through ``command(name, handler, help, node=False)`` (see ``fabric.cli.main``)."""
+    """Add ``keygen`` and ``sign`` through ``command(name, handler, help, node=False)`` (see ``adapter_fabric.cli.main``)."""
     p = command("keygen", cmd_keygen, "make an Ed25519 key pair for signing adapters (OUT.key, OUT.pub)", node=False)
     p.add_argument("out", help="path prefix: writes OUT.key and OUT.pub")
     p = command("sign", cmd_sign, "print an adapter directory's digest and its signature by --key", node=False)

@@ -6,9 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from fabric.cli.connect import client_for, node_address
-from fabric.cli.output import emit
-from fabric.cli.progress import PullWatcher, byte_bar, on_terminal, run_polled
+from adapter_fabric.cli.connect import client_for, node_address
+from adapter_fabric.cli.output import emit
+from adapter_fabric.cli.progress import PullWatcher, byte_bar, on_terminal, run_polled
 
 
 def cmd_stage(args: argparse.Namespace) -> None:
@@ -71,7 +71,7 @@ def cmd_ls(args: argparse.Namespace) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
-    from fabric.store.manifest import Manifest
+    from adapter_fabric.store.manifest import Manifest
 
     with client_for(args) as client:
         reply = client.manifest_proto(args.id, with_sha256=args.sha256)
@@ -107,7 +107,7 @@ def cmd_locate(args: argparse.Namespace) -> None:
 
 
 def register(command) -> None:
-    """Add this module's subcommands through ``command(name, handler, help)`` (see ``fabric.cli.main``)."""
+    """Add this module's subcommands through ``command(name, handler, help)`` (see ``adapter_fabric.cli.main``)."""
     p = command("stage", cmd_stage, "upload a PEFT adapter directory to a node (resumes an interrupted upload)", long=True)
     p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
     p.add_argument("--id", required=True, help="adapter id, e.g. team-a/support-v3")

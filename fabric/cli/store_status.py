@@ -14,8 +14,8 @@ def _size(n: int) -> str:
 
 
 def cmd_store_status(args: argparse.Namespace) -> None:
-    from fabric.cli.connect import client_for
-    from fabric.cli.output import emit
+    from adapter_fabric.cli.connect import client_for
+    from adapter_fabric.cli.output import emit
 
     with client_for(args) as client:
         reply = client.store_status()
@@ -34,5 +34,5 @@ def cmd_store_status(args: argparse.Namespace) -> None:
 
 
 def register(command) -> None:
-    """Add ``store-status`` through ``command(name, handler, help)`` (see ``fabric.cli.main``)."""
+    """Add ``store-status`` through ``command(name, handler, help)`` (see ``adapter_fabric.cli.main``)."""
     command("store-status", cmd_store_status, "a node's store: usage, quota, kept uploads and partial downloads (age, bytes), damaged entries")

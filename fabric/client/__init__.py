@@ -1,7 +1,7 @@
 """Talking to nodes: the blocking ``NodeClient``, its result types, and multi-node ``rollout``."""
 
-from fabric.client.node_client import NodeClient
-from fabric.client.results import (
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.client.results import (
     ActiveSlot,
     Availability,
     GenerateResult,
@@ -14,7 +14,7 @@ from fabric.client.results import (
     StagedAdapter,
     StageResult,
 )
-from fabric.client.rollout import NodeRollout, rollout
+from adapter_fabric.client.rollout import NodeRollout, rollout
 
 __all__ = [
     "ActiveSlot",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from fabric.errors import InvalidArgument
+from adapter_fabric.errors import InvalidArgument
 
 # host:port, [v6]:port, or a unix socket; gRPC would dial port 443 for a bare host, silently.
 _HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})")

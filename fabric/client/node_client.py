@@ -1,8 +1,8 @@
 """A blocking client of one node, for the CLI, the demo, scripts, notebooks and services.
 
-Every method returns a documented dataclass (``fabric.client.results``) and
+Every method returns a documented dataclass (``adapter_fabric.client.results``) and
 raises the library's error types (``PoolFull``, ``AdapterNotFound``, ...,
-mapped from the gRPC status once, in ``fabric.rpc.status``), so callers handle
+mapped from the gRPC status once, in ``adapter_fabric.rpc.status``), so callers handle
 errors the same way in-process or remote.
 """
 
@@ -17,17 +17,17 @@ from typing import Callable, Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fabric.client.addresses import WAIT_HINT, check_address, unreachable_hint
-from fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult, StoreStatus
-from fabric.errors import InvalidAdapter, InvalidArgument, PeerUnavailable
-from fabric.format.config import CONFIG_FILE
-from fabric.rpc import security
-from fabric.rpc.security import TlsFiles
-from fabric.rpc.status import ERROR_DETAIL_KEY, error_from_rpc
-from fabric.store.digests import DIGEST_SCHEME, WEIGHTS_FILE, adapter_digest, check_scheme, hash_bytes, hash_file, whole_file_blake3
-from fabric.store.manifest import Manifest, manifest_request
-from fabric.transport import wire
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.client.addresses import WAIT_HINT, check_address, unreachable_hint
+from adapter_fabric.client.results import ActiveSlot, Availability, GenerateResult, Listing, Location, PeerHolding, PromoteResult, StageResult, StoreStatus
+from adapter_fabric.errors import InvalidAdapter, InvalidArgument, PeerUnavailable
+from adapter_fabric.format.config import CONFIG_FILE
+from adapter_fabric.rpc import security
+from adapter_fabric.rpc.security import TlsFiles
+from adapter_fabric.rpc.status import ERROR_DETAIL_KEY, error_from_rpc
+from adapter_fabric.store.digests import DIGEST_SCHEME, WEIGHTS_FILE, adapter_digest, check_scheme, hash_bytes, hash_file, whole_file_blake3
+from adapter_fabric.store.manifest import Manifest, manifest_request
+from adapter_fabric.transport import wire
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 UPLOAD_PIECE = 1 << 20
 #: default deadline of calls that move an adapter (stage, promote, pull): generous, pulls of GBs take minutes
@@ -174,7 +174,7 @@ class NodeClient:
         once, before any byte, when the node already held ``offset`` bytes.
         ``timeout``: seconds for the whole upload (default ``long_timeout``; None: no deadline).
         ``sign_key``: an Ed25519 private key (PEM or 32 raw bytes); the adapter's digest is signed with it
-        and the signature travels with its manifest (``fabric.trust.signing``).
+        and the signature travels with its manifest (``adapter_fabric.trust.signing``).
         """
         adapter_dir = Path(adapter_dir)
         config_path, weights_path = adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
@@ -195,7 +195,7 @@ class NodeClient:
             offset=offset, digest_scheme=DIGEST_SCHEME,
         )
         if sign_key is not None:
-            from fabric.trust.signing import sign_digest
+            from adapter_fabric.trust.signing import sign_digest
 
             begin.signature = sign_digest(sign_key, adapter_digest(hash_bytes(CONFIG_FILE, config, target.chunk_size).root, weights_root))
 

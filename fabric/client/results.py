@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fabric.v1 import fabric_pb2
+from adapter_fabric.v1 import fabric_pb2
 
 #: fields holding u64 values that JSON numbers cannot carry exactly
 _U64_FIELDS = frozenset({"content_id"})
@@ -108,7 +108,7 @@ class StagedAdapter(_Result):
     content_id: int
     size: int
     peft: PeftSummary
-    #: non-empty when the node cannot load or serve it as it is: why (fabric.store.integrity)
+    #: non-empty when the node cannot load or serve it as it is: why (adapter_fabric.store.integrity)
     damaged: str = ""
 
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from fabric.errors import FabricError
+from adapter_fabric.errors import FabricError
 
 
 @dataclass
@@ -58,7 +58,7 @@ def rollout(
     as each node finishes (from that node's thread), for progress lines.
     """
     if client_for is None:
-        from fabric.client.node_client import NodeClient
+        from adapter_fabric.client.node_client import NodeClient
 
         client_for = NodeClient
     clients = [client_for(node) for node in nodes]

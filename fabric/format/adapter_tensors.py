@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fabric.format.config import PeftAdapterConfig
-from fabric.errors import InvalidTensors
-from fabric.format.safetensors_index import SafetensorsIndex, TensorInfo
+from adapter_fabric.format.config import PeftAdapterConfig
+from adapter_fabric.errors import InvalidTensors
+from adapter_fabric.format.safetensors_index import SafetensorsIndex, TensorInfo
 
 PREFIX = "base_model.model."
 SUFFIX_A = ".lora_A.weight"

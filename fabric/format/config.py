@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from fabric.errors import InvalidConfig
+from adapter_fabric.errors import InvalidConfig
 
 CONFIG_FILE = "adapter_config.json"
 ALL_LINEAR = "all-linear"

@@ -12,11 +12,11 @@ import hashlib
 import json
 from typing import Iterable
 
-from fabric.format.config import PeftAdapterConfig
+from adapter_fabric.format.config import PeftAdapterConfig
 
 
 def content_id(weights_root: str, config: PeftAdapterConfig, modules: Iterable[str]) -> int:
-    """A non-zero u64 from the safetensors file's root (``fabric.store.digests``) and the scaling of every adapted module."""
+    """A non-zero u64 from the safetensors file's root (``adapter_fabric.store.digests``) and the scaling of every adapted module."""
     scaling = {module: repr(float(config.scaling_for(module))) for module in sorted(set(modules))}
     material = json.dumps({"weights_root": weights_root, "scaling": scaling}, sort_keys=True)
     value = int.from_bytes(hashlib.sha256(b"adapter-fabric content id v2\0" + material.encode()).digest()[:8], "big")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from fabric.format.config import PeftAdapterConfig
-from fabric.errors import ConfigMismatch
-from fabric.v1 import fabric_pb2
+from adapter_fabric.format.config import PeftAdapterConfig
+from adapter_fabric.errors import ConfigMismatch
+from adapter_fabric.v1 import fabric_pb2
 
 
 def peft_fields_of(config: PeftAdapterConfig) -> fabric_pb2.PeftFields:

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabric.errors import InvalidHeader
+from adapter_fabric.errors import InvalidHeader
 
 MAX_HEADER_BYTES = 100_000_000
 METADATA_KEY = "__metadata__"

@@ -3,7 +3,7 @@
 ``safetensors.torch.load`` copies every tensor out of the file's bytes; staging
 then copies them again into a slot row. Here the bytes stay in one buffer (a
 private read of an untrusted file, or a memory map of an immutable store
-blob) and staging (``fabric.serving.row_sink``) copies each tensor straight
+blob) and staging (``adapter_fabric.serving.row_sink``) copies each tensor straight
 from it into the row, so staging is the only copy.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from fabric.errors import IntegrityError
+from adapter_fabric.errors import IntegrityError
 
 #: safetensors dtype names of the float types a LoRA adapter may hold (see adapter_tensors.FLOAT_DTYPES)
 TORCH_DTYPES: dict[str, torch.dtype] = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}

@@ -6,7 +6,7 @@
   a ``TransferPath`` is one row of a table, a server process (``ServerProcess``,
   serving a payload file from an mmap) and a timed client process per transfer
   (``run_client``, a fresh connection each time). Both processes are this
-  module run as ``python -m fabric.harness.bench --serve ... | --client ...``.
+  module run as ``python -m adapter_fabric.harness.bench --serve ... | --client ...``.
 """
 
 from __future__ import annotations
@@ -66,13 +66,13 @@ class TransferPath:
     # "raw-socket" | "generated" | "wire" | "wire-blake3" | "wire-sha256" | "wire-sha256-thread" | "wire-sync" | "data-channel" | "data-channel-blake3"
     client: str
     chunk: int = MIB
-    options: Optional[list] = None  # both sides; None = fabric.transport.wire's tuned options
+    options: Optional[list] = None  # both sides; None = adapter_fabric.transport.wire's tuned options
     malloc: bool = True  # wire.tune_malloc() in server and client
 
     def resolved_options(self) -> list:
         if self.options is not None:
             return self.options
-        from fabric.transport import wire
+        from adapter_fabric.transport import wire
 
         return [list(o) for o in wire.CHANNEL_OPTIONS]
 
@@ -83,7 +83,7 @@ class TransferPath:
 def serve(path: TransferPath, payload_path: str) -> None:
     """Server process: print the port, serve until stdin closes."""
     if path.malloc and path.server != "raw-socket":
-        from fabric.transport import wire
+        from adapter_fabric.transport import wire
 
         wire.tune_malloc()
     with open(payload_path, "rb") as f:
@@ -111,8 +111,8 @@ def _serve_raw_socket(listener: socket.socket, payload: mmap.mmap) -> None:
 async def _serve_grpc(path: TransferPath, payload: mmap.mmap) -> None:
     import grpc
 
-    from fabric.transport import wire
-    from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+    from adapter_fabric.transport import wire
+    from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
     view = memoryview(payload)
     chunk = path.chunk
@@ -144,8 +144,8 @@ async def _serve_grpc(path: TransferPath, payload: mmap.mmap) -> None:
 
 
 async def _serve_data_channel(path: TransferPath, payload_path: str) -> None:
-    """The node's data channel framing (fabric.transport.data_frames), chunks written with loop.sendfile as node.data_server does."""
-    from fabric.transport import data_frames
+    """The node's data channel framing (adapter_fabric.transport.data_frames), chunks written with loop.sendfile as node.data_server does."""
+    from adapter_fabric.transport import data_frames
 
     size = os.path.getsize(payload_path)
 
@@ -193,7 +193,7 @@ class ServerProcess:
 def client(path: TransferPath, port: int, size: int, digest: str) -> None:
     """Client process: one timed transfer on a fresh connection; print seconds."""
     if path.malloc and path.client != "raw-socket":
-        from fabric.transport import wire
+        from adapter_fabric.transport import wire
 
         wire.tune_malloc()
     out = bytearray(b"\x01") * size  # pre-touched: page faults on the target are not what we measure
@@ -227,8 +227,8 @@ def _client_raw_socket(port: int, size: int, out: bytearray) -> float:
 async def _client_aio(path: TransferPath, port: int, size: int, out: bytearray) -> float:
     import grpc
 
-    from fabric.transport import wire
-    from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+    from adapter_fabric.transport import wire
+    from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
     view = memoryview(out)
     request = fabric_pb2.FetchRequest(digest="bench")
@@ -276,8 +276,8 @@ def _sha256(data: memoryview) -> bytes:
 def _client_sync(path: TransferPath, port: int, size: int, out: bytearray) -> float:
     import grpc
 
-    from fabric.transport import wire
-    from fabric.v1 import fabric_pb2
+    from adapter_fabric.transport import wire
+    from adapter_fabric.v1 import fabric_pb2
 
     view = memoryview(out)
     options = [tuple(o) for o in path.resolved_options()]
@@ -307,10 +307,10 @@ def _check_size(path: TransferPath, got: int, size: int) -> None:
 
 
 def _client_data_channel(path: TransferPath, port: int, size: int, out: bytearray) -> float:
-    """The puller's data channel client (fabric.transport.data_channel): recv_into one buffer, then the copy into ``out``."""
-    from fabric.transport import fetch_metadata
-    from fabric.transport.data_channel import DataChannels
-    from fabric.v1 import fabric_pb2
+    """The puller's data channel client (adapter_fabric.transport.data_channel): recv_into one buffer, then the copy into ``out``."""
+    from adapter_fabric.transport import fetch_metadata
+    from adapter_fabric.transport.data_channel import DataChannels
+    from adapter_fabric.v1 import fabric_pb2
 
     channels, peer = DataChannels(), "127.0.0.1:1"
     channels.learn(peer, fetch_metadata.announce_data_port(port))
@@ -336,7 +336,7 @@ def run_client(path: TransferPath, port: int, size: int, digest: str) -> float:
 
 def main() -> None:
     """The server and client processes of the transfer harness (started by ``ServerProcess`` and ``run_client``)."""
-    parser = argparse.ArgumentParser(description="one process of the transfer harness (fabric.harness.bench)")
+    parser = argparse.ArgumentParser(description="one process of the transfer harness (adapter_fabric.harness.bench)")
     parser.add_argument("--serve", help="a TransferPath as JSON: serve its payload, print the port, stop when stdin closes")
     parser.add_argument("--client", help="a TransferPath as JSON: one timed transfer, print its seconds")
     parser.add_argument("--payload", help="the payload file (--serve)")

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Sequence
 
 
-from fabric.client.node_client import NodeClient
-from fabric.errors import PeerUnavailable
-from fabric.rpc.security import TlsFiles, read_token
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.errors import PeerUnavailable
+from adapter_fabric.rpc.security import TlsFiles, read_token
 
 _LISTENING = re.compile(r"fabric-node listening on (\S+):(\d+)")
 _METRICS = re.compile(r"metrics on (\S+):(\d+)\)")
@@ -77,7 +77,7 @@ class LocalNode:
 
     def launch(self) -> None:
         """Start the process without waiting for it (a cluster launches all, then waits)."""
-        command = [sys.executable, "-m", "node.main", *self.args]
+        command = [sys.executable, "-m", "adapter_fabric.node.main", *self.args]
         if self.netns:
             command = ["ip", "netns", "exec", self.netns, *command]
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}

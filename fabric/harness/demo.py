@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from fabric.client.node_client import NodeClient
-from fabric.harness.cluster import LocalCluster
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.harness.cluster import LocalCluster
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 PROMPT = [1, 17, 42, 99, 5, 23]
 TOLERANCE = 1e-4

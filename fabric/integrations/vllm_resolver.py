@@ -38,13 +38,13 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabric.client.node_client import NodeClient
-from fabric.errors import AdapterNotFound, FabricError, InvalidArgument
-from fabric.rpc.security import TlsFiles, read_token
-from fabric.store.export import export_name
-from fabric.store.ids import validate_adapter_id
-from fabric.store.manifest import CONFIG_FILE
-from fabric.transport.discovery import split_host_port
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.errors import AdapterNotFound, FabricError, InvalidArgument
+from adapter_fabric.rpc.security import TlsFiles, read_token
+from adapter_fabric.store.export import export_name
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.manifest import CONFIG_FILE
+from adapter_fabric.transport.discovery import split_host_port
 
 DEFAULT_NODE = "127.0.0.1:50051"
 #: seconds one resolve (locate, manifest, pull) may take; vLLM holds its per-name lock meanwhile

@@ -22,7 +22,7 @@ from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from fabric.observability import metrics
+from adapter_fabric.observability import metrics
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Names follow the Prometheus conventions: a ``fabric_`` prefix, ``_total`` on
 counters, ``_seconds`` and ``_bytes`` units. Labels are bounded: ``outcome``
-is ``ok`` or an error type of ``fabric.errors`` (or a gRPC code name),
+is ``ok`` or an error type of ``adapter_fabric.errors`` (or a gRPC code name),
 ``peer`` is a known peer's address or ``other``, ``method`` a Fabric RPC,
 ``slot`` one per slot. Gauges of state (slots, store) are set just before each
 scrape by the node (``set_refresh``), so they are never stale.

@@ -5,7 +5,7 @@ RPC (and the data channel's ``DataHello``) in the proto descriptors, so a
 field added to the .proto is bounded without a line here: it gets its kind's
 default. ``OVERRIDES`` raises or lowers the fields whose meaning asks for it.
 
-``check`` runs at the service edge (``fabric.rpc.status.rpc_errors`` and the
+``check`` runs at the service edge (``adapter_fabric.rpc.status.rpc_errors`` and the
 data channel's hello), before a request is logged, echoed, forwarded or kept.
 A refusal names the field and its limit and never echoes the value.
 """
@@ -18,14 +18,14 @@ from typing import AsyncIterator
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from fabric.errors import FieldTooLarge
-from fabric.v1 import fabric_pb2
+from adapter_fabric.errors import FieldTooLarge
+from adapter_fabric.v1 import fabric_pb2
 
 #: default longest string (characters) and bytes value: ids, names and digests are far shorter
 DEFAULT_LENGTH = 1024
 #: default most entries of a repeated or map field
 DEFAULT_ITEMS = 1024
-#: a gRPC message is at most this large anyway (fabric.transport.wire.MAX_MESSAGE_BYTES)
+#: a gRPC message is at most this large anyway (adapter_fabric.transport.wire.MAX_MESSAGE_BYTES)
 MESSAGE_BYTES = 64 << 20
 
 

@@ -12,8 +12,8 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from fabric.errors import QuotaExceeded
-from fabric.rpc.status import abort_with
+from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.rpc.status import abort_with
 
 #: largest adapter (weights file) a node accepts by default: well above any LoRA of a 70B model at rank 64
 DEFAULT_MAX_ADAPTER_BYTES = 4 << 30

@@ -24,8 +24,8 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import grpc
 
-from fabric.errors import InvalidArgument, Unauthenticated
-from fabric.rpc.status import abort_with
+from adapter_fabric.errors import InvalidArgument, Unauthenticated
+from adapter_fabric.rpc.status import abort_with
 
 AUTH_METADATA_KEY = "authorization"
 _BEARER = "Bearer "
@@ -77,7 +77,7 @@ class TlsFiles:
         return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
 
     def server_ssl_context(self) -> ssl.SSLContext:
-        """The same TLS as ``server_credentials``, for the data channel (``node.data_server``): mTLS when a CA is given."""
+        """The same TLS as ``server_credentials``, for the data channel (``adapter_fabric.node.data_server``): mTLS when a CA is given."""
         if self.cert is None or self.key is None:
             raise InvalidArgument("a node serving TLS needs --tls-cert and --tls-key (--tls-ca alone only verifies others)")
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -1,10 +1,10 @@
 """The one place where library errors become gRPC status codes, and back.
 
-Servicer methods raise ``fabric.errors`` types; ``rpc_errors`` turns each into
+Servicer methods raise ``adapter_fabric.errors`` types; ``rpc_errors`` turns each into
 its code, with the message and a serialized ``ErrorDetail`` in the trailing
 metadata so a client in any language can act on the kind. Clients turn a
 status back into the same library type with ``error_from_rpc``. Before a
-method sees its request, ``rpc_errors`` holds it to ``fabric.rpc.bounds``.
+method sees its request, ``rpc_errors`` holds it to ``adapter_fabric.rpc.bounds``.
 
 Beside that trailer, the standard ``grpc-status-details-bin`` carries a
 ``google.rpc.Status`` whose ``ErrorInfo`` names the error type (``reason``,
@@ -25,9 +25,9 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from fabric import errors
-from fabric.rpc import bounds
-from fabric.v1 import fabric_pb2
+from adapter_fabric import errors
+from adapter_fabric.rpc import bounds
+from adapter_fabric.v1 import fabric_pb2
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError)
 
 
 def within_bounds(request: Any) -> Any:
-    """``request`` checked against ``fabric.rpc.bounds`` (a client stream: each message as it arrives), before any use of it."""
+    """``request`` checked against ``adapter_fabric.rpc.bounds`` (a client stream: each message as it arrives), before any use of it."""
     if isinstance(request, Message):
         bounds.check(request)
         return request

@@ -3,7 +3,7 @@
 ``ModelAdapters`` itself is the neutral implementation for a model without
 adapter support: read calls answer with their neutral value (id 0 = base
 model, slot -1 = no ref taken) and mutating calls raise ``AdaptersUnsupported``
-naming the operation. ``MultiLoraModel`` (``fabric.serving.multi_lora``) overrides all
+naming the operation. ``MultiLoraModel`` (``adapter_fabric.serving.multi_lora``) overrides all
 seven.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fabric.errors import AdaptersUnsupported
+from adapter_fabric.errors import AdaptersUnsupported
 
 
 class ModelAdapters:

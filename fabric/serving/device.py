@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fabric.errors import InvalidArgument
+from adapter_fabric.errors import InvalidArgument
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 

@@ -19,9 +19,9 @@ from typing import Sequence
 
 import torch
 
-from fabric.errors import InvalidArgument
-from fabric.serving.multi_lora import Decoding, MultiLoraModel
-from fabric.serving.pool import ACTIVE
+from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.serving.multi_lora import Decoding, MultiLoraModel
+from adapter_fabric.serving.pool import ACTIVE
 
 
 class Generation:

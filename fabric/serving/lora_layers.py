@@ -27,7 +27,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from fabric.serving.pool import SlotPool
+from adapter_fabric.serving.pool import SlotPool
 
 
 @dataclass(frozen=True)

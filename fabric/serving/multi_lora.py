@@ -3,7 +3,7 @@
 Every target ``nn.Linear`` of the base model is replaced by a ``LoraLinear``
 reading the shared ``SlotPool``; a forward takes one slot per batch row.
 Loading (``prepare`` off every lock, ``commit`` at the quiescent point) is
-``PoolAdapters``' (``fabric.serving.slot_adapters``); this class adds the model.
+``PoolAdapters``' (``adapter_fabric.serving.slot_adapters``); this class adds the model.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from fabric.serving.device import resolve_device
-from fabric.errors import AdapterNotFound, InvalidArgument
-from fabric.serving.lora_layers import BASE_ROUTING, LoraLinear, Routing, routed
-from fabric.serving.pool import ACTIVE, SlotPool
-from fabric.serving.slot_adapters import SAFETENSORS_FILE, Fetcher, PoolAdapters, PreparedAdapter, RowSlot
-from fabric.serving.tiny import DEFAULT_TARGET_MODULES, load_base_model
+from adapter_fabric.serving.device import resolve_device
+from adapter_fabric.errors import AdapterNotFound, InvalidArgument
+from adapter_fabric.serving.lora_layers import BASE_ROUTING, LoraLinear, Routing, routed
+from adapter_fabric.serving.pool import ACTIVE, SlotPool
+from adapter_fabric.serving.slot_adapters import SAFETENSORS_FILE, Fetcher, PoolAdapters, PreparedAdapter, RowSlot
+from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES, load_base_model
 
 __all__ = ["SAFETENSORS_FILE", "Decoding", "Fetcher", "MultiLoraModel", "PreparedAdapter", "RowSlot"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from fabric.errors import PinLimitReached, PoolFull
+from adapter_fabric.errors import PinLimitReached, PoolFull
 
 
 @dataclass(frozen=True)

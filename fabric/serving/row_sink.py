@@ -34,13 +34,13 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from fabric.errors import InvalidArgument, InvalidTensors
-from fabric.format.adapter_tensors import LoraPair
-from fabric.format.tensor_file import TORCH_DTYPES, has_non_finite
-from fabric.serving.host_copy import host_array
-from fabric.serving.pool import SlotPool
-from fabric.format.safetensors_index import SafetensorsIndex
-from fabric.serving.slot_records import StagedAdapter
+from adapter_fabric.errors import InvalidArgument, InvalidTensors
+from adapter_fabric.format.adapter_tensors import LoraPair
+from adapter_fabric.format.tensor_file import TORCH_DTYPES, has_non_finite
+from adapter_fabric.serving.host_copy import host_array
+from adapter_fabric.serving.pool import SlotPool
+from adapter_fabric.format.safetensors_index import SafetensorsIndex
+from adapter_fabric.serving.slot_records import StagedAdapter
 
 
 @dataclass(frozen=True)

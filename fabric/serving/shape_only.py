@@ -13,11 +13,11 @@ from typing import Mapping, Sequence
 
 import torch
 
-from fabric.serving.device import resolve_device
-from fabric.errors import InvalidArgument
-from fabric.serving.pool import SlotPool
-from fabric.serving.slot_adapters import Fetcher, PoolAdapters
-from fabric.serving.tiny import DEFAULT_TARGET_MODULES
+from adapter_fabric.serving.device import resolve_device
+from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.serving.pool import SlotPool
+from adapter_fabric.serving.slot_adapters import Fetcher, PoolAdapters
+from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES
 
 #: Llama-3-8B: 32 layers, hidden 4096, MLP 14336, 8 KV heads of 128 (k/v out 1024)
 LLAMA3_8B = dict(layers=32, hidden=4096, intermediate=14336, kv=1024)

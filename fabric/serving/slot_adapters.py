@@ -12,13 +12,13 @@ Loading an adapter is split in two (docs/ARCHITECTURE.md invariant 7):
   I/O: a memory copy only.
 
 ``prepare`` reads an untrusted directory (a private snapshot, hashed for the
-content id: its BLAKE3 chunk root at the default chunk size, ``fabric.store.digests``);
+content id: its BLAKE3 chunk root at the default chunk size, ``adapter_fabric.store.digests``);
 ``prepare_verified`` loads a store blob whose bytes were verified against a
 manifest, taking the root and content id from it instead of hashing again. Both load tensors as views into the file's bytes, so staging
 is the only copy.
 
-``MultiLoraModel`` (``fabric.serving.multi_lora``) adds a transformers model on top;
-``ShapeOnlyModel`` (``fabric.serving.shape_only``) is a pool with a module-shape table
+``MultiLoraModel`` (``adapter_fabric.serving.multi_lora``) adds a transformers model on top;
+``ShapeOnlyModel`` (``adapter_fabric.serving.shape_only``) is a pool with a module-shape table
 and no weights (benchmarks at Llama-3-8B shapes, store-and-pool checks).
 """
 
@@ -29,18 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from fabric.format.adapter_tensors import LoraPair, lora_pairs
-from fabric.serving.adapters import ModelAdapters
-from fabric.format.config import PeftAdapterConfig
-from fabric.format.content_id import content_id
-from fabric.errors import AdapterNotFound, AdaptersUnsupported, IncompatibleAdapter, IntegrityError, InvalidAdapter
-from fabric.store.digests import DEFAULT_CHUNK_SIZE, hash_bytes
-from fabric.store.manifest import Manifest
-from fabric.store.ids import validate_name
-from fabric.serving.pool import ACTIVE, SlotPool, StagedAdapter
-from fabric.serving.row_sink import RowSink
-from fabric.format.safetensors_index import parse_header
-from fabric.format.tensor_file import map_immutable, read_private
+from adapter_fabric.format.adapter_tensors import LoraPair, lora_pairs
+from adapter_fabric.serving.adapters import ModelAdapters
+from adapter_fabric.format.config import PeftAdapterConfig
+from adapter_fabric.format.content_id import content_id
+from adapter_fabric.errors import AdapterNotFound, AdaptersUnsupported, IncompatibleAdapter, IntegrityError, InvalidAdapter
+from adapter_fabric.store.digests import DEFAULT_CHUNK_SIZE, hash_bytes
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.ids import validate_name
+from adapter_fabric.serving.pool import ACTIVE, SlotPool, StagedAdapter
+from adapter_fabric.serving.row_sink import RowSink
+from adapter_fabric.format.safetensors_index import parse_header
+from adapter_fabric.format.tensor_file import map_immutable, read_private
 
 SAFETENSORS_FILE = "adapter_model.safetensors"
 
@@ -56,7 +56,7 @@ class PreparedAdapter:
 
     name: str
     config: PeftAdapterConfig
-    root: str  # the weights file's root (fabric.store.digests)
+    root: str  # the weights file's root (adapter_fabric.store.digests)
     content_id: int
     staged: StagedAdapter
     source: Path
@@ -114,7 +114,7 @@ class PoolAdapters(ModelAdapters):
         adapter_dir = self.fetcher(peer_addr, adapter_id, peft)  # network and store I/O: off the lock
         prepared = self.prepare(adapter_dir, name)
         if peft is not None:
-            from fabric.format.peft_fields import check_agrees
+            from adapter_fabric.format.peft_fields import check_agrees
 
             try:
                 check_agrees(peft, prepared.config, adapter_id)
@@ -164,7 +164,7 @@ class PoolAdapters(ModelAdapters):
 
     def row_sink(self, manifest: Manifest) -> RowSink | None:
         """A slot row to stage while ``manifest``'s weights are pulled (``PeerPuller.pull(sink_for=...)``); None when the
-        file's layout does not allow it (``fabric.serving.row_sink``). The pull's check ran ``check_compatible`` already."""
+        file's layout does not allow it (``adapter_fabric.serving.row_sink``). The pull's check ran ``check_compatible`` already."""
         config, pairs = manifest.config, manifest.pairs
         return RowSink.build(self.pool, manifest.index, pairs, _scalings(config, pairs), manifest.weights.chunk_size, manifest.digest)
 
@@ -251,7 +251,7 @@ class PoolAdapters(ModelAdapters):
 
 
 def _check_name(name: str) -> None:
-    validate_name(name)  # the grammar of names, "base" reserved (fabric.store.ids)
+    validate_name(name)  # the grammar of names, "base" reserved (adapter_fabric.store.ids)
 
 
 def _scalings(config: PeftAdapterConfig, pairs: Mapping[str, LoraPair]) -> dict[str, float]:

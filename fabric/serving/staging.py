@@ -12,9 +12,9 @@ from typing import Mapping
 
 import torch
 
-from fabric.errors import IncompatibleAdapter
-from fabric.serving.host_copy import host_array, host_copy
-from fabric.serving.slot_records import Span, StagedAdapter
+from adapter_fabric.errors import IncompatibleAdapter
+from adapter_fabric.serving.host_copy import host_array, host_copy
+from adapter_fabric.serving.slot_records import Span, StagedAdapter
 
 #: host staging rows kept for reuse by ``recycle`` (each is one slot row: 84 MB for Llama-3-8B at r=16)
 SPARE_STAGING_ROWS = 2

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import torch
 
-from fabric.errors import InvalidArgument
+from adapter_fabric.errors import InvalidArgument
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -3,8 +3,8 @@
 ``AdapterStore`` is the entry point; ``PartialDownload`` and ``Upload`` are what it opens.
 """
 
-from fabric.store.adapter_store import AdapterStore
-from fabric.store.partial import PartialDownload
-from fabric.store.upload import Upload
+from adapter_fabric.store.adapter_store import AdapterStore
+from adapter_fabric.store.partial import PartialDownload
+from adapter_fabric.store.upload import Upload
 
 __all__ = ["AdapterStore", "PartialDownload", "Upload"]

@@ -2,17 +2,17 @@
 
 Built by composition, bottom up (each is handed what it needs, none holds the store)::
 
-    StoreLayout        paths (fabric.store.layout; the on-disk layout is documented there)
-    StoreLock          flock around every metadata change; TempFiles: durable writes (fabric.store.durable)
-    Catalog            reads refs and manifests (fabric.store.catalog)
-    Quota              limits and usage; a WhenFull policy decides what happens at the limit (fabric.store.quota)
-    GarbageCollector   what no ref reaches goes; recover() after a restart (fabric.store.recovery)
-    Committer          the one commit path: blobs, manifest, ref, in order, under the lock (fabric.store.committer)
-    Integrity          verified reads, quarantine, damage, scrub (fabric.store.integrity)
-    ExportDir          PEFT directories for engines, kept in step through the committer's listener (fabric.store.export)
+    StoreLayout        paths (adapter_fabric.store.layout; the on-disk layout is documented there)
+    StoreLock          flock around every metadata change; TempFiles: durable writes (adapter_fabric.store.durable)
+    Catalog            reads refs and manifests (adapter_fabric.store.catalog)
+    Quota              limits and usage; a WhenFull policy decides what happens at the limit (adapter_fabric.store.quota)
+    GarbageCollector   what no ref reaches goes; recover() after a restart (adapter_fabric.store.recovery)
+    Committer          the one commit path: blobs, manifest, ref, in order, under the lock (adapter_fabric.store.committer)
+    Integrity          verified reads, quarantine, damage, scrub (adapter_fabric.store.integrity)
+    ExportDir          PEFT directories for engines, kept in step through the committer's listener (adapter_fabric.store.export)
     DirectoryStager, Uploads, Partials   the three writers; each hands verified temp files to the committer
-    Signatures         the author's signature kept beside a digest (fabric.store.signatures)
-    Recency, KeptIds   when each id was last used, and the ids an operator kept, for an evicting store (fabric.store.keeping)
+    Signatures         the author's signature kept beside a digest (adapter_fabric.store.signatures)
+    Recency, KeptIds   when each id was last used, and the ids an operator kept, for an evicting store (adapter_fabric.store.keeping)
 
 Concurrency: threads and processes may share a root. Metadata changes hold
 the store's flock. A partial or upload is held by one open object at a time
@@ -28,25 +28,25 @@ import shutil
 import threading
 from pathlib import Path
 
-from fabric.errors import AdapterNotFound
-from fabric.format.safetensors_index import MAX_HEADER_BYTES
-from fabric.store.catalog import Catalog, Listed
-from fabric.store.committer import Committer
-from fabric.store.durable import StoreLock, TempFiles
-from fabric.store.export import ExportDir
-from fabric.store.files import fsync_dir
-from fabric.store.format_marker import claim_format
-from fabric.store.ids import validate_adapter_id, validate_digest
-from fabric.store.integrity import DamagedEntry, Integrity
-from fabric.store.keeping import KeptIds, Recency
-from fabric.store.layout import StoreLayout
-from fabric.store.manifest import CONFIG_FILE, DEFAULT_CHUNK_SIZE, WEIGHTS_FILE, FileEntry, Manifest
-from fabric.store.partial import PartialDownload, Partials
-from fabric.store.quota import Quota, WhenFull
-from fabric.store.recovery import GarbageCollector, recover
-from fabric.store.signatures import Signatures
-from fabric.store.staging import DirectoryStager
-from fabric.store.upload import Upload, Uploads
+from adapter_fabric.errors import AdapterNotFound
+from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
+from adapter_fabric.store.catalog import Catalog, Listed
+from adapter_fabric.store.committer import Committer
+from adapter_fabric.store.durable import StoreLock, TempFiles
+from adapter_fabric.store.export import ExportDir
+from adapter_fabric.store.files import fsync_dir
+from adapter_fabric.store.format_marker import claim_format
+from adapter_fabric.store.ids import validate_adapter_id, validate_digest
+from adapter_fabric.store.integrity import DamagedEntry, Integrity
+from adapter_fabric.store.keeping import KeptIds, Recency
+from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.manifest import CONFIG_FILE, DEFAULT_CHUNK_SIZE, WEIGHTS_FILE, FileEntry, Manifest
+from adapter_fabric.store.partial import PartialDownload, Partials
+from adapter_fabric.store.quota import Quota, WhenFull
+from adapter_fabric.store.recovery import GarbageCollector, recover
+from adapter_fabric.store.signatures import Signatures
+from adapter_fabric.store.staging import DirectoryStager
+from adapter_fabric.store.upload import Upload, Uploads
 
 
 class _CommitEvents:
@@ -86,7 +86,7 @@ class AdapterStore:
         export_dir: Path | str | None = None,
         when_full: WhenFull | None = None,
     ) -> None:
-        """``export_dir``: keep every staged adapter there as a PEFT directory of hard links (``fabric.store.export``).
+        """``export_dir``: keep every staged adapter there as a PEFT directory of hard links (``adapter_fabric.store.export``).
 
         ``when_full``: what to do when a commit would pass ``max_bytes`` (default: refuse, ``QuotaExceeded``).
         """
@@ -114,7 +114,7 @@ class AdapterStore:
         self.uploads = Uploads(self.committer, self.quota, chunk_size)
         self.signatures = Signatures(self.layout, self.committer)
         self._stager = DirectoryStager(self.catalog, self.committer, self.quota, chunk_size)
-        #: when each id was last used (its ref's mtime), and which ids an operator kept (``fabric.store.keeping``)
+        #: when each id was last used (its ref's mtime), and which ids an operator kept (``adapter_fabric.store.keeping``)
         self.recency = Recency(self.layout)
         self.kept = KeptIds(self.layout)
 
@@ -172,7 +172,7 @@ class AdapterStore:
         return path
 
     def verified_blob(self, manifest: Manifest, entry: FileEntry, *, force: bool = False) -> Path:
-        """The path of ``entry``'s committed blob, its bytes verified since they were last written (``fabric.store.integrity``)."""
+        """The path of ``entry``'s committed blob, its bytes verified since they were last written (``adapter_fabric.store.integrity``)."""
         return self.integrity.verified_blob(manifest, entry, force=force)
 
     def verified_weights(self, manifest: Manifest) -> Path:

@@ -1,6 +1,6 @@
 """Reading what is committed: refs (id -> digest), manifests (cached), and whether an adapter's files are whole.
 
-The catalog never writes; the committer (``fabric.store.committer``) tells
+The catalog never writes; the committer (``adapter_fabric.store.committer``) tells
 it when a manifest was written or removed so its cache stays true.
 """
 
@@ -10,11 +10,11 @@ import heapq
 import os
 from dataclasses import dataclass
 
-from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument, StoreMissing
-from fabric.store.files import decode_id
-from fabric.store.ids import validate_adapter_id, validate_digest
-from fabric.store.layout import StoreLayout
-from fabric.store.manifest import Manifest
+from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument, StoreMissing
+from adapter_fabric.store.files import decode_id
+from adapter_fabric.store.ids import validate_adapter_id, validate_digest
+from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.manifest import Manifest
 
 
 @dataclass(frozen=True)

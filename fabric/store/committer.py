@@ -17,14 +17,14 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from fabric.errors import AdapterNotFound
-from fabric.store.catalog import Catalog
-from fabric.store.durable import StoreLock, TempFiles
-from fabric.store.files import fsync_dir
-from fabric.store.layout import StoreLayout
-from fabric.store.manifest import Manifest
-from fabric.store.quota import Quota
-from fabric.store.recovery import GarbageCollector
+from adapter_fabric.errors import AdapterNotFound
+from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.durable import StoreLock, TempFiles
+from adapter_fabric.store.files import fsync_dir
+from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.quota import Quota
+from adapter_fabric.store.recovery import GarbageCollector
 
 
 class CommitListener(Protocol):

@@ -30,10 +30,10 @@ from typing import Any, BinaryIO, Iterator
 
 from blake3 import blake3
 
-from fabric.format.config import CONFIG_FILE  # defined once, where the adapter format lives
-from fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument
-from fabric.store.ids import validate_digest
-from fabric.v1 import fabric_pb2
+from adapter_fabric.format.config import CONFIG_FILE  # defined once, where the adapter format lives
+from adapter_fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument
+from adapter_fabric.store.ids import validate_digest
+from adapter_fabric.v1 import fabric_pb2
 
 #: the scheme this version computes, reads and writes (the .proto's DigestScheme)
 DIGEST_SCHEME = fabric_pb2.DIGEST_SCHEME_BLAKE3_CHUNKS

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from fabric.store.files import fsync_dir, pwrite_all
+from adapter_fabric.store.files import fsync_dir, pwrite_all
 
 
 class StoreLock:

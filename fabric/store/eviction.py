@@ -3,7 +3,7 @@
 Pure: handed what the store holds (one ``Candidate`` per digest, with its
 recency and what holds it, if anything), it answers the victims, least
 recently used first, down to a low-water mark below the limit; it removes
-nothing itself (``node.eviction`` does, through the store's own paths).
+nothing itself (``adapter_fabric.node.eviction`` does, through the store's own paths).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from fabric.errors import QuotaExceeded
+from adapter_fabric.errors import QuotaExceeded
 
 #: what may hold an adapter in the store (never dropped while it does)
 KEPT, RESIDENT, IN_USE = "kept by an operator", "resident in a slot", "in use (being served or pulled)"

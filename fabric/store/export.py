@@ -6,7 +6,7 @@ copy; the export directory must be on the store's filesystem). ``<name>`` is
 the adapter id with each ``/`` written ``%2F`` (``team-a/support-v3`` ->
 ``team-a%2Fsupport-v3``): ``%`` is outside the id alphabet, so the mapping is
 reversible and never nests directories. This is the store's own ref naming.
-A blob the store quarantines (``fabric.store.integrity``) takes every entry
+A blob the store quarantines (``adapter_fabric.store.integrity``) takes every entry
 linking to it away the same way; the entry comes back once its bytes are
 committed again (a pull or a re-stage).
 
@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from fabric.errors import InvalidArgument
-from fabric.store.files import decode_id, encode_id, fsync_dir
-from fabric.store.digests import FILE_NAMES
-from fabric.store.ids import validate_adapter_id
-from fabric.store.manifest import Manifest
+from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.store.files import decode_id, encode_id, fsync_dir
+from adapter_fabric.store.digests import FILE_NAMES
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.manifest import Manifest
 
 _TEMP_PREFIX = "%tmp-"
 _TRASH_PREFIX = "%old-"

@@ -13,9 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
-from fabric.errors import IntegrityError, InvalidArgument, QuotaExceeded
-from fabric.format.safetensors_index import read_index
-from fabric.store.manifest import Manifest
+from adapter_fabric.errors import IntegrityError, InvalidArgument, QuotaExceeded
+from adapter_fabric.format.safetensors_index import read_index
+from adapter_fabric.store.manifest import Manifest
 
 COPY_BLOCK = 1 << 20
 WRITEBACK_RUN = 8 << 20  # start a partial's writeback in runs this long (one call per ~8 chunks)

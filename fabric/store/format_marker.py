@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import threading
 
-from fabric.errors import IncompatibleFormat
-from fabric.store.digests import DIGEST_SCHEME
-from fabric.store.files import fsync_dir
-from fabric.store.layout import StoreLayout
+from adapter_fabric.errors import IncompatibleFormat
+from adapter_fabric.store.digests import DIGEST_SCHEME
+from adapter_fabric.store.files import fsync_dir
+from adapter_fabric.store.layout import StoreLayout
 
 #: the store's on-disk format; one number with the digest scheme (format 1 = scheme 1, no ``format`` file)
 STORE_FORMAT = str(DIGEST_SCHEME)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from fabric.errors import InvalidAdapterId, InvalidArgument
+from adapter_fabric.errors import InvalidAdapterId, InvalidArgument
 
 MAX_ID_LENGTH = 128
 _ID_CHARS = re.compile(r"[A-Za-z0-9._\-/]+")

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fabric.errors import AdapterNotFound, IntegrityError
-from fabric.store.catalog import Catalog, is_digest
-from fabric.store.durable import StoreLock
-from fabric.store.export import ExportDir
-from fabric.store.files import COPY_BLOCK, check_header, fsync_dir, pread_exact
-from fabric.store.layout import StoreLayout
-from fabric.store.manifest import FILE_NAMES, FileEntry, Manifest
+from adapter_fabric.errors import AdapterNotFound, IntegrityError
+from adapter_fabric.store.catalog import Catalog, is_digest
+from adapter_fabric.store.durable import StoreLock
+from adapter_fabric.store.export import ExportDir
+from adapter_fabric.store.files import COPY_BLOCK, check_header, fsync_dir, pread_exact
+from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.manifest import FILE_NAMES, FileEntry, Manifest
 
 Stamp = tuple[int, int, int, int]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from fabric.errors import AdapterNotFound
-from fabric.store.files import encode_id
-from fabric.store.layout import StoreLayout
+from adapter_fabric.errors import AdapterNotFound
+from adapter_fabric.store.files import encode_id
+from adapter_fabric.store.layout import StoreLayout
 
 
 class Recency:

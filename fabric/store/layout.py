@@ -5,15 +5,15 @@ live apart from the content-addressed cache, and partial data never shares a
 directory with committed data)::
 
     format                        "2": the store format (digest scheme 2); absent in a new root until created
-    lock                          flock'ed around every metadata change (fabric.store.committer)
-    blobs/blake3/<2 hex>/<root>   committed files, named by their root (fabric.store.digests), read-only
+    lock                          flock'ed around every metadata change (adapter_fabric.store.committer)
+    blobs/blake3/<2 hex>/<root>   committed files, named by their root (adapter_fabric.store.digests), read-only
     manifests/<digest>.json       one manifest per adapter digest (Manifest.to_json)
     refs/<id>                     adapter id -> digest; "/" in an id is written "%2F"
     partial/<digest>/             a peer download: data (sparse), manifest.json, lock
     uploads/<key>/                a client upload: data, meta.json, lock; key = sha256(id, whole-file BLAKE3)
     views/<digest>/               materialized PEFT directories: hard links into blobs
-    signatures/<digest>           the author's Ed25519 signature of a digest, when it was signed (fabric.trust)
-    quarantine/<root>-<ns>        blobs that failed a re-verification (fabric.store.integrity), kept as evidence
+    signatures/<digest>           the author's Ed25519 signature of a digest, when it was signed (adapter_fabric.trust)
+    quarantine/<root>-<ns>        blobs that failed a re-verification (adapter_fabric.store.integrity), kept as evidence
     tmp/                          temp files, each flock'ed by its writer until renamed
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabric.store.files import encode_id
+from adapter_fabric.store.files import encode_id
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class StoreLayout:
             directory.mkdir(parents=True, exist_ok=True)
 
     def blob(self, root: str) -> Path:
-        """A committed file, by its root (fabric.store.digests)."""
+        """A committed file, by its root (adapter_fabric.store.digests)."""
         return self.blobs / root[:2] / root
 
     def manifest(self, digest: str) -> Path:

@@ -7,7 +7,7 @@ on construction, so one read from a peer or from disk that lies about a size,
 a digest, a root or its content id never exists as an object.
 
 The adapter digest (the name of an adapter's content, on the wire and on
-disk) is defined in ``fabric.store.digests``: BLAKE3 over both files' roots.
+disk) is defined in ``adapter_fabric.store.digests``: BLAKE3 over both files' roots.
 Two adapters share a digest exactly when both files are byte-for-byte equal
 and chunked alike.
 """
@@ -24,11 +24,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
-from fabric.format.adapter_tensors import LoraPair, lora_pairs
-from fabric.format.config import PeftAdapterConfig
-from fabric.format.content_id import content_id as compute_content_id
-from fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
-from fabric.store.digests import (  # re-exported: the manifest is where callers look for them
+from adapter_fabric.format.adapter_tensors import LoraPair, lora_pairs
+from adapter_fabric.format.config import PeftAdapterConfig
+from adapter_fabric.format.content_id import content_id as compute_content_id
+from adapter_fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
+from adapter_fabric.store.digests import (  # re-exported: the manifest is where callers look for them
     CONFIG_FILE,
     DEFAULT_CHUNK_SIZE,
     DIGEST_SCHEME,
@@ -45,11 +45,11 @@ from fabric.store.digests import (  # re-exported: the manifest is where callers
     iter_file,
     plan_chunks,
 )
-from fabric.store.ids import validate_adapter_id, validate_digest
+from adapter_fabric.store.ids import validate_adapter_id, validate_digest
 
-from fabric.format.peft_fields import peft_fields_of
-from fabric.format.safetensors_index import MAX_HEADER_BYTES, SafetensorsIndex, TensorInfo, parse_header, read_index
-from fabric.v1 import fabric_pb2
+from adapter_fabric.format.peft_fields import peft_fields_of
+from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES, SafetensorsIndex, TensorInfo, parse_header, read_index
+from adapter_fabric.v1 import fabric_pb2
 
 __all__ = ["CONFIG_FILE", "DEFAULT_CHUNK_SIZE", "DIGEST_SCHEME", "FILE_NAMES", "MAX_CHUNK_SIZE", "WEIGHTS_FILE", "FileEntry", "FileHasher", "Manifest",
            "adapter_digest", "build_manifest", "hash_bytes", "hash_file", "iter_file", "manifest_of", "manifest_request", "plan_chunks"]

@@ -9,14 +9,14 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
-from fabric.store.catalog import Catalog
-from fabric.store.committer import Committer
-from fabric.store.digests import chunk_digest
-from fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
-from fabric.store.ids import validate_adapter_id
-from fabric.store.manifest import Manifest
-from fabric.store.quota import Quota
+from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
+from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.committer import Committer
+from adapter_fabric.store.digests import chunk_digest
+from adapter_fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.quota import Quota
 
 
 class Partials:
@@ -95,7 +95,7 @@ class PartialDownload:
 
     ``sink``: an object whose ``add(index, data)`` sees every chunk once it is
     verified and written (from the same buffer), e.g. a slot row staged while
-    the bytes arrive (``fabric.serving.row_sink``); chunks verified before the
+    the bytes arrive (``adapter_fabric.serving.row_sink``); chunks verified before the
     sink was attached are read back for it once, by ``attach``.
 
     Not covered, here or for committed blobs: the device corrupting bytes

@@ -11,10 +11,10 @@ import os
 import threading
 from typing import Callable, Protocol
 
-from fabric.errors import InvalidHeader, LimitExceeded, QuotaExceeded
-from fabric.format.safetensors_index import MAX_HEADER_BYTES
-from fabric.store.layout import StoreLayout
-from fabric.store.manifest import Manifest
+from adapter_fabric.errors import InvalidHeader, LimitExceeded, QuotaExceeded
+from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
+from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.manifest import Manifest
 
 
 class WhenFull(Protocol):

@@ -1,6 +1,6 @@
 """Restart recovery and garbage collection: temp files, orphans, dead partials and uploads go; live data stays.
 
-Both run under the store's lock (``fabric.store.committer.Committer.locked``).
+Both run under the store's lock (``adapter_fabric.store.committer.Committer.locked``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import re
 import shutil
 from pathlib import Path
 
-from fabric.store.catalog import Catalog
-from fabric.store.files import fsync_dir, remove_if_unheld, try_lock, writer_alive
-from fabric.store.layout import StoreLayout
+from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.files import fsync_dir, remove_if_unheld, try_lock, writer_alive
+from adapter_fabric.store.layout import StoreLayout
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 

@@ -1,11 +1,11 @@
-"""Signatures kept beside manifests: ``signatures/<digest>`` holds the author's signature of that digest (fabric.trust)."""
+"""Signatures kept beside manifests: ``signatures/<digest>`` holds the author's signature of that digest (adapter_fabric.trust)."""
 
 from __future__ import annotations
 
-from fabric.store.committer import Committer
-from fabric.store.ids import validate_digest
-from fabric.store.layout import StoreLayout
-from fabric.trust.signing import SIGNATURE_BYTES  # anything of another size is not kept
+from adapter_fabric.store.committer import Committer
+from adapter_fabric.store.ids import validate_digest
+from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.trust.signing import SIGNATURE_BYTES  # anything of another size is not kept
 
 
 class Signatures:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fabric.errors import IntegrityError, InvalidAdapter
-from fabric.store.catalog import Catalog
-from fabric.store.committer import Committer
-from fabric.store.files import COPY_BLOCK, pwrite_all
-from fabric.store.ids import validate_adapter_id
-from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, build_manifest, iter_file
-from fabric.store.quota import Quota
+from adapter_fabric.errors import IntegrityError, InvalidAdapter
+from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.committer import Committer
+from adapter_fabric.store.files import COPY_BLOCK, pwrite_all
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, build_manifest, iter_file
+from adapter_fabric.store.quota import Quota
 
 
 class DirectoryStager:

@@ -20,14 +20,14 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from fabric.errors import Busy, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
-from fabric.format.config import PeftAdapterConfig
-from fabric.format.safetensors_index import header_length, read_index
-from fabric.store.committer import Committer
-from fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, pwrite_all, write_stamp
-from fabric.store.ids import validate_adapter_id, validate_digest
-from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, hash_bytes, manifest_of
-from fabric.store.quota import Quota
+from adapter_fabric.errors import Busy, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
+from adapter_fabric.format.config import PeftAdapterConfig
+from adapter_fabric.format.safetensors_index import header_length, read_index
+from adapter_fabric.store.committer import Committer
+from adapter_fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, pwrite_all, write_stamp
+from adapter_fabric.store.ids import validate_adapter_id, validate_digest
+from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, hash_bytes, manifest_of
+from adapter_fabric.store.quota import Quota
 
 
 class Uploads:

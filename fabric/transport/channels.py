@@ -7,15 +7,15 @@ from typing import Any, Sequence
 
 import grpc
 
-from fabric.rpc import security
-from fabric.transport import wire
-from fabric.transport.data_channel import DataChannels
+from adapter_fabric.rpc import security
+from adapter_fabric.transport import wire
+from adapter_fabric.transport.data_channel import DataChannels
 
 
 class PeerChannels:
     """One long-lived channel per peer address (channels are expensive; connections are reused).
 
-    ``data``: the peers' data channels (``fabric.transport.data_channel``), or None to fetch over gRPC only.
+    ``data``: the peers' data channels (``adapter_fabric.transport.data_channel``), or None to fetch over gRPC only.
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 
 A node announces its channel's port beside its gRPC replies
 (``fetch_metadata.DATA_PORT_KEY``); ``DataChannels`` remembers it per peer and
-opens one connection per Fetch (``fabric.transport.data_frames``: a hello,
+opens one connection per Fetch (``adapter_fabric.transport.data_frames``: a hello,
 then frames). Each chunk is read with ``recv_into`` into one buffer per call,
 which the caller verifies and writes from before asking for the next
 (``swarm_fetch``): the bytes are not copied in user space on the way.
@@ -22,12 +22,12 @@ import threading
 import time
 from typing import Any
 
-from fabric.errors import FabricError, IntegrityError, PeerUnavailable
-from fabric.observability.metrics import DATA_FALLBACKS
-from fabric.rpc.status import error_from_detail
-from fabric.transport import data_frames, fetch_metadata
-from fabric.transport.discovery import split_host_port
-from fabric.v1 import fabric_pb2
+from adapter_fabric.errors import FabricError, IntegrityError, PeerUnavailable
+from adapter_fabric.observability.metrics import DATA_FALLBACKS
+from adapter_fabric.rpc.status import error_from_detail
+from adapter_fabric.transport import data_frames, fetch_metadata
+from adapter_fabric.transport.discovery import split_host_port
+from adapter_fabric.v1 import fabric_pb2
 
 __all__ = ["CONNECT_TIMEOUT_S", "DataCall", "DataChannelFailed", "DataChannels", "RETRY_AFTER_S"]
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import struct
 
-from fabric.errors import IntegrityError, InvalidArgument
-from fabric.v1 import fabric_pb2
+from adapter_fabric.errors import IntegrityError, InvalidArgument
+from adapter_fabric.v1 import fabric_pb2
 
 __all__ = [
     "CHUNK", "END", "ERROR", "FRAME", "HELLO_PREFIX", "KINDS", "MAGIC", "MAX_HELLO_BYTES", "MAX_META_BYTES", "PICKED",

@@ -16,7 +16,7 @@ import logging
 import socket
 from dataclasses import dataclass
 
-from fabric.errors import InvalidArgument
+from adapter_fabric.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ advisory: a peer that lies is asked for chunks it lacks and dropped as usual.
 
 ``fabric-data-port``, in the initial metadata of GetManifest and Availability
 replies and in a Fetch's trailer: the port of the node's data channel
-(``fabric.transport.data_channel``) on the same host; absent when it has none.
+(``adapter_fabric.transport.data_channel``) on the same host; absent when it has none.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fabric.errors import IntegrityError
+from adapter_fabric.errors import IntegrityError
 
 PICKED_CHUNKS_KEY = "fabric-picked-chunks"
 VERIFIED_KEY = "fabric-verified-bin"

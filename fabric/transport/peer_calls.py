@@ -1,7 +1,7 @@
 """The calls a puller makes to its peers: GetManifest, Availability and Fetch, each with its time limit.
 
-Shared by the pull (``fabric.transport.pull``: the manifest, what a peer holds
-for Locate) and the swarm download (``fabric.transport.swarm_fetch``: polls and
+Shared by the pull (``adapter_fabric.transport.pull``: the manifest, what a peer holds
+for Locate) and the swarm download (``adapter_fabric.transport.swarm_fetch``: polls and
 Fetch streams). Each turns a peer's gRPC answer into this library's values and
 errors, so neither caller handles a status code of its own.
 """
@@ -12,15 +12,15 @@ from typing import Callable, NamedTuple, Sequence
 
 import grpc
 
-from fabric.errors import AdapterNotFound, IntegrityError, PeerUnavailable
-from fabric.observability.metrics import FETCH_STREAMS
-from fabric.rpc.status import error_from_rpc
-from fabric.store.ids import validate_adapter_id
-from fabric.store.manifest import Manifest, manifest_request
-from fabric.transport import fetch_metadata, swarm, wire
-from fabric.transport.channels import PeerChannels
-from fabric.transport.data_channel import DataCall
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.errors import AdapterNotFound, IntegrityError, PeerUnavailable
+from adapter_fabric.observability.metrics import FETCH_STREAMS
+from adapter_fabric.rpc.status import error_from_rpc
+from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.manifest import Manifest, manifest_request
+from adapter_fabric.transport import fetch_metadata, swarm, wire
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.data_channel import DataCall
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 __all__ = ["AVAILABILITY_TIMEOUT_S", "MANIFEST_TIMEOUT_S", "Holding", "HoldingCall", "fetch", "first_manifest", "holding"]
 

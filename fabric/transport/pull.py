@@ -3,7 +3,7 @@
 A pull asks peers for the manifest, lets the caller check it against this
 node's model before a byte moves, then fetches the weights file in runs of
 chunks into the store's partial area, spread over every peer that holds them
-(a swarm: ``fabric.transport.swarm`` decides who is asked for what; peers still
+(a swarm: ``adapter_fabric.transport.swarm`` decides who is asked for what; peers still
 receiving the adapter announce their verified chunks through Availability).
 Every chunk is verified before it is written, and only verified chunks are
 ever served on. A dead or stalled peer is dropped and its chunks are asked of
@@ -27,15 +27,15 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
-from fabric.errors import AdapterNotFound, FabricError
-from fabric.store import AdapterStore
-from fabric.store.manifest import Manifest
-from fabric.transport import peer_calls, swarm
-from fabric.transport.channels import PeerChannels
-from fabric.transport.pull_values import STALL_TIMEOUT_S, PullSettings, PullStats
-from fabric.transport.rate import TokenBucket
-from fabric.transport.swarm_pull import SwarmPull
-from fabric.v1 import fabric_pb2
+from adapter_fabric.errors import AdapterNotFound, FabricError
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.transport import peer_calls, swarm
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.pull_values import STALL_TIMEOUT_S, PullSettings, PullStats
+from adapter_fabric.transport.rate import TokenBucket
+from adapter_fabric.transport.swarm_pull import SwarmPull
+from adapter_fabric.v1 import fabric_pb2
 
 __all__ = ["ManifestCheck", "SinkFor", "PeerChannels", "PeerPuller", "PullSettings", "PullStats", "STALL_TIMEOUT_S"]
 
@@ -51,7 +51,7 @@ class PeerPuller:
     """Pulls adapters from peers into one store; safe to call from many threads.
 
     A pull spreads its chunks over every given peer that holds them (see
-    ``fabric.transport.swarm`` for the policy); peers that hold part of the adapter
+    ``adapter_fabric.transport.swarm`` for the policy); peers that hold part of the adapter
     (they are pulling it too) announce their verified chunks through
     Availability, so a rollout forms a pipeline rather than a star.
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fabric.transport import swarm
+from adapter_fabric.transport import swarm
 
 __all__ = ["STALL_TIMEOUT_S", "PullSettings", "PullStats"]
 
@@ -22,7 +22,7 @@ class PullSettings:
 
     #: seconds a Fetch stream may deliver nothing before its peer is dropped; also how long a pull waits for any progress
     stall_timeout: float = STALL_TIMEOUT_S
-    #: requests outstanding per peer (``fabric.transport.swarm``)
+    #: requests outstanding per peer (``adapter_fabric.transport.swarm``)
     window: int = swarm.WINDOW
     #: the port this node serves on, sent with each Fetch so the serving peer learns what this node holds (0: not a node)
     listen_port: int = 0

@@ -2,7 +2,7 @@
 
 Pure policy over plain data (no sockets, no threads, no clock of its own: the
 caller passes ``now``), so it is tested on its own (tests/transport/test_swarm.py). The
-swarm download in ``fabric.transport.swarm_pull`` owns the I/O and feeds this module what happened.
+swarm download in ``adapter_fabric.transport.swarm_pull`` owns the I/O and feeds this module what happened.
 
 The policy, after BitTorrent:
 - every live peer keeps up to ``window`` requests outstanding, so a peer never

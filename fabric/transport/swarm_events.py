@@ -1,7 +1,7 @@
 """What a swarm download's workers report to its coordinator: one small frozen value per kind of event.
 
-Workers (``fabric.transport.swarm_fetch``) put these on the download's queue;
-the coordinator (``fabric.transport.swarm_pull``) dispatches each by its type
+Workers (``adapter_fabric.transport.swarm_fetch``) put these on the download's queue;
+the coordinator (``adapter_fabric.transport.swarm_pull``) dispatches each by its type
 to one handler. ``trace_row`` is the event as the pull trace records it
 (``FABRIC_PULL_TRACE``; scripts/bench_swarm.py reads it), None when untraced.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Collection, Union
 
-from fabric.errors import FabricError
-from fabric.transport import swarm
+from adapter_fabric.errors import FabricError
+from adapter_fabric.transport import swarm
 
 __all__ = [
     "ChunkVerified", "ChunksPicked", "DuplicateChunk", "FetchBroken", "FetchBusy", "FetchCancelled", "FetchCorrupt",

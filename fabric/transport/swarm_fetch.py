@@ -1,8 +1,8 @@
 """The worker side of one swarm download: Fetch streams and Availability polls, run on pool threads.
 
 Workers verify and write chunks into the partial and report what happened as
-events (``fabric.transport.swarm_events``); only the coordinator
-(``fabric.transport.swarm_pull``) touches the plan.
+events (``adapter_fabric.transport.swarm_events``); only the coordinator
+(``adapter_fabric.transport.swarm_pull``) touches the plan.
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from typing import Any, Callable
 
 import grpc
 
-from fabric.errors import AdapterNotFound, FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
-from fabric.rpc.status import error_from_rpc
-from fabric.store.manifest import Manifest
-from fabric.transport import fetch_metadata, peer_calls, swarm
-from fabric.transport.channels import PeerChannels
-from fabric.transport.data_channel import DataChannelFailed
-from fabric.transport.pull_values import PullSettings, PullStats
-from fabric.transport.rate import TokenBucket
-from fabric.transport.swarm_events import (
+from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
+from adapter_fabric.rpc.status import error_from_rpc
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.transport import fetch_metadata, peer_calls, swarm
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.data_channel import DataChannelFailed
+from adapter_fabric.transport.pull_values import PullSettings, PullStats
+from adapter_fabric.transport.rate import TokenBucket
+from adapter_fabric.transport.swarm_events import (
     ChunksPicked, ChunkVerified, DuplicateChunk, FetchBroken, FetchBusy, FetchCancelled, FetchCorrupt, FetchDone,
     FetchEnded, FetchFailed, FetchMissing, HoldingReported, PollFailed, Polled, SwarmEvent,
 )
-from fabric.v1 import fabric_pb2
+from adapter_fabric.v1 import fabric_pb2
 
 __all__ = ["FetchHandle", "SwarmWorkers"]
 

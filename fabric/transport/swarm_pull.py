@@ -1,8 +1,8 @@
-"""One multi-peer download into a partial: the I/O side of ``fabric.transport.swarm``'s pure policy.
+"""One multi-peer download into a partial: the I/O side of ``adapter_fabric.transport.swarm``'s pure policy.
 
-A coordinator thread owns the plan; worker threads (``fabric.transport.swarm_fetch``)
+A coordinator thread owns the plan; worker threads (``adapter_fabric.transport.swarm_fetch``)
 fetch runs of chunks, verify and write them, and report through a queue, one
-typed event (``fabric.transport.swarm_events``) per thing that happened.
+typed event (``adapter_fabric.transport.swarm_events``) per thing that happened.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from fabric.errors import AdapterNotFound, PeerUnavailable
-from fabric.store.manifest import Manifest
-from fabric.transport import peer_calls, swarm
-from fabric.transport.channels import PeerChannels
-from fabric.transport.pull_values import PullSettings, PullStats
-from fabric.transport.rate import TokenBucket
-from fabric.transport.swarm_events import (
+from adapter_fabric.errors import AdapterNotFound, PeerUnavailable
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.transport import peer_calls, swarm
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.pull_values import PullSettings, PullStats
+from adapter_fabric.transport.rate import TokenBucket
+from adapter_fabric.transport.swarm_events import (
     ChunksPicked, ChunkVerified, DuplicateChunk, FetchBroken, FetchBusy, FetchCancelled, FetchCorrupt, FetchDone,
     FetchEnded, FetchFailed, FetchMissing, HoldingHinted, HoldingNews, HoldingReported, PollFailed, Polled, SwarmEvent,
 )
-from fabric.transport.swarm_fetch import FetchHandle, SwarmWorkers
+from adapter_fabric.transport.swarm_fetch import FetchHandle, SwarmWorkers
 
 __all__ = ["SwarmPull"]
 

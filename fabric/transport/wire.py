@@ -48,8 +48,8 @@ from typing import Any, AsyncIterator, Callable, Iterator, Union
 
 import grpc
 
-from fabric.errors import IntegrityError, InvalidArgument
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.errors import IntegrityError, InvalidArgument
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 __all__ = [
     "FETCH_CHUNK_SIZE",

@@ -6,7 +6,7 @@ What is signed, exactly: the 64 bytes of ::
 
 with ``digest`` the adapter's manifest digest as 64 lowercase ASCII hex
 characters. The digest names the adapter's content (its config and weights
-files, through their digests; fabric.store.manifest), so a signature vouches
+files, through their digests; adapter_fabric.store.manifest), so a signature vouches
 for those bytes under any id: ids are references a stager chooses, and the
 same signed content may be staged under several. The domain prefix keeps a
 signature from meaning anything else. Any change of digest scheme changes
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from fabric.errors import InvalidArgument, Untrusted
+from adapter_fabric.errors import InvalidArgument, Untrusted
 
 SIGNATURE_DOMAIN = b"adapter-fabric manifest signature v1\0"
 SIGNATURE_BYTES = 64

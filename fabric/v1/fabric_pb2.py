@@ -28,7 +28,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x61\x62ri
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fabric.v1.fabric_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'adapter_fabric.v1.fabric_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PEFTFIELDS_RANKPATTERNENTRY']._loaded_options = None

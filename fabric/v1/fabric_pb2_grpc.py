@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from fabric.v1 import fabric_pb2 as fabric_dot_v1_dot_fabric__pb2
+from adapter_fabric.v1 import fabric_pb2 as fabric_dot_v1_dot_fabric__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.access.policy import CLUSTER, VERBS, canonical_id, parse_policy, token_sha256
-from fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
+from adapter_fabric.access.policy import CLUSTER, VERBS, canonical_id, parse_policy, token_sha256
+from adapter_fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
 
 TOKEN_A, TOKEN_B = "token-of-team-a", "token-of-team-b"
 POLICY = f"""

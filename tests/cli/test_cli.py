@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from fabric.client.node_client import NodeClient
-from fabric.harness.cluster import LocalCluster, LocalNode, free_port
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.harness.cluster import LocalCluster, LocalNode, free_port
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them out: -m 'not slow')
 
 
 def fabric(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "fabric.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    result = subprocess.run([sys.executable, "-m", "adapter_fabric.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"fabric {' '.join(args)} exited {result.returncode}: {result.stderr}{result.stdout}")
     assert "Traceback" not in result.stderr, result.stderr
@@ -50,14 +50,14 @@ def nodes(tmp_path_factory):
 
 
 def test_help_version_and_both_console_scripts() -> None:
-    import fabric as package
+    import adapter_fabric as package
 
     helped = fabric("--help").stdout
     for command in ("stage", "pull", "unstage", "ls", "inspect", "locate", "promote", "pin", "unpin", "set-active", "generate", "health", "wait", "rollout", "demo", "make-adapter"):
         assert f"    {command}" in helped, command
     assert "3    retryable" in helped
     assert fabric("--version").stdout.strip() == f"fabric {package.__version__}"
-    node_help = subprocess.run([sys.executable, "-m", "node.main", "--help"], capture_output=True, text=True, timeout=60)
+    node_help = subprocess.run([sys.executable, "-m", "adapter_fabric.node.main", "--help"], capture_output=True, text=True, timeout=60)
     assert node_help.returncode == 0 and "[FABRIC_MAX_RANK]" in node_help.stdout and "[FABRIC_EXPORT_DIR]" in node_help.stdout
 
 

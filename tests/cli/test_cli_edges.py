@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from fabric import InvalidArgument, NodeClient, PeerUnavailable
-from fabric.cli.main import run
-from fabric.client.node_client import DEFAULT_MAX_NEW_TOKENS
+from adapter_fabric import InvalidArgument, NodeClient, PeerUnavailable
+from adapter_fabric.cli.main import run
+from adapter_fabric.client.node_client import DEFAULT_MAX_NEW_TOKENS
 
 DEAD = "127.0.0.1:1"  # never dialled: each case below is refused before any call
 

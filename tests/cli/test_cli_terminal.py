@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from fabric.client.node_client import NodeClient
-from fabric.errors import FabricError
-from fabric.harness.cluster import LocalCluster
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.errors import FabricError
+from adapter_fabric.harness.cluster import LocalCluster
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.store import blake3_of
 
 pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them out: -m 'not slow')
 
-FABRIC = [sys.executable, "-m", "fabric.cli"]
+FABRIC = [sys.executable, "-m", "adapter_fabric.cli"]
 
 
 @pytest.fixture(scope="module")

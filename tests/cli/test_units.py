@@ -1,4 +1,4 @@
-"""Every duration and size flag of ``fabric`` and ``fabric-node`` takes units through one parser (fabric.units).
+"""Every duration and size flag of ``fabric`` and ``fabric-node`` takes units through one parser (adapter_fabric.units).
 
 The flags are found by walking the argparse parsers, so a new ``--something-timeout``
 or ``--something-bytes`` flag is covered without editing this file.
@@ -11,11 +11,11 @@ import re
 
 import pytest
 
-from fabric.cli.main import build_parser as fabric_parser
-from fabric.cli.main import run
-from fabric.units import MAX_BYTES, format_duration, format_size, parse_duration, parse_size
-from node.settings import build_parser as node_parser
-from node.settings import parse_settings
+from adapter_fabric.cli.main import build_parser as fabric_parser
+from adapter_fabric.cli.main import run
+from adapter_fabric.units import MAX_BYTES, format_duration, format_size, parse_duration, parse_size
+from adapter_fabric.node.settings import build_parser as node_parser
+from adapter_fabric.node.settings import parse_settings
 
 DURATION_FLAG = re.compile(r"--(.*-)?(timeout|after)$")
 SIZE_FLAG = re.compile(r"--(.*-)?(bytes|rate|chunk-size)$")

@@ -1,4 +1,4 @@
-"""fabric.format.adapter_tensors: real PEFT adapters pass; adapters edited from a real state dict are refused by name."""
+"""adapter_fabric.format.adapter_tensors: real PEFT adapters pass; adapters edited from a real state dict are refused by name."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import safetensors.torch
 import torch
 
-from fabric.format.adapter_tensors import LoraPair, lora_pairs, tensor_names
-from fabric.format.config import PeftAdapterConfig
-from fabric.errors import InvalidTensors
-from fabric.format.safetensors_index import read_index
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.format.adapter_tensors import LoraPair, lora_pairs, tensor_names
+from adapter_fabric.format.config import PeftAdapterConfig
+from adapter_fabric.errors import InvalidTensors
+from adapter_fabric.format.safetensors_index import read_index
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 WEIGHTS = "adapter_model.safetensors"
 Q0 = "model.layers.0.self_attn.q_proj"

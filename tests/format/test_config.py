@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric.format.config import PeftAdapterConfig
-from fabric.errors import InvalidConfig
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.format.config import PeftAdapterConfig
+from adapter_fabric.errors import InvalidConfig
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 MODULES = [
     f"model.layers.{i}.{block}.{name}"

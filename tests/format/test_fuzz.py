@@ -1,7 +1,7 @@
 """Property-based fuzzing of the parsers that read bytes from peers and clients.
 
 For any input, ``safetensors_index.parse_header``, ``wire.decode_chunk`` and
-``Manifest.from_proto`` either return or raise a ``fabric.errors.FabricError``
+``Manifest.from_proto`` either return or raise a ``adapter_fabric.errors.FabricError``
 subclass: never a ``KeyError``, ``RecursionError``, ``OverflowError`` or
 ``MemoryError``. Inputs that claim huge sizes (a 2**63-byte header, a tensor of
 2**64 elements, a chunk of 2**63 bytes) must not make the parser allocate what
@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabric.transport import wire
-from fabric.errors import FabricError
-from fabric.store.manifest import Manifest, build_manifest
-from fabric.format.safetensors_index import DTYPE_BITS, MAX_HEADER_BYTES, parse_header
-from fabric.v1 import fabric_pb2
+from adapter_fabric.transport import wire
+from adapter_fabric.errors import FabricError
+from adapter_fabric.store.manifest import Manifest, build_manifest
+from adapter_fabric.format.safetensors_index import DTYPE_BITS, MAX_HEADER_BYTES, parse_header
+from adapter_fabric.v1 import fabric_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -191,7 +191,7 @@ def test_decode_chunk_deep_groups_are_refused() -> None:
 
 @pytest.fixture(scope="module")
 def manifest_proto(tmp_path_factory) -> bytes:
-    from fabric.serving.tiny import make_peft_adapter
+    from adapter_fabric.serving.tiny import make_peft_adapter
 
     adapter = make_peft_adapter(tmp_path_factory.mktemp("fuzz") / "a", r=4)
     return build_manifest("fuzz/a", (adapter / "adapter_config.json").read_bytes(), adapter / "adapter_model.safetensors", 4096).to_proto().SerializeToString()

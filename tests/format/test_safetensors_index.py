@@ -1,4 +1,4 @@
-"""fabric.format.safetensors_index: good files written by the real safetensors library, bad headers built by hand."""
+"""adapter_fabric.format.safetensors_index: good files written by the real safetensors library, bad headers built by hand."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import safetensors.torch
 import torch
 from safetensors import safe_open
 
-from fabric.errors import InvalidHeader
-from fabric.format.safetensors_index import (
+from adapter_fabric.errors import InvalidHeader
+from adapter_fabric.format.safetensors_index import (
     DTYPE_BITS,
     DTYPE_SIZES,
     MAX_HEADER_BYTES,
@@ -23,7 +23,7 @@ from fabric.format.safetensors_index import (
     parse_header,
     read_index,
 )
-from fabric.serving.tiny import make_peft_adapter
+from adapter_fabric.serving.tiny import make_peft_adapter
 
 
 def _raw(header: Any, data: bytes = b"") -> bytes:

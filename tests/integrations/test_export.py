@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fabric.errors import InvalidArgument
-from fabric.harness.cluster import LocalNode
-from fabric.integrations.vllm_resolver import resolve
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.store.adapter_store import AdapterStore
-from fabric.store.export import adapter_id_of, export_name
-from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
+from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.integrations.vllm_resolver import resolve
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store.adapter_store import AdapterStore
+from adapter_fabric.store.export import adapter_id_of, export_name
+from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
 
 PROMPT = torch.tensor([[1, 17, 42, 99, 5, 23]])
 
@@ -143,7 +143,7 @@ def test_resolver_pulls_from_a_peer_and_returns_a_dir_peft_loads(tmp_path: Path,
 
 
 def test_removed_entries_are_deleted_after_their_grace_period(tmp_path: Path, adapters, monkeypatch) -> None:
-    from fabric.store import export as export_module
+    from adapter_fabric.store import export as export_module
 
     store = AdapterStore(tmp_path / "store", export_dir=tmp_path / "export")
     store.stage(adapters["a"], "x")
@@ -157,7 +157,7 @@ def test_removed_entries_are_deleted_after_their_grace_period(tmp_path: Path, ad
 
 def test_the_vllm_plugin_reads_its_connection_from_the_fabric_variables(tmp_path: Path, monkeypatch) -> None:
     """What register() hands resolve(): the same variables as the fabric command (register itself: tests/integrations/test_vllm.py)."""
-    from fabric.integrations.vllm_resolver import settings_from_env, lora_int_id
+    from adapter_fabric.integrations.vllm_resolver import settings_from_env, lora_int_id
 
     for name in ("FABRIC_TLS_CERT", "FABRIC_TLS_KEY", "FABRIC_TLS_CA", "FABRIC_AUTH_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)

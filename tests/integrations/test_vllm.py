@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.integrations.vllm_resolver import RESOLVER_NAME
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.store.manifest import CONFIG_FILE
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.integrations.vllm_resolver import RESOLVER_NAME
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store.manifest import CONFIG_FILE
 from tests.support import ROOT
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None

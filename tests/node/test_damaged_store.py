@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from blake3 import blake3
 
-from fabric.errors import FabricError, IntegrityError
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.errors import FabricError, IntegrityError
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.models import reference_logits
 from tests.support.store import flip_byte
 

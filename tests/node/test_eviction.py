@@ -16,11 +16,11 @@ from typing import Iterator
 import grpc
 import pytest
 
-from fabric.client import NodeClient
-from fabric.errors import QuotaExceeded
-from fabric.harness.cluster import LocalNode
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.client import NodeClient
+from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.scrape import scrape
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -73,7 +73,7 @@ def staged(client) -> list[str]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fabric.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "adapter_fabric.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_a_pull_into_a_full_store_evicts_the_least_recently_used_adapter_and_succeeds(tmp_path, seeder) -> None:

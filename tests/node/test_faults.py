@@ -25,15 +25,15 @@ import pytest
 
 from tests.support import PEERS
 from tests.support.relays import GatedRelay
-from fabric.transport import wire
-from fabric.client.node_client import NodeClient
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.errors import FabricError, PeerUnavailable, QuotaExceeded
-from fabric.store.manifest import FileHasher, Manifest, manifest_request
-from fabric.store import AdapterStore
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.transport.pull import PeerPuller
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.transport import wire
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.errors import FabricError, PeerUnavailable, QuotaExceeded
+from adapter_fabric.store.manifest import FileHasher, Manifest, manifest_request
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.transport.pull import PeerPuller
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.store import stage_begin
 
 pytestmark = pytest.mark.timeout(240)
@@ -403,7 +403,7 @@ def test_disk_full_during_pull(cluster, small_disk, adapters, tmp_path) -> None:
 
 
 def test_quota_error_maps_to_resource_exhausted() -> None:
-    from fabric.rpc.status import status_code_for
+    from adapter_fabric.rpc.status import status_code_for
 
     assert status_code_for(QuotaExceeded("x")) == grpc.StatusCode.RESOURCE_EXHAUSTED
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fabric.harness.cluster import LocalNode
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter, tiny_config
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter, tiny_config
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -83,7 +83,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_node, bad, logits) ->
 
 def test_input_longer_than_the_positions_is_refused(tiny_node) -> None:
     started = time.monotonic()
-    # 60,000 ids: under the field bound on input_ids (fabric.rpc.bounds, 65,536), far over the model's positions.
+    # 60,000 ids: under the field bound on input_ids (adapter_fabric.rpc.bounds, 65,536), far over the model's positions.
     error = _generate_error(tiny_node, adapter="one", input_ids=[7] * 60_000, max_new_tokens=1)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "max_position_embeddings" in error.details() and "128" in error.details()

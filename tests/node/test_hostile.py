@@ -21,8 +21,8 @@ import pytest
 
 from tests.support import PEERS
 from tests.support.store import blake3_of, snapshot, stage_begin
-from fabric.harness.cluster import LocalNode
-from fabric.errors import (
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.errors import (
     FieldTooLarge,
     FabricError,
     IncompatibleFormat,
@@ -33,13 +33,13 @@ from fabric.errors import (
     InvalidConfig,
     InvalidHeader,
 )
-from fabric.store.manifest import Manifest, manifest_request
-from fabric.serving.multi_lora import MultiLoraModel
-from fabric.rpc.status import error_from_rpc, status_code_for
-from fabric.store import AdapterStore
-from fabric.serving.tiny import build_tiny_model
-from fabric.transport.pull import PeerPuller
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.store.manifest import Manifest, manifest_request
+from adapter_fabric.serving.multi_lora import MultiLoraModel
+from adapter_fabric.rpc.status import error_from_rpc, status_code_for
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.serving.tiny import build_tiny_model
+from adapter_fabric.transport.pull import PeerPuller
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.hostile_corpus import ALL_ADAPTER_CASES, BAD_IDS, CASES_BY_NAME, WEIGHTS, AdapterCase, build_adapters
 
 pytestmark = pytest.mark.timeout(180)
@@ -206,7 +206,7 @@ def test_node_stage_refuses_malformed_adapter(name, corpus, nodes, stub) -> None
     node = nodes[1]
     before = node_state(stub, node)
     if name in CLIENT_SIDE:
-        from fabric.client.node_client import NodeClient
+        from adapter_fabric.client.node_client import NodeClient
 
         with NodeClient(node.address) as client, pytest.raises(FabricError) as info:
             client.stage(corpus[name], f"hostile/{name}")
@@ -260,7 +260,7 @@ def test_bad_id_is_refused_by_store_and_node(name, corpus, store, nodes, stub) -
     for method, call in calls.items():
         code, error = refused(call)
         assert code == grpc.StatusCode.INVALID_ARGUMENT, method
-        # An id past the field bound (fabric.rpc.bounds) is refused at the service edge as FieldTooLarge, by field name.
+        # An id past the field bound (adapter_fabric.rpc.bounds) is refused at the service edge as FieldTooLarge, by field name.
         assert isinstance(error, (InvalidAdapterId, FieldTooLarge)), f"{method}: {type(error).__name__}: {error}"
         assert len(str(error)) < 400, "a 10 KB id must not come back as a 10 KB message"
     assert node_state(stub, node) == state
@@ -428,7 +428,7 @@ def test_malformed_stage_stream_commits_nothing(name, corpus, nodes, stub) -> No
 
 @pytest.mark.slow
 def test_stage_stream_that_ends_early_commits_nothing_then_resumes(corpus, nodes, stub) -> None:
-    from fabric.client.node_client import NodeClient
+    from adapter_fabric.client.node_client import NodeClient
 
     good, node = corpus["good"], nodes[1]
     data = (good / WEIGHTS).read_bytes()

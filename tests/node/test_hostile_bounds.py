@@ -1,4 +1,4 @@
-"""Issue 18, item 4: every string, bytes and repeated field of every request has a bound (``fabric.rpc.bounds``).
+"""Issue 18, item 4: every string, bytes and repeated field of every request has a bound (``adapter_fabric.rpc.bounds``).
 
 Against real node processes: a store-only node with one peer (so a Locate it
 answered would be forwarded), raw generated stubs, and the node's log file
@@ -20,12 +20,12 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabric.errors import FieldTooLarge
-from fabric.harness.cluster import LocalNode
-from fabric.rpc.bounds import BOUNDS, DEFAULT_LENGTH, build_table, request_types
-from fabric.rpc.status import error_from_detail
-from fabric.transport import data_frames
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.errors import FieldTooLarge
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.rpc.bounds import BOUNDS, DEFAULT_LENGTH, build_table, request_types
+from adapter_fabric.rpc.status import error_from_detail
+from adapter_fabric.transport import data_frames
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 pytestmark = pytest.mark.timeout(600)
 

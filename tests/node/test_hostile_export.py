@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric.client import NodeClient
-from fabric.harness.cluster import LocalNode
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.client import NodeClient
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.store import snapshot
 
 pytestmark = pytest.mark.timeout(300)

@@ -15,9 +15,9 @@ from typing import Iterator
 import grpc
 import pytest
 
-from fabric.harness.cluster import LocalNode
-from fabric.observability.logs import escape_controls
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.observability.logs import escape_controls
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 pytestmark = pytest.mark.timeout(180)
 

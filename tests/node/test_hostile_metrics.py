@@ -17,9 +17,9 @@ from typing import Iterator
 import grpc
 import pytest
 
-from fabric.harness.cluster import LocalNode
-from fabric.observability.endpoint import MAX_CONNECTIONS
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.observability.endpoint import MAX_CONNECTIONS
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,11 +14,11 @@ from typing import Iterator
 import grpc
 import pytest
 
-from fabric.errors import InvalidHeader
-from fabric.harness.cluster import LocalNode
-from fabric.rpc.status import error_from_rpc
-from fabric.serving.tiny import build_tiny_model
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.errors import InvalidHeader
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.rpc.status import error_from_rpc
+from adapter_fabric.serving.tiny import build_tiny_model
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.hostile_corpus import ALL_ADAPTER_CASES, WEIGHTS, build_adapters
 from tests.support.store import stage_begin
 

@@ -12,11 +12,11 @@ import sys
 import grpc
 import pytest
 
-from fabric.errors import InvalidArgument
-from fabric.harness.cluster import LocalNode
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
-from node.slots import MAX_PAGE_SIZE
+from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.node.slots import MAX_PAGE_SIZE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -48,10 +48,10 @@ def test_the_client_pages_through_every_entry(node) -> None:
 
 
 def test_fabric_ls_pages_through_every_entry(node) -> None:
-    done = subprocess.run([sys.executable, "-m", "fabric.cli", "ls", node.address, "--page-size", "2", "--json"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "adapter_fabric.cli", "ls", node.address, "--page-size", "2", "--json"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert [a["adapter_id"] for a in json.loads(done.stdout)["staged"]] == IDS
-    text = subprocess.run([sys.executable, "-m", "fabric.cli", "ls", node.address, "--page-size", "2"], capture_output=True, text=True, timeout=60)
+    text = subprocess.run([sys.executable, "-m", "adapter_fabric.cli", "ls", node.address, "--page-size", "2"], capture_output=True, text=True, timeout=60)
     assert text.returncode == 0 and f"staged ({len(IDS)}):" in text.stdout, text.stdout + text.stderr
 
 

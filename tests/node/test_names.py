@@ -6,9 +6,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from fabric.harness.cluster import LocalNode
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -43,7 +43,7 @@ def test_a_bad_or_reserved_name_is_refused_before_anything_moves(node, name) -> 
     before = _slot_names(node)
     error = _call(node, "Promote", fabric_pb2.PromoteRequest(adapter_id="a", name=name))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
-    # A name past the field bound (fabric.rpc.bounds) is refused at the service edge, naming the field instead.
+    # A name past the field bound (adapter_fabric.rpc.bounds) is refused at the service edge, naming the field instead.
     assert ("adapter name" in error.details() or "PromoteRequest.name" in error.details()) and len(error.details()) < 2048
     assert _slot_names(node) == before
 

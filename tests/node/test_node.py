@@ -16,9 +16,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.support import PEERS
 from tests.support.relays import GatedRelay
-from fabric.client.node_client import NodeClient
-from fabric.harness.cluster import LocalCluster, LocalNode, free_port
-from fabric.errors import (
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.harness.cluster import LocalCluster, LocalNode, free_port
+from adapter_fabric.errors import (
     AdapterNotFound,
     AdaptersUnsupported,
     ConfigMismatch,
@@ -26,8 +26,8 @@ from fabric.errors import (
     InvalidAdapterId,
     PeerUnavailable,
 )
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.v1 import fabric_pb2
 
 pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them out: -m 'not slow')
 
@@ -92,7 +92,7 @@ def test_chain_a_b_c_matches_peft(cluster, clients, adapters) -> None:
     got = torch.tensor(c.generate(PROMPT, "alpha", return_logits=True).last_logits)
     assert (got - reference_logits(adapters["alpha"])).abs().max().item() < 1e-5
     assert "chain/alpha" in {s.adapter_id for s in c.list().staged}
-    # Both pulls staged the slot row from the chunks as they landed (fabric.serving.row_sink), not from the blob after.
+    # Both pulls staged the slot row from the chunks as they landed (adapter_fabric.serving.row_sink), not from the blob after.
     for node in cluster.nodes[1:]:
         assert "promoted chain/alpha as 'alpha' into slot" in node.log_path.read_text()
         assert "row staged while receiving" in node.log_path.read_text()
@@ -286,7 +286,7 @@ def test_a_files_sha256_is_there_for_who_asks_and_only_then(cluster, clients, ad
     answered = dict(a.manifest_proto("sha/alpha", with_sha256=True).file_sha256)
     assert answered == {name: hashlib.sha256((adapters["alpha"] / name).read_bytes()).hexdigest()
                         for name in ("adapter_config.json", "adapter_model.safetensors")}
-    out = subprocess.run([sys.executable, "-m", "fabric.cli", "inspect", cluster.nodes[0].address, "--id", "sha/alpha", "--sha256", "--json"],
+    out = subprocess.run([sys.executable, "-m", "adapter_fabric.cli", "inspect", cluster.nodes[0].address, "--id", "sha/alpha", "--sha256", "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert {f["name"]: f["sha256"] for f in json.loads(out.stdout)["files"]} == answered

@@ -15,15 +15,15 @@ import pytest
 from grpc_status import rpc_status
 from google.rpc import error_details_pb2
 
-from fabric.client.node_client import NodeClient
-from fabric.errors import AdapterNotFound, PeerUnavailable, Unauthenticated
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.store.manifest import manifest_request
-from fabric.rpc.security import TlsFiles
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.errors import AdapterNotFound, PeerUnavailable, Unauthenticated
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.store.manifest import manifest_request
+from adapter_fabric.rpc.security import TlsFiles
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
-from fabric.transport import wire
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.transport import wire
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.store import stage_begin
 from tests.support.certs import TestCA
 from tests.support.scrape import http_get, scrape
@@ -102,12 +102,12 @@ def test_metrics_move_after_a_stage_a_promote_from_a_peer_and_a_generate(tmp_pat
             resident = [labels for (name, labels), v in puller.items() if name == "fabric_resident_adapter_info" and v == 1]
             assert len(resident) == 1 and ("adapter", "alpha") in resident[0] and ("content_id", f"{promoted.content_id:x}") in resident[0]
             assert value(puller, "fabric_store_used_bytes") >= weights
-            assert value(puller, "fabric_build_info", version=__import__("fabric").__version__) == 1
+            assert value(puller, "fabric_build_info", version=__import__("adapter_fabric").__version__) == 1
             assert staged.digest == promoted.digest
 
 
 def test_peer_labels_are_bounded_to_known_peers() -> None:
-    from fabric.observability.metrics import peer_label
+    from adapter_fabric.observability.metrics import peer_label
 
     assert peer_label("10.0.0.1:50051", ["10.0.0.1:50051"]) == "10.0.0.1:50051"
     assert peer_label("203.0.113.9:4444", ["10.0.0.1:50051"]) == "other"
@@ -266,7 +266,7 @@ def test_a_node_on_0000_never_lists_itself_whatever_name_reaches_it(tmp_path, ad
 
 
 def test_is_self_compares_resolved_addresses_and_the_port() -> None:
-    from fabric.transport.discovery import is_self
+    from adapter_fabric.transport.discovery import is_self
 
     assert is_self("127.0.0.1:5000", "0.0.0.0:5000") and is_self("localhost:5000", "0.0.0.0:5000")
     assert is_self("localhost:5000", "127.0.0.1:5000")
@@ -291,7 +291,7 @@ def test_an_abandoned_upload_expires_and_its_bytes_leave_the_quota(tmp_path, ada
         held = client.store_status()
         assert [u.adapter_id for u in held.uploads] == ["left/behind"] and held.uploads[0].bytes >= len(data) // 2
         assert held.quota_bytes == 10 << 20 and held.expire_after_seconds == 3 and list(held.damaged) == []
-        cli = subprocess.run([sys.executable, "-m", "fabric.cli", "store-status", node.address, "--json"], capture_output=True, text=True, timeout=60)
+        cli = subprocess.run([sys.executable, "-m", "adapter_fabric.cli", "store-status", node.address, "--json"], capture_output=True, text=True, timeout=60)
         assert cli.returncode == 0, cli.stderr
         assert json.loads(cli.stdout)["uploads"][0]["adapter_id"] in ("left/behind", "")  # expiry may race the CLI
         after = wait_for(lambda: (lambda s: s if not s.uploads else None)(client.store_status()), "the upload to expire")
@@ -303,8 +303,8 @@ def test_an_abandoned_upload_expires_and_its_bytes_leave_the_quota(tmp_path, ada
 
 
 def test_expiry_spares_what_is_in_use_and_recent_and_takes_partials(tmp_path, adapters) -> None:
-    from fabric.store import AdapterStore
-    from fabric.store.hygiene import expire_abandoned, leftovers
+    from adapter_fabric.store import AdapterStore
+    from adapter_fabric.store.hygiene import expire_abandoned, leftovers
 
     source = AdapterStore(tmp_path / "source", chunk_size=4096)
     manifest = source.stage(adapters["big"], "big")
@@ -400,7 +400,7 @@ def test_a_bad_model_directory_is_one_line(tmp_path) -> None:
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{not json")
     done = subprocess.run(
-        [sys.executable, "-m", "node.main", "--model", str(tmp_path / "model"), "--store", str(tmp_path / "s"), "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "adapter_fabric.node.main", "--model", str(tmp_path / "model"), "--store", str(tmp_path / "s"), "--listen", "127.0.0.1:0"],
         capture_output=True, text=True, timeout=WAIT_S,
     )  # fmt: skip
     lines = [line for line in done.stderr.splitlines() if line.strip()]

@@ -13,11 +13,11 @@ import grpc
 import pytest
 from blake3 import blake3
 
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.store.manifest import WEIGHTS_FILE
-from fabric.transport import fetch_metadata, wire
-from fabric.v1 import fabric_pb2
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store.manifest import WEIGHTS_FILE
+from adapter_fabric.transport import fetch_metadata, wire
+from adapter_fabric.v1 import fabric_pb2
 
 pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them out: -m 'not slow')
 

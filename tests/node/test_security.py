@@ -19,16 +19,16 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from fabric.rpc import security
+from adapter_fabric.rpc import security
 
-from fabric.transport import wire
-from fabric.client.node_client import NodeClient
-from fabric.harness.cluster import LocalNode
-from fabric.errors import InvalidHeader, LimitExceeded, PeerUnavailable, QuotaExceeded, Unauthenticated
-from fabric.format.safetensors_index import read_index
-from fabric.rpc.security import TlsFiles
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.transport import wire
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.errors import InvalidHeader, LimitExceeded, PeerUnavailable, QuotaExceeded, Unauthenticated
+from adapter_fabric.format.safetensors_index import read_index
+from adapter_fabric.rpc.security import TlsFiles
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.certs import TestCA
 from tests.support.store import stage_begin
 
@@ -248,8 +248,8 @@ def _flags(tmp_path: Path, pki, flags: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(("flags", "message"), BAD_FLAGS)
 def test_bad_security_flags_are_refused_with_a_clear_message(tmp_path, pki, flags, message) -> None:
-    from node.server import load_security
-    from node.settings import parse_settings
+    from adapter_fabric.node.server import load_security
+    from adapter_fabric.node.settings import parse_settings
 
     with pytest.raises(SystemExit, match=message):
         load_security(parse_settings(["--store", str(tmp_path / "store"), *_flags(tmp_path, pki, flags)]))
@@ -259,7 +259,7 @@ def test_bad_security_flags_are_refused_with_a_clear_message(tmp_path, pki, flag
 def test_a_bad_security_flag_stops_the_node_process_at_start(tmp_path, pki) -> None:
     flags, message = BAD_FLAGS[-1]
     done = subprocess.run(
-        [sys.executable, "-m", "node.main", "--model", "none", "--store", str(tmp_path / "store"), "--listen", "127.0.0.1:0", *_flags(tmp_path, pki, flags)],
+        [sys.executable, "-m", "adapter_fabric.node.main", "--model", "none", "--store", str(tmp_path / "store"), "--listen", "127.0.0.1:0", *_flags(tmp_path, pki, flags)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -407,13 +407,13 @@ def test_fetch_streams_per_peer_are_limited(limits, adapters) -> None:
     [("ipv4:10.0.0.2:5123", "10.0.0.2"), ("ipv6:[::1]:40000", "[::1]"), ("unix:/tmp/sock", "/tmp/sock"), ("weird", "weird")],
 )
 def test_streams_are_counted_per_peer_host(peer, host) -> None:
-    from fabric.rpc.limits import peer_host
+    from adapter_fabric.rpc.limits import peer_host
 
     assert peer_host(peer) == host
 
 
 def test_which_methods_need_the_token() -> None:
-    from fabric.rpc.security import BearerAuth
+    from adapter_fabric.rpc.security import BearerAuth
 
     for peer_reads in (False, True):
         auth = BearerAuth(TOKEN, peer_reads=peer_reads)
@@ -432,8 +432,8 @@ def test_which_methods_need_the_token() -> None:
 
 @pytest.mark.parametrize(("content", "message"), [(b"", "is empty"), (b"two words", "without spaces"), ("t\u00f6ken".encode(), "non-ASCII")])
 def test_bad_token_files_are_refused(tmp_path, content, message) -> None:
-    from fabric.errors import InvalidArgument
-    from fabric.rpc.security import read_token
+    from adapter_fabric.errors import InvalidArgument
+    from adapter_fabric.rpc.security import read_token
 
     (tmp_path / "token").write_bytes(content)
     with pytest.raises(InvalidArgument, match=message):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric import __version__
-from fabric.harness.cluster import LocalNode
-from node.settings import boolean, duration, host_port, parse_settings, positive_int
+from adapter_fabric import __version__
+from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.node.settings import boolean, duration, host_port, parse_settings, positive_int
 from tests.support.certs import TestCA
 
 TIMEOUT_S = 120
@@ -21,7 +21,7 @@ def run_node(args: list[str], env: dict[str, str] | None = None) -> subprocess.C
     """A node process that is expected to stop at start (or print and exit: --help, --version)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
     return subprocess.run(
-        [sys.executable, "-m", "node.main", *args], capture_output=True, text=True, timeout=TIMEOUT_S, env={**clean, **(env or {})}
+        [sys.executable, "-m", "adapter_fabric.node.main", *args], capture_output=True, text=True, timeout=TIMEOUT_S, env={**clean, **(env or {})}
     )
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fabric.errors import StoreMissing
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.errors import StoreMissing
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -29,7 +29,7 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
 
 
 def store_status_cli(address: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fabric.cli", "store-status", address, *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "adapter_fabric.cli", "store-status", address, *args], capture_output=True, text=True, timeout=60)
 
 
 def test_store_status_and_the_cli_name_an_adapter_whose_manifest_is_truncated(tmp_path, adapters) -> None:

@@ -7,6 +7,7 @@ the layering, not when a cycle happens to bite at import time.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ MAX_MODULE_LINES = 420
 #: pure policy: plain functions over plain data, testable without a device, a model or a socket
 PURE_MODULES = ("fabric/serving/policy.py", "fabric/transport/swarm.py", "fabric/access/policy.py")
 #: what a pure policy may import from fabric: the error types, and the id rules (plain ``re`` over strings)
-PURE_MAY_IMPORT = {"fabric.errors", "fabric.store.ids"}
+PURE_MAY_IMPORT = {"adapter_fabric.errors", "adapter_fabric.store.ids"}
 IMPURE_IMPORTS = {"torch", "grpc", "socket", "numpy", "threading", "asyncio", "os", "subprocess"}
 
 
@@ -49,35 +50,43 @@ def _modules(top: str) -> list[Path]:
     return sorted(p for p in (ROOT / top).rglob("*.py") if "v1" not in p.relative_to(ROOT).parts)
 
 
+#: the import name of each folder: setup.py installs fabric/ as adapter_fabric and node/ as adapter_fabric.node
+FOLDER_PACKAGES = {"fabric": "adapter_fabric", "node": "adapter_fabric.node"}
+PACKAGE = FOLDER_PACKAGES["fabric"]
+
+
+def _module_name(path: Path) -> str:
+    """fabric/store/manifest.py -> adapter_fabric.store.manifest; node/servicer.py -> adapter_fabric.node.servicer."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join((FOLDER_PACKAGES[parts[0]], *parts[1:]))
+
+
 def _package_of(module: str) -> str | None:
-    """'fabric.store.manifest' -> 'store'; 'node.servicer' -> 'node'; 'fabric' -> None (the public API)."""
+    """'adapter_fabric.store.manifest' -> 'store'; 'adapter_fabric.node.servicer' -> 'node'; 'adapter_fabric' -> None (the public API)."""
     parts = module.split(".")
-    if parts[0] == "node":
-        return "node"
-    if parts[0] != "fabric" or len(parts) == 1:
+    if parts[0] != PACKAGE or len(parts) == 1:
         return None
     return parts[1]
 
 
 def _imports(path: Path) -> set[str]:
-    """Every fabric/node module a file imports (``from fabric import wire`` counts as fabric.wire)."""
+    """Every library module a file imports (``from adapter_fabric import wire`` counts as adapter_fabric.wire)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names if node.module in ("fabric", "node"))
-    return {m for m in found if m.split(".")[0] in ("fabric", "node")}
+            found.update(f"{node.module}.{alias.name}" for alias in node.names if node.module in FOLDER_PACKAGES.values())
+    return {m for m in found if m.split(".")[0] == PACKAGE}
 
 
 def _edges() -> list[tuple[Path, str, str]]:
     """(file, its package, an imported package) for every cross-package import."""
     edges = []
     for path in _modules("fabric") + _modules("node"):
-        rel = path.relative_to(ROOT).with_suffix("")
-        parts = rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts
-        mine = _package_of(".".join(parts))
+        mine = _package_of(_module_name(path))
         if mine is None:
             continue  # fabric/__init__.py: the public API re-exports from every layer
         for module in _imports(path):
@@ -126,10 +135,10 @@ def test_policy_stays_pure(relative: str) -> None:
 
 
 def test_public_api() -> None:
-    """``from fabric import ...`` gives what a user needs; every public class and method says what it does."""
+    """``from adapter_fabric import ...`` gives what a user needs; every public class and method says what it does."""
     import inspect
 
-    import fabric
+    import adapter_fabric as fabric
 
     for name in fabric.__all__:
         value = getattr(fabric, name)
@@ -143,9 +152,43 @@ def test_public_api() -> None:
                 assert inspect.getdoc(member), f"fabric.{name}.{attr} has no docstring"
 
 
+#: Python files that import the library: a folder name used as an import name passes from the clone
+#: (the working directory is on sys.path) and fails in an engine's environment, where only adapter_fabric exists
+IMPORTING = ("fabric", "node", "tests", "scripts")
+FOLDER_NAME = re.compile(r"-m\s+(?:fabric|node)\b")
+
+
+def _folder_name_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] in FOLDER_PACKAGES]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] in FOLDER_PACKAGES:
+            found.append(node.module)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("__import__", "import_module"):
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and str(first.value).split(".")[0] in FOLDER_PACKAGES:
+                found.append(f"{first.value} (dynamic)")
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            values = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            found += [f"-m {v}" for flag, v in zip(values, values[1:]) if flag == "-m" and str(v).split(".")[0] in FOLDER_PACKAGES]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and FOLDER_NAME.search(node.value):
+            found.append(FOLDER_NAME.search(node.value).group(0))
+    return found
+
+
+def test_nothing_imports_the_folders_by_their_names() -> None:
+    """``fabric`` and ``node`` are folder names; the import names are adapter_fabric and adapter_fabric.node (setup.py)."""
+    files = [p for top in IMPORTING for p in sorted((ROOT / top).rglob("*.py")) if "__pycache__" not in p.parts]
+    bad = [f"{p.relative_to(ROOT)}: {name}" for p in files for name in _folder_name_imports(p)]
+    texts = [ROOT / "Dockerfile", ROOT / "README.md", *sorted((ROOT / "deploy").iterdir()), *sorted((ROOT / "scripts").iterdir())]
+    bad += [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in texts if p.is_file() and p.suffix != ".py" for m in FOLDER_NAME.finditer(p.read_text())]
+    assert not bad, "\n".join(bad)
+
+
 def test_import_fabric_stays_light() -> None:
-    """The CLI imports ``fabric`` on every call: torch and grpc load only when a name needs them."""
-    code = "import sys, fabric; print(sorted(m for m in ('torch', 'grpc', 'peft') if m in sys.modules))"
+    """The CLI imports ``adapter_fabric`` on every call: torch and grpc load only when a name needs them."""
+    code = "import sys, adapter_fabric; print(sorted(m for m in ('torch', 'grpc', 'peft') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip() == "[]"
 
@@ -153,7 +196,7 @@ def test_import_fabric_stays_light() -> None:
 def test_version_is_the_package_version() -> None:
     from importlib.metadata import version
 
-    import fabric
+    import adapter_fabric as fabric
 
     assert fabric.__version__ == version("adapter-fabric")
 
@@ -161,16 +204,11 @@ def test_version_is_the_package_version() -> None:
 # ------------------------------------------------------------ module graph: no circles, no private names across modules
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 LIBRARY = {_module_name(p): p for p in _modules("fabric") + _modules("node")}
 
 
 def _resolve(module: str, name: str | None = None) -> str | None:
-    """The library module an import statement loads: ``from fabric.store import manifest`` -> fabric.store.manifest."""
+    """The library module an import statement loads: ``from adapter_fabric.store import manifest`` -> adapter_fabric.store.manifest."""
     if name is not None and f"{module}.{name}" in LIBRARY:
         return f"{module}.{name}"
     return module if module in LIBRARY else None
@@ -195,7 +233,7 @@ def _module_imports(path: Path) -> list[tuple[str, str | None]]:
 
 def _graph() -> dict[str, set[str]]:
     # fabric/__init__.py is the public API: it re-exports (lazily) from every layer, and no library module imports it.
-    return {name: {m for m, _ in _module_imports(path) if m != name and m != "fabric"} for name, path in LIBRARY.items() if name != "fabric"}
+    return {name: {m for m, _ in _module_imports(path) if m != name and m != PACKAGE} for name, path in LIBRARY.items() if name != PACKAGE}
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.support import ROOT
-from node.settings import parse_settings
+from adapter_fabric.node.settings import parse_settings
 
 DEPLOY = ROOT / "deploy"
 KUBERNETES_VERSION = "1.30.0"  # the oldest release the manifests target; the newest schemas too

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from tests.support import ROOT
-from fabric.observability.metrics import catalog
+from adapter_fabric.observability.metrics import catalog
 
 README = ROOT / "README.md"
 

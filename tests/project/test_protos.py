@@ -32,7 +32,7 @@ def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
     from grpc_tools import protoc
 
     gen = _load_gen_script()
-    from fabric.v1 import fabric_pb2
+    from adapter_fabric.v1 import fabric_pb2
 
     for proto in gen.proto_files():
         out = tmp_path / "set.pb"
@@ -45,7 +45,7 @@ def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
 
 
 def test_service_lists_every_rpc() -> None:
-    from fabric.v1 import fabric_pb2
+    from adapter_fabric.v1 import fabric_pb2
 
     service = fabric_pb2.DESCRIPTOR.services_by_name["Fabric"]
     names = {m.name for m in service.methods}

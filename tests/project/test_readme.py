@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from fabric.harness.cluster import free_port
+from adapter_fabric.harness.cluster import free_port
 
 README = ROOT / "README.md"
 SKIP = re.compile(r"<!-- readme-test: skip: (.+?) -->")
@@ -135,7 +135,7 @@ def _stop_group(pgid: int) -> None:
 @pytest.mark.slow
 def test_the_demo_runs_and_reports_json() -> None:
     """The first block's scripts/demo is `fabric demo` once .venv exists."""
-    result = subprocess.run([sys.executable, "-m", "fabric.cli", "demo", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = subprocess.run([sys.executable, "-m", "adapter_fabric.cli", "demo", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True and any("all checks passed" in line for line in report["log"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from fabric import errors
-from fabric.format.config import PeftAdapterConfig
-from fabric.format.peft_fields import check_agrees, peft_fields_of
-from fabric.rpc.status import ERROR_DETAIL_KEY, error_detail, error_from_rpc, status_code_for
-from fabric.v1 import fabric_pb2
+from adapter_fabric import errors
+from adapter_fabric.format.config import PeftAdapterConfig
+from adapter_fabric.format.peft_fields import check_agrees, peft_fields_of
+from adapter_fabric.rpc.status import ERROR_DETAIL_KEY, error_detail, error_from_rpc, status_code_for
+from adapter_fabric.v1 import fabric_pb2
 
 EXPECTED = {
     errors.AdapterNotFound: grpc.StatusCode.NOT_FOUND,
@@ -40,7 +40,7 @@ def _every_error_type() -> set[type]:
         for sub in todo.pop().__subclasses__():
             found.add(sub)
             todo.append(sub)
-    return {t for t in found if t.__module__ == "fabric.errors"}
+    return {t for t in found if t.__module__ == "adapter_fabric.errors"}
 
 
 @pytest.mark.parametrize("kind, code", EXPECTED.items(), ids=lambda v: getattr(v, "__name__", str(v)))
@@ -60,7 +60,7 @@ def test_only_pool_full_quota_busy_and_peers_are_retryable() -> None:
 
 
 def test_every_error_type_is_importable_from_fabric() -> None:
-    import fabric
+    import adapter_fabric as fabric
 
     for kind in _every_error_type() | {errors.FabricError}:
         assert getattr(fabric, kind.__name__) is kind and kind.__name__ in fabric.__all__, kind.__name__

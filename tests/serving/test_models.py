@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fabric.errors import InvalidArgument
-from fabric.serving.multi_lora import MultiLoraModel
-from fabric.serving.tiny import build_tiny_model, load_base_model, make_peft_adapter
+from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.serving.multi_lora import MultiLoraModel
+from adapter_fabric.serving.tiny import build_tiny_model, load_base_model, make_peft_adapter
 
 IDS = torch.tensor([[5, 6, 7, 8]])
 

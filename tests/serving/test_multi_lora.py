@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from fabric.serving.adapters import ModelAdapters
-from fabric.errors import (
+from adapter_fabric.serving.adapters import ModelAdapters
+from adapter_fabric.errors import (
     AdapterNotFound,
     AdaptersUnsupported,
     IncompatibleAdapter,
@@ -23,8 +23,8 @@ from fabric.errors import (
     QuotaExceeded,
     SlotBusy,
 )
-from fabric.serving.multi_lora import SAFETENSORS_FILE, MultiLoraModel
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.serving.multi_lora import SAFETENSORS_FILE, MultiLoraModel
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 TOL = 1e-5
 

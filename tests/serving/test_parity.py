@@ -12,8 +12,8 @@ import pytest
 import torch
 from peft import PeftModel
 
-from fabric.serving.multi_lora import MultiLoraModel
-from fabric.serving.tiny import DEFAULT_TARGET_MODULES, build_tiny_model, make_peft_adapter
+from adapter_fabric.serving.multi_lora import MultiLoraModel
+from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES, build_tiny_model, make_peft_adapter
 
 TOL = 1e-5
 FAMILIES = ("llama", "qwen2", "mistral")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.errors import PoolFull, QuotaExceeded
-from fabric.serving.policy import SlotView, check_pin_limit, choose_victim
+from adapter_fabric.errors import PoolFull, QuotaExceeded
+from adapter_fabric.serving.policy import SlotView, check_pin_limit, choose_victim
 
 
 def view(index: int, holds: bool = True, refs: int = 0, pinned: bool = False, last_used: int = 0) -> SlotView:

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from fabric.errors import AdapterNotFound, IncompatibleAdapter, InvalidArgument, PoolFull, QuotaExceeded, SlotBusy
-from fabric.serving.pool import SlotPool
+from adapter_fabric.errors import AdapterNotFound, IncompatibleAdapter, InvalidArgument, PoolFull, QuotaExceeded, SlotBusy
+from adapter_fabric.serving.pool import SlotPool
 
 MODULES = {"l0.q": (8, 8), "l0.down": (16, 8), "l1.q": (8, 8)}
 

@@ -1,4 +1,4 @@
-"""A slot row staged from a pull's verified chunks as they land (fabric.serving.row_sink) equals one staged from the file.
+"""A slot row staged from a pull's verified chunks as they land (adapter_fabric.serving.row_sink) equals one staged from the file.
 
 Real PEFT adapters on the tiny model; chunks fed in random order, at chunk
 sizes that split lora_B rows across chunks; rows recycled from a bigger
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from fabric.errors import InvalidArgument, InvalidTensors
-from fabric.serving.multi_lora import MultiLoraModel
-from fabric.serving.row_sink import RowSink
-from fabric.serving.shape_only import ShapeOnlyModel
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
+from adapter_fabric.errors import InvalidArgument, InvalidTensors
+from adapter_fabric.serving.multi_lora import MultiLoraModel
+from adapter_fabric.serving.row_sink import RowSink
+from adapter_fabric.serving.shape_only import ShapeOnlyModel
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fabric.errors import AdapterNotFound, IncompatibleAdapter, IntegrityError, InvalidArgument
-from fabric.serving.multi_lora import MultiLoraModel
-from fabric.serving.shape_only import ShapeOnlyModel
-from fabric.store import AdapterStore
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.errors import AdapterNotFound, IncompatibleAdapter, IntegrityError, InvalidArgument
+from adapter_fabric.serving.multi_lora import MultiLoraModel
+from adapter_fabric.serving.shape_only import ShapeOnlyModel
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
 
 @pytest.fixture(scope="module")

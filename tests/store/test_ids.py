@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabric.errors import InvalidAdapterId, InvalidArgument
-from fabric.store.ids import MAX_ID_LENGTH, validate_adapter_id, validate_digest
+from adapter_fabric.errors import InvalidAdapterId, InvalidArgument
+from adapter_fabric.store.ids import MAX_ID_LENGTH, validate_adapter_id, validate_digest
 
 ALPHABET = "abcXYZ019._-/"
 

@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.store import SMALL_CHUNK
-from fabric.format.content_id import content_id
+from adapter_fabric.format.content_id import content_id
 from blake3 import blake3
 
-from fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidAdapterId, InvalidArgument, InvalidConfig, InvalidHeader
-from fabric.store.digests import whole_file_blake3
-from fabric.store.manifest import (
+from adapter_fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidAdapterId, InvalidArgument, InvalidConfig, InvalidHeader
+from adapter_fabric.store.digests import whole_file_blake3
+from adapter_fabric.store.manifest import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     FileEntry,
@@ -27,8 +27,8 @@ from fabric.store.manifest import (
     hash_bytes,
     plan_chunks,
 )
-from fabric.format.safetensors_index import read_index
-from fabric.v1 import fabric_pb2
+from adapter_fabric.format.safetensors_index import read_index
+from adapter_fabric.v1 import fabric_pb2
 
 
 @pytest.fixture(scope="module")

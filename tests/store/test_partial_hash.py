@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.store import corrupt_behind_the_writer, snapshot
-from fabric.errors import IntegrityError
-from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
-from fabric.store import AdapterStore
+from adapter_fabric.errors import IntegrityError
+from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
+from adapter_fabric.store import AdapterStore
 
 CHUNK = 1024  # ~6 chunks of the ~6 KB adapter "c"
 

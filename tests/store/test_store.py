@@ -17,7 +17,7 @@ from blake3 import blake3
 
 from tests.support import STAGE_WORKER
 from tests.support.store import SMALL_CHUNK, blake3_of, corrupt_behind_the_writer, flip_byte, snapshot
-from fabric.errors import (
+from adapter_fabric.errors import (
     AdapterNotFound,
     IntegrityError,
     InvalidAdapter,
@@ -28,8 +28,8 @@ from fabric.errors import (
     InvalidTensors,
     QuotaExceeded,
 )
-from fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest, hash_bytes
-from fabric.store import AdapterStore
+from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest, hash_bytes
+from adapter_fabric.store import AdapterStore
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def _assert_peft_loads(view: Path, source: Path) -> None:
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from fabric.serving.tiny import build_tiny_model
+    from adapter_fabric.serving.tiny import build_tiny_model
 
     model = PeftModel.from_pretrained(build_tiny_model(), view)
     expected = load_file(source / WEIGHTS_FILE)["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"]
@@ -527,7 +527,7 @@ def test_a_download_that_fits_the_quota_when_opened_commits(tmp_path: Path, adap
 
 def test_a_pull_that_finds_its_bytes_gone_before_referring_to_them_says_not_found_and_leaves_nothing(tmp_path: Path, adapters, manifests) -> None:
     """A joined download whose bytes an unstage removed before the joiner's reference (seen in the soak)."""
-    from fabric.transport.pull import PeerPuller
+    from adapter_fabric.transport.pull import PeerPuller
 
     store = _store(tmp_path)
     store.stage(adapters["a"], "a")

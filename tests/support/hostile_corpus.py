@@ -1,7 +1,7 @@
 """A corpus of malformed adapters, ids, manifests and Stage streams, each made from a real PEFT adapter.
 
 Every adapter case starts from a directory written by PEFT's ``save_pretrained``
-(``fabric.serving.tiny.make_peft_adapter``) and breaks exactly one thing, by editing the
+(``adapter_fabric.serving.tiny.make_peft_adapter``) and breaks exactly one thing, by editing the
 safetensors header, the data, the tensors (re-saved with ``safetensors``) or the
 config. Each case names the error type the library must raise and a regex its
 message must match, and says where it is refused:
@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from fabric.errors import (
+from adapter_fabric.errors import (
     FabricError,
     IncompatibleAdapter,
     InvalidAdapter,
@@ -381,7 +381,7 @@ BAD_IDS: dict[str, str] = {
 
 def build_adapters(root: Path, base_model=None) -> dict[str, Path]:
     """The good adapter plus one directory per case, all under ``root``."""
-    from fabric.serving.tiny import make_peft_adapter
+    from adapter_fabric.serving.tiny import make_peft_adapter
 
     good = make_peft_adapter(root / "good", base_model=base_model, r=RANK, lora_alpha=8, target_modules=["q_proj", "v_proj"], seed=7)
     dirs = {"good": good}

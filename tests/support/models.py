@@ -12,7 +12,7 @@ def reference_logits(adapter_dir: Path, prompt: list[int] = PROMPT) -> list[floa
     import torch
     from peft import PeftModel
 
-    from fabric.serving.tiny import build_tiny_model
+    from adapter_fabric.serving.tiny import build_tiny_model
 
     model = PeftModel.from_pretrained(build_tiny_model(), adapter_dir).eval()
     with torch.no_grad():

@@ -7,7 +7,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabric.harness.cluster import LocalNode
+from adapter_fabric.harness.cluster import LocalNode
 
 
 def http_get(address: str, path: str) -> tuple[int, str]:

@@ -17,8 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from fabric.store.manifest import Manifest
-from fabric.store import AdapterStore
+from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store import AdapterStore
 
 
 def main(argv: list[str]) -> None:

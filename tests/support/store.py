@@ -16,7 +16,7 @@ SMALL_CHUNK = 4096  # tiny adapters are ~15 KB: several chunks each
 
 def make_adapters(out: Path) -> dict[str, Path]:
     """Real adapters written by PEFT's save_pretrained, plus hand-broken copies of them."""
-    from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+    from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 
     base = build_tiny_model()
     dirs = {
@@ -71,8 +71,8 @@ def stage_begin_of(adapter_id: str, config_json: bytes, weights: bytes, chunk_si
     """A StageBegin for a config and weights file given as bytes (see ``stage_begin``)."""
     from blake3 import blake3
 
-    from fabric.store.digests import DIGEST_SCHEME, WEIGHTS_FILE, hash_bytes
-    from fabric.v1 import fabric_pb2
+    from adapter_fabric.store.digests import DIGEST_SCHEME, WEIGHTS_FILE, hash_bytes
+    from adapter_fabric.v1 import fabric_pb2
 
     fields = {
         "adapter_id": adapter_id,
@@ -88,7 +88,7 @@ def stage_begin_of(adapter_id: str, config_json: bytes, weights: bytes, chunk_si
 
 def blake3_of(path: Path) -> str:
     """The whole-file BLAKE3 of a file (what NodeClient.stage keys an upload by)."""
-    from fabric.store.digests import whole_file_blake3
+    from adapter_fabric.store.digests import whole_file_blake3
 
     return whole_file_blake3(path)
 

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from fabric.errors import FabricError, InvalidArgument, QuotaExceeded, Unauthenticated
-from fabric.harness.bench import make_adapter
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.observability.metrics import DATA_FALLBACKS
-from fabric.rpc.status import error_from_detail
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.transport import data_frames, fetch_metadata
-from fabric.transport.data_channel import DataChannels
-from fabric.v1 import fabric_pb2
+from adapter_fabric.errors import FabricError, InvalidArgument, QuotaExceeded, Unauthenticated
+from adapter_fabric.harness.bench import make_adapter
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.observability.metrics import DATA_FALLBACKS
+from adapter_fabric.rpc.status import error_from_detail
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.transport import data_frames, fetch_metadata
+from adapter_fabric.transport.data_channel import DataChannels
+from adapter_fabric.v1 import fabric_pb2
 from tests.support.certs import TestCA
 from tests.support.scrape import scrape
 

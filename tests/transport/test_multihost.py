@@ -1,6 +1,6 @@
 """Multi-host: nodes in network namespaces joined by a bridge, links limited with tc (root only).
 
-A small version of scripts/bench_swarm.py (its adapter from fabric.harness.bench): 4 store-only nodes, a 4 MiB adapter
+A small version of scripts/bench_swarm.py (its adapter from adapter_fabric.harness.bench): 4 store-only nodes, a 4 MiB adapter
 on the seed, a swarm rollout to the other three, then the star baseline. The
 figures are the benchmark's business; here every node must end with the
 seed's digest, through real links with real limits.
@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from tests.support import ROOT
-from fabric.harness import netlab
-from fabric.harness.bench import make_adapter
+from adapter_fabric.harness import netlab
+from adapter_fabric.harness.bench import make_adapter
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fabric.errors import AdapterNotFound, FabricError, PeerUnavailable
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.transport import wire
-from fabric.v1 import fabric_pb2
+from adapter_fabric.errors import AdapterNotFound, FabricError, PeerUnavailable
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.transport import wire
+from adapter_fabric.v1 import fabric_pb2
 from tests.support.relays import GatedRelay
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -13,16 +13,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fabric.transport import swarm
+from adapter_fabric.transport import swarm
 
-from fabric.transport import fetch_metadata, wire
-from fabric.client.node_client import NodeClient
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.transport.discovery import PeerSource, resolve
-from fabric.errors import AdapterNotFound, InvalidArgument
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from fabric.store.digests import chunk_digest, hash_file
-from fabric.v1 import fabric_pb2
+from adapter_fabric.transport import fetch_metadata, wire
+from adapter_fabric.client.node_client import NodeClient
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.transport.discovery import PeerSource, resolve
+from adapter_fabric.errors import AdapterNotFound, InvalidArgument
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store.digests import chunk_digest, hash_file
+from adapter_fabric.v1 import fabric_pb2
 from tests.support.relays import GatedRelay
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -347,7 +347,7 @@ def test_rollout_cli_forms_a_pipeline_and_locate_finds_holders(tmp_path, big_ada
         with NodeClient(seed.address) as client:
             digest = client.stage(big_adapter, "big").digest
         out = subprocess.run(
-            [sys.executable, "-m", "fabric.cli", "rollout", *addresses, "--id", "big", "--from", seed.address, "--stage-only", "--json"],
+            [sys.executable, "-m", "adapter_fabric.cli", "rollout", *addresses, "--id", "big", "--from", seed.address, "--stage-only", "--json"],
             capture_output=True,
             text=True,
             timeout=180,

@@ -1,4 +1,4 @@
-"""fabric.transport.wire: the hand-written Chunk codec is wire-compatible with the generated class,
+"""adapter_fabric.transport.wire: the hand-written Chunk codec is wire-compatible with the generated class,
 rejects malformed bytes with fabric errors only, and plugs into a real grpc.aio server."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fabric.transport import wire
-from fabric.errors import FabricError, IntegrityError, InvalidArgument
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.transport import wire
+from adapter_fabric.errors import FabricError, IntegrityError, InvalidArgument
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 U64 = (1 << 64) - 1
 OFFSETS = [0, 1, 127, 128, 300, 16383, 16384, 1 << 20, (1 << 32) - 1, 1 << 32, 1 << 63, U64]
@@ -386,7 +386,7 @@ def test_sync_server_and_channel_also_work() -> None:
 
 def test_fetch_metadata_holder_hints_parse_bounded_and_refuse_junk() -> None:
     """What a pulling peer says it holds rides on its Fetch request; junk is ignored (a hint is advisory), never raised."""
-    from fabric.transport import fetch_metadata
+    from adapter_fabric.transport import fetch_metadata
 
     sent = fetch_metadata.holder(50051, b"\x05")
     assert fetch_metadata.holder_of(sent, "ipv4:10.0.0.7:41234") == ("10.0.0.7", 50051, b"\x05")
@@ -414,9 +414,9 @@ class _SchemeOneNode(fabric_pb2_grpc.FabricServicer):
 async def test_a_client_meeting_a_node_of_digest_scheme_1_says_so_before_sending_a_byte(tmp_path) -> None:
     import asyncio
 
-    from fabric.client.node_client import NodeClient
-    from fabric.errors import IncompatibleFormat
-    from fabric.serving.tiny import make_peft_adapter
+    from adapter_fabric.client.node_client import NodeClient
+    from adapter_fabric.errors import IncompatibleFormat
+    from adapter_fabric.serving.tiny import make_peft_adapter
 
     adapter = make_peft_adapter(tmp_path / "a", r=2)
     server, address = await _start(_SchemeOneNode(), use_wire=False)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from fabric.cli.main import run as cli
-from fabric.errors import FabricError, Untrusted
-from fabric.harness.cluster import LocalNode, free_port
-from fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.cli.main import run as cli
+from adapter_fabric.errors import FabricError, Untrusted
+from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.store import flip_byte
-from fabric.trust.signing import TrustedSigners, keygen, sign_digest
+from adapter_fabric.trust.signing import TrustedSigners, keygen, sign_digest
 
 pytestmark = pytest.mark.timeout(300)
 

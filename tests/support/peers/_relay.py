@@ -6,7 +6,7 @@ from concurrent import futures
 
 import grpc
 
-from fabric.transport import wire
+from adapter_fabric.transport import wire
 
 
 def serve(servicer) -> None:

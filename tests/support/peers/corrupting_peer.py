@@ -15,9 +15,9 @@ import threading
 
 import grpc
 
-from fabric.transport import wire
+from adapter_fabric.transport import wire
 from _relay import serve
-from fabric.v1 import fabric_pb2_grpc
+from adapter_fabric.v1 import fabric_pb2_grpc
 
 
 class CorruptingRelay(fabric_pb2_grpc.FabricServicer):

@@ -25,9 +25,9 @@ import hashlib
 import grpc
 from blake3 import blake3
 
-from fabric.transport import wire
+from adapter_fabric.transport import wire
 from _relay import serve
-from fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 MODES = ("size", "digest", "content_id", "other_id", "chunks")
 

@@ -18,9 +18,9 @@ import time
 
 import grpc
 
-from fabric.transport import wire
+from adapter_fabric.transport import wire
 from _relay import serve
-from fabric.v1 import fabric_pb2_grpc
+from adapter_fabric.v1 import fabric_pb2_grpc
 
 
 class StallingRelay(fabric_pb2_grpc.FabricServicer):
