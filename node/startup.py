@@ -85,3 +85,42 @@ def open_store(settings: NodeSettings, trusted: TrustedSigners, policy: PolicyFi
         fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")
     except FabricError as exc:
         fail(f"--store {settings.store}: {exc}")
+
+
+def check_bindable(flag: str, listen: str) -> None:
+    """Refuse an address another process holds, or one that is not this machine's, before gRPC tries it.
+
+    gRPC's own bind reuses ports by default (two nodes then share one port) and
+    reports failures in several lines; this probe gives one line naming the flag.
+    """
+    host, _, port_text = listen.rpartition(":")
+    host, port = host.strip("[]"), int(port_text)
+    try:
+        infos = socket.getaddrinfo(None if host in ("", "*") else host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        fail(f"{flag} {listen}: the host {host!r} does not resolve ({getattr(exc, 'strerror', None) or exc}); expected HOST:PORT of this machine")
+    if port == 0:
+        return
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT leftovers are not "in use"
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    fail(f"{flag} {listen}: port {port} is already in use on {address[0]} (another process listens there); stop it or pick another port")
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    fail(f"{flag} {listen}: {address[0]} is not an address of this machine")
+                fail(f"{flag} {listen}: cannot listen there: {exc.strerror}")
+
+
+def bind(server: grpc.aio.Server, settings: NodeSettings, credentials: grpc.ServerCredentials | None) -> int:
+    """Add the --listen port to ``server`` (port reuse is off in its options); the bound port."""
+    check_bindable("--listen", settings.listen)
+    try:
+        port = server.add_secure_port(settings.listen, credentials) if credentials is not None else server.add_insecure_port(settings.listen)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        fail(f"--listen {settings.listen}: cannot listen there (in use, or not an address of this machine)")
+    return port

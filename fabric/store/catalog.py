@@ -166,6 +166,10 @@ class Catalog:
                 found.append(manifest.with_id(adapter_id))
         return found
 
+    def _scan_ids(self) -> list[str]:
+        """Every name in ``refs/`` that is an id (not read: what the index is built from)."""
+        return [n for n in (decode_id(entry.name) for entry in os.scandir(self.layout.refs)) if _is_id(n)]
+
     def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> list[Listed]:
         """Up to ``count`` staged ids sorted after ``after`` ("" = from the first), each with its manifest or its problem.
 
