@@ -8,6 +8,7 @@ and a tenant past its quota never makes an evicting store drop anything.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,8 +69,15 @@ max_adapters = 2
 
 
 def quota_node(tmp_path: Path, world: dict, *extra: str) -> LocalNode:
+    """A node under the policy; its client() sends the "ops" principal's token (a policy node needs a principal on every call)."""
+    token_file = tmp_path / "ops.token"
+    token_file.write_text("ops")
     return LocalNode(
-        tmp_path / "q", model="none", peers=[world["seeder"].address], extra_args=["--policy", str(policy(tmp_path / "policy.toml", world)), *extra]
+        tmp_path / "q",
+        model="none",
+        peers=[world["seeder"].address],
+        token_file=token_file,
+        extra_args=["--policy", str(policy(tmp_path / "policy.toml", world)), *extra],
     ).start()
 
 
@@ -88,7 +96,8 @@ def begin_only(node: LocalNode, directory: Path, adapter_id: str) -> grpc.RpcErr
     with grpc.insecure_channel(node.address) as channel:
         stub = fabric_pb2_grpc.FabricStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
-            stub.Stage(iter([fabric_pb2.StageRequest(begin=stage_begin(directory, adapter_id))]), timeout=60)
+            begin = fabric_pb2.StageRequest(begin=stage_begin(directory, adapter_id))
+            stub.Stage(iter([begin]), timeout=60, metadata=(("authorization", "Bearer ops"),))
     return caught.value
 
 
@@ -114,7 +123,10 @@ def test_a_stage_past_a_tenants_bytes_is_refused_before_bytes_arrive(tmp_path, w
             tenants = {t.prefix: t for t in c.store_status().tenants}
             assert (tenants["team-a/"].bytes, tenants["team-a/"].adapters) == (held, 2)
             assert (tenants["team-b/"].adapters, tenants["team-b/"].max_adapters) == (1, 2)
-        text = subprocess.run([sys.executable, "-m", "adapter_fabric.cli", "store-status", node.address], capture_output=True, text=True, timeout=60)
+        text = subprocess.run(
+            [sys.executable, "-m", "adapter_fabric.cli", "store-status", node.address],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "FABRIC_AUTH_TOKEN": "ops"},
+        )
         assert text.returncode == 0 and "tenant   team-b/" in text.stdout and "1 of 2 adapters" in text.stdout, text.stdout + text.stderr
     finally:
         node.stop()
