@@ -195,13 +195,18 @@ def _grant(raw: object, where: str) -> Grant:
     return Grant(frozenset(verbs), prefixes)
 
 
+def _check_table(raw: object, where: str, kind: str, known: set[str]) -> None:
+    """``raw`` is a ``[[kind]]`` table holding only ``known`` keys; else ``InvalidPolicy`` naming the first stranger."""
+    if not isinstance(raw, dict):
+        raise _fail(where, f"must be a [[{kind}]] table")
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise _fail(where, f"unknown key {unknown[0][:40]!r} (known: {', '.join(sorted(known))})")
+
+
 def _principal(raw: object, index: int) -> Principal:
     where = f"principal #{index + 1}"
-    if not isinstance(raw, dict):
-        raise _fail(where, "must be a [[principal]] table")
-    unknown = sorted(set(raw) - _PRINCIPAL_KEYS)
-    if unknown:
-        raise _fail(where, f"unknown key {unknown[0][:40]!r} (known: {', '.join(sorted(_PRINCIPAL_KEYS))})")
+    _check_table(raw, where, "principal", _PRINCIPAL_KEYS)
     name = raw.get("name")
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
         raise _fail(where, "needs a name of 1 to 64 characters from [A-Za-z0-9._-@:]")
@@ -228,11 +233,7 @@ def _quota_size(value: object, where: str) -> int:
 
 def _quota(raw: object, index: int) -> TenantQuota:
     where = f"quota #{index + 1}"
-    if not isinstance(raw, dict):
-        raise _fail(where, "must be a [[quota]] table")
-    unknown = sorted(set(raw) - _QUOTA_KEYS)
-    if unknown:
-        raise _fail(where, f"unknown key {unknown[0][:40]!r} (known: {', '.join(sorted(_QUOTA_KEYS))})")
+    _check_table(raw, where, "quota", _QUOTA_KEYS)
     if raw.get("prefix") == EVERYTHING:
         raise _fail(where, "prefix '*' is the whole store: its limit is fabric-node --max-store-bytes")
     prefix = _prefix(raw.get("prefix"), where)
