@@ -32,12 +32,11 @@ from adapter_fabric.errors import AdapterNotFound, FabricError, PermissionDenied
 from adapter_fabric.observability.audit import audit
 from adapter_fabric.observability.metrics import ACCESS_REFUSALS
 from adapter_fabric.rpc.security import AUTH_METADATA_KEY, OPEN_SERVICES
-from adapter_fabric.rpc.status import abort_with
+from adapter_fabric.rpc.status import FABRIC_PREFIX, abort_with
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.access_rules import CHANGES, RULES, Need
 
-FABRIC_PREFIX = "/fabric.v1.Fabric/"
 _BEARER = "Bearer "
 #: the auth-context key of a client certificate's subject alternative names
 SAN_KEY = "x509_subject_alternative_name"

@@ -20,7 +20,7 @@ from adapter_fabric import errors
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.rpc.bounds import shown
-from adapter_fabric.rpc.status import ERROR_DETAIL_KEY, bounded
+from adapter_fabric.rpc.status import ERROR_DETAIL_KEY, FABRIC_PREFIX, bounded
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport.pull import PeerPuller, PullStats
 from adapter_fabric.v1 import fabric_pb2
@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the model module loads torch
 log = logging.getLogger("fabric.rpc")
 pull_log = logging.getLogger("fabric.pull")
 
-FABRIC_PREFIX = "/fabric.v1.Fabric/"
 
 
 def outcome_of(exc: BaseException | None) -> str:

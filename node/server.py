@@ -7,8 +7,10 @@ model, and the gRPC port (port reuse off: a second node on a busy port fails
 instead of sharing it). Only then is the node ready.
 
 SIGTERM (or SIGINT) drains: ``/readyz`` and gRPC health turn NOT_SERVING
-first, so load balancers and peers stop sending; in-flight calls, Fetch
-streams included, get --drain-timeout seconds to finish and are cut after.
+first, so load balancers and peers stop sending; a new call is refused with
+UNAVAILABLE naming the shutdown (``adapter_fabric.rpc.draining``) while the node
+listens on until peers' Fetch streams end; in-flight calls, Fetch streams
+included, get --drain-timeout seconds in all to finish and are cut after.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from adapter_fabric.errors import FabricError
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.endpoint import ProbeEndpoint
 from adapter_fabric.observability.logs import event
+from adapter_fabric.rpc.draining import DrainGate
 from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.rpc.security import BearerAuth
 from adapter_fabric.store import AdapterStore
@@ -49,7 +52,7 @@ from adapter_fabric.node.handoff import HandOff
 
 from adapter_fabric.node.gate import AccessGate
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
-from adapter_fabric.node.peer_reads import PeerReads
+from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S, PeerReads
 from adapter_fabric.node.promotes import Promotes
 from adapter_fabric.node.repair import Repairs
 from adapter_fabric.node.scrub import Scrubber
@@ -76,6 +79,9 @@ HYGIENE_INTERVAL_MAX_S = 600.0
 HYGIENE_INTERVAL_MIN_S = 0.5
 #: how often the --policy file is checked for a change (SIGHUP reloads it at once)
 POLICY_POLL_S = 2.0
+#: a draining node stops listening once no Fetch stream has been open this long (a receiver's next request hears why first)
+DRAIN_LINGER_S = 0.5
+DRAIN_POLL_S = 0.05
 
 
 def build_model(settings: NodeSettings) -> MultiLoraModel | None:
@@ -193,6 +199,20 @@ class Node:
         self.puller.channels.close()
 
 
+async def _streams_ended(streams: PeerStreamLimit, within: float) -> None:
+    """Return once no Fetch stream has been open for DRAIN_LINGER_S (a receiver between two requests hears the refusal), or
+    after ``within`` seconds less the margin ``PeerReads`` keeps to cut the last ones by name."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + max(0.0, within - min(DRAIN_CUT_MARGIN_S, within / 2))
+    quiet_since = loop.time()
+    while loop.time() < give_up:
+        if streams.streams_open:
+            quiet_since = loop.time()
+        elif loop.time() - quiet_since >= DRAIN_LINGER_S:
+            return
+        await asyncio.sleep(DRAIN_POLL_S)
+
+
 async def _poll_policy(gate: AccessGate) -> None:
     while True:
         await asyncio.sleep(POLICY_POLL_S)
@@ -237,6 +257,8 @@ async def serve(settings: NodeSettings) -> None:
     # Observe first: it sees refusals by the auth interceptor too. Auth next: an unauthenticated
     # Fetch is refused before it counts against the peer's streams.
     interceptors: list[grpc.aio.ServerInterceptor] = [RpcObserver()]
+    drain_gate = DrainGate()  # once draining, new calls are refused by name (grpc's stop would refuse them unnamed)
+    interceptors.append(drain_gate)
     # With a policy, the gate resolves every call's principal and checks its verb (node.gate); else the one token, as before.
     auth = AccessGate(policy, store, token) if policy is not None else BearerAuth(token, peer_reads=settings.auth_peer_reads) if token else None
     if auth is not None:
@@ -291,12 +313,19 @@ async def serve(settings: NodeSettings) -> None:
     # Drain: out of rotation first, then in-flight calls get the bound to finish; what is left is cut.
     readiness.set(False)
     log.info("draining: readiness false, health NOT_SERVING, %.1fs for in-flight calls", settings.drain_timeout)
+    started = loop.time()
+    refusal = f"this node is shutting down (SIGTERM): it takes no new calls while those in flight finish (--drain-timeout {settings.drain_timeout:g}s); use another node"
+    drain_gate.close(refusal)
+    streams.close(refusal)
     node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
     for task in (hygiene, poll_policy):
         if task is not None:
             task.cancel()
-    await asyncio.gather(server.stop(settings.drain_timeout), *([data_server.close(settings.drain_timeout)] if data_server else []))
+    # Listening on while peers' Fetch streams run: a receiver's next request hears the refusal above, not "connection refused".
+    await _streams_ended(streams, within=settings.drain_timeout)
+    left = max(0.0, settings.drain_timeout - (loop.time() - started))
+    await asyncio.gather(server.stop(left), *([data_server.close(left)] if data_server else []))
     node.close()
     if endpoint is not None:
         endpoint.close()

@@ -12,7 +12,7 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.errors import PeerUnavailable, QuotaExceeded
 from adapter_fabric.rpc.status import abort_with
 
 #: largest adapter (weights file) a node accepts by default: well above any LoRA of a 70B model at rank 64
@@ -47,9 +47,20 @@ class PeerStreamLimit(grpc.aio.ServerInterceptor):
         self.limit = limit
         self.method = method
         self.open: dict[str, int] = {}  # the event loop is the only thread that touches it
+        self.closed = ""  # once the node drains: why no new stream is taken
+
+    def close(self, cause: str) -> None:
+        """No new stream of any peer from now on (``PeerUnavailable(cause)``); open ones go on."""
+        self.closed = cause
+
+    @property
+    def streams_open(self) -> int:
+        return sum(self.open.values())
 
     def enter(self, host: str) -> None:
         """Count one more stream of ``host`` (gRPC Fetch and the data channel alike); QuotaExceeded when it holds ``limit``."""
+        if self.closed:
+            raise PeerUnavailable(self.closed)
         if self.open.get(host, 0) >= self.limit:
             raise QuotaExceeded(f"peer {host} already holds {self.limit} Fetch streams to this node (--max-streams-per-peer); finish one first")
         self.open[host] = self.open.get(host, 0) + 1
@@ -76,7 +87,7 @@ class PeerStreamLimit(grpc.aio.ServerInterceptor):
             host = peer_host(context.peer())
             try:
                 self.enter(host)
-            except QuotaExceeded as exc:
+            except (QuotaExceeded, PeerUnavailable) as exc:
                 await abort_with(context, exc)
             try:
                 async for item in behavior(request, context):

@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, Sequence
 import grpc
 
 from adapter_fabric.errors import InvalidArgument, Unauthenticated
-from adapter_fabric.rpc.status import abort_with
+from adapter_fabric.rpc.status import abort_with, refusing_handler
 
 AUTH_METADATA_KEY = "authorization"
 _BEARER = "Bearer "
@@ -191,23 +191,6 @@ def channel(
 # ---------------------------------------------------------------- the server side
 
 
-def _refusal(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that refuses without calling it (nothing is read or done)."""
-
-    async def refuse(request_or_iterator, context) -> None:
-        await abort_with(context, error)
-
-    if handler.request_streaming and handler.response_streaming:
-        make = grpc.stream_stream_rpc_method_handler
-    elif handler.request_streaming:
-        make = grpc.stream_unary_rpc_method_handler
-    elif handler.response_streaming:
-        make = grpc.unary_stream_rpc_method_handler
-    else:
-        make = grpc.unary_unary_rpc_method_handler
-    return make(refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-
-
 class BearerAuth(grpc.aio.ServerInterceptor):
     """Refuses calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED, before the servicer runs."""
 
@@ -244,4 +227,4 @@ class BearerAuth(grpc.aio.ServerInterceptor):
             return handler
         has_header = any(key == AUTH_METADATA_KEY for key, _ in details.invocation_metadata or ())
         problem = "a wrong bearer token" if has_header else "no bearer token"
-        return _refusal(handler, Unauthenticated(f"{details.method} needs this cluster's bearer token; the call carried {problem}"))
+        return refusing_handler(handler, Unauthenticated(f"{details.method} needs this cluster's bearer token; the call carried {problem}"))

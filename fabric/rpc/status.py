@@ -32,6 +32,8 @@ from adapter_fabric.v1 import fabric_pb2
 log = logging.getLogger(__name__)
 
 ERROR_DETAIL_KEY = "fabric-error-bin"
+#: every method of the Fabric service starts with this (health and reflection do not)
+FABRIC_PREFIX = "/fabric.v1.Fabric/"
 #: the ErrorInfo domain of fabric's errors in grpc-status-details-bin
 ERROR_DOMAIN = "fabric.v1"
 
@@ -124,6 +126,23 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError)
     trailer = ((ERROR_DETAIL_KEY, error_detail(exc, message)), *rich_status(exc, code, message).trailing_metadata)
     context.set_trailing_metadata(trailer)
     await context.abort(code, message, trailer)
+
+
+def refusing_handler(handler: grpc.RpcMethodHandler, error: errors.FabricError) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that refuses with ``error`` without calling it (nothing is read or done)."""
+
+    async def refuse(request_or_iterator, context) -> None:
+        await abort_with(context, error)
+
+    if handler.request_streaming and handler.response_streaming:
+        make = grpc.stream_stream_rpc_method_handler
+    elif handler.request_streaming:
+        make = grpc.stream_unary_rpc_method_handler
+    elif handler.response_streaming:
+        make = grpc.unary_stream_rpc_method_handler
+    else:
+        make = grpc.unary_unary_rpc_method_handler
+    return make(refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
 
 def within_bounds(request: Any) -> Any:

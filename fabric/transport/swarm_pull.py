@@ -39,6 +39,10 @@ POLL_S = 0.5
 POLL_MAX_S = 2.0
 #: the coordinator's tick when no worker reports (stall checks, polls)
 TICK_S = 0.1
+#: a dropped peer's stream still running is cut after this long without delivering (its chunks then go to others)
+DROPPED_PEER_STALL_S = 3.0
+#: why a dropped peer failed, then why its remaining streams ended: at most this many distinct reasons
+MAX_REASONS_PER_PEER = 2
 #: seconds before asking again a peer that refused a stream as busy (RESOURCE_EXHAUSTED)
 BUSY_BACKOFF_S = 0.5
 #: threads of one pull at most (fetches beyond wait for a free one)
@@ -83,7 +87,7 @@ class SwarmPull:
         self.polling: set[str] = set()
         self.last_poll: dict[str, float] = {}
         self.poll_gap: dict[str, float] = {}  # seconds between polls of a peer (POLL_S, backed off while it brings nothing)
-        self.failures: dict[str, str] = {}
+        self.failures: dict[str, list[str]] = {}  # peer -> why it was dropped (then why its remaining streams ended)
         self.refused: dict[str, tuple[str, str]] = {}  # peer -> (kind, why) of its last refusal (missing, busy): named if the pull gives up
         self.corrupt: dict[str, int] = {}
         self.trace: list[list] | None = [] if os.environ.get(TRACE_ENV) else None
@@ -175,7 +179,7 @@ class SwarmPull:
     def _stopped(self, why: str = "") -> AdapterNotFound | PeerUnavailable:
         weights = self.weights
         have = sum(weights.chunk_span(i)[1] for i in self.done)
-        reasons = [f"{p}: {msg}" for p, msg in self.failures.items()]
+        reasons = [f"{p}: {'; then '.join(msgs)}" for p, msgs in self.failures.items()]
         reasons += [f"{p}: {msg}" for p, (_, msg) in self.refused.items() if p not in self.failures]
         reasons += [why] if why else []
         # Not found only when every peer says so: none failed otherwise, none is busy, none announces a needed chunk.
@@ -205,21 +209,38 @@ class SwarmPull:
             self.pool.submit(self.workers.poll, address)
 
     def _watch_stalls(self, now: float) -> None:
-        for handle in self.active.values():
-            if handle.last is not None and not handle.cancelled and now - handle.last > self.settings.stall_timeout:
+        plan = self.plan
+        for request_id, handle in self.active.items():
+            if handle.last is None or handle.cancelled:
+                continue
+            # A dropped peer's streams may finish (a draining seed), but one that falls silent is cut soon: failover waits little.
+            request = plan.outstanding.get(request_id)
+            if request is not None and plan.peers[request.peer].dead:
+                if now - handle.last > min(DROPPED_PEER_STALL_S, self.settings.stall_timeout):
+                    handle.cancel()  # why the peer was dropped is named already
+            elif now - handle.last > self.settings.stall_timeout:
                 handle.cancel(stalled=True)
 
-    def _drop(self, peer: str, why: str) -> None:
+    def _drop(self, peer: str, why: str, cut_streams: bool = False) -> None:
+        """No new requests go to ``peer``; ``cut_streams`` also cancels those it is still answering (it sent corrupt bytes).
+
+        A peer that refused a new stream may still be delivering the others: a draining seed finishes them within its
+        --drain-timeout, or ends them naming why. They end on their own, and a later, different reason is kept too.
+        """
         view = self.plan.peers[peer]
         if view.dead:
+            reasons = self.failures.setdefault(peer, [])
+            if why not in reasons and len(reasons) < MAX_REASONS_PER_PEER:
+                reasons.append(why)
             return
         swarm.mark_dead(self.plan, peer)
-        self.failures[peer] = why
+        self.failures[peer] = [why]
         if self.plan.needed:
             self.stats.failovers += 1
-        for request in self.plan.outstanding.values():
-            if request.peer == peer and request.id in self.active:
-                self.active[request.id].cancel()
+        if cut_streams:
+            for request in self.plan.outstanding.values():
+                if request.peer == peer and request.id in self.active:
+                    self.active[request.id].cancel()
 
     # ------------------------------------------------------------ events
 
@@ -288,7 +309,7 @@ class SwarmPull:
         self.corrupt[peer] = self.corrupt.get(peer, 0) + 1
         log.warning("corrupt chunk from %s: %s", peer, event.error)
         if self.corrupt[peer] > CORRUPT_RETRIES_PER_PEER:
-            self._drop(peer, f"kept sending corrupt bytes ({event.error})")
+            self._drop(peer, f"kept sending corrupt bytes ({event.error})", cut_streams=True)
         return False
 
     def _on_missing(self, event: FetchMissing, now: float) -> bool:

@@ -236,6 +236,9 @@ def test_sigterm_drains_readiness_first_then_fetch_streams_finish_or_are_cut(tmp
             assert readiness == (503, "not ready\n")
             if bound == "cut":
                 assert node.process.wait(WAIT_S) == 0  # the drain bound passed with the stream still open: cut
+            else:  # still listening while the stream runs: a new call is refused by name, not with "connection refused"
+                with node.client() as late, pytest.raises(PeerUnavailable, match="is shutting down .*--drain-timeout 120s"):
+                    late.list()
         finally:
             go.set()
         reader.join(WAIT_S)
@@ -244,6 +247,14 @@ def test_sigterm_drains_readiness_first_then_fetch_streams_finish_or_are_cut(tmp
         assert result["received"] < size and result.get("error") is not None
     else:
         assert result["received"] == size and "error" not in result
+
+
+def test_an_idle_node_stops_at_once_whatever_its_drain_bound(tmp_path) -> None:
+    """No stream to wait for: SIGTERM ends the node well before a 300 s --drain-timeout."""
+    node = LocalNode(tmp_path / "idle", model="none", extra_args=["--drain-timeout", "300"])
+    with node:
+        node.process.send_signal(signal.SIGTERM)
+        assert node.process.wait(WAIT_S) == 0
 
 
 # ---------------------------------------------------------------- peers
