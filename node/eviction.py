@@ -4,8 +4,9 @@
 --when-full evict (the default). The choice is pure (``adapter_fabric.store.eviction``);
 here is what holds an adapter: an operator's keep (``fabric keep``), a slot
 it is resident in, and a Fetch serving it or a promote pulling or loading it
-(``InUse``), and being the last complete copy the known peers answer for
-(``CopiesElsewhere``) unless a durable peer took it first (``adapter_fabric.node.handoff``).
+(``InUse``), an engine beside the node that registered it (``adapter_fabric.node.engines``), and being
+the last complete copy the known peers answer for (``CopiesElsewhere``) unless a durable peer took it
+first (``adapter_fabric.node.handoff``).
 The store's quota measures again after the victims went.
 """
 
@@ -24,6 +25,7 @@ from adapter_fabric.observability.logs import event
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.eviction import IN_USE, KEPT, LAST_COPY, RESIDENT, Candidate, choose_victims
 from adapter_fabric.transport.pull import PeerPuller
+from adapter_fabric.node.engines import EngineViews
 
 log = logging.getLogger("fabric.node")
 
@@ -83,8 +85,11 @@ class EvictWhenFull:
         elsewhere: Callable[[str], bool] | None = None,
         hand_off: Callable[[Candidate], bool] | None = None,
         low_water: float = LOW_WATER,
+        engines: EngineViews | None = None,
     ) -> None:
         self.store = store
+        #: what the engines beside the node registered (--engine-url): held; read afresh before each choice
+        self.engines = engines
         self.in_use = in_use
         #: whether another complete copy answers (``CopiesElsewhere``); None: every adapter may go (no peers to ask)
         self.elsewhere = elsewhere
@@ -119,6 +124,8 @@ class EvictWhenFull:
     def _choose(self, needed: int, used: int, limit: int, what: str) -> list[Candidate]:
         """The LRU victims, none of them the last complete copy the known peers answer for, unless a durable peer took it
         first (a last copy no durable peer takes is held, and the choice made again)."""
+        if self.engines is not None:
+            self.engines.refresh()  # a registration a moment ago counts: one local HTTP read per eviction
         candidates = self._candidates()
         while True:
             victims = choose_victims(candidates, needed, used, limit, self.low_water, what)
@@ -152,4 +159,4 @@ class EvictWhenFull:
             return RESIDENT
         if digest in self.in_use or any(i in self.in_use for i in ids):
             return IN_USE
-        return ""
+        return self.engines.hold(ids) if self.engines is not None else ""

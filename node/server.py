@@ -47,6 +47,7 @@ from adapter_fabric.trust.signing import TrustedSigners
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.data_server import DataServer
+from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.eviction import CopiesElsewhere, EvictWhenFull
 from adapter_fabric.node.handoff import HandOff
 
@@ -166,12 +167,15 @@ class Node:
         self.puller = puller
         signed = SignedAdapters(store, puller, trusted)
         promotes = Promotes(self.context, signed)
+        #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction
+        self.engines = EngineViews(settings.engine_url, str(settings.export_dir) if settings.export_dir else None) if settings.engine_url else None
         #: at --max-store-bytes, cold adapters are evicted (--when-full evict; a last copy is first handed to a durable peer),
         #: or, on a durable node, the commit is refused (node.eviction, node.handoff)
         self.evictor = (
             EvictWhenFull(
                 store, self.context.in_use, promotes.resident_digests, CopiesElsewhere(puller, peer_source.peers),
                 hand_off=HandOff(puller.channels, peer_source.peers, peer_source.me), low_water=settings.evict_to,
+                engines=self.engines,
             )
             if not settings.durable
             else None
@@ -182,7 +186,7 @@ class Node:
             staging=Staging(self.context, signed),
             peer_reads=self.peer_reads,
             promotes=promotes,
-            slots=Slots(self.context, promotes, max_new_tokens=settings.max_new_tokens),
+            slots=Slots(self.context, promotes, max_new_tokens=settings.max_new_tokens, engines=self.engines),
             store_status=StoreReport(self.context, expire_after=settings.expire_abandoned_after, evictor=self.evictor),
             policy=settings.policy is not None,
         )
@@ -300,6 +304,7 @@ async def serve(settings: NodeSettings) -> None:
     print(f"fabric-node listening on {host}:{port} (model={settings.model}, device={device}, store={settings.store}, {guard}{probes})", flush=True)
 
     hygiene = asyncio.create_task(_expire_periodically(store, settings.expire_abandoned_after)) if settings.expire_abandoned_after > 0 else None
+    watch_engines = asyncio.create_task(node.engines.watch(node.context.io)) if node.engines is not None else None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -319,7 +324,7 @@ async def serve(settings: NodeSettings) -> None:
     streams.close(refusal)
     node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
-    for task in (hygiene, poll_policy):
+    for task in (hygiene, poll_policy, watch_engines):
         if task is not None:
             task.cancel()
     # Listening on while peers' Fetch streams run: a receiver's next request hears the refusal above, not "connection refused".

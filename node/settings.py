@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
+from adapter_fabric.errors import InvalidArgument
 from adapter_fabric.exit_codes import EXIT_USAGE
+from adapter_fabric.integrations.engine_models import check_engine_url
 from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES
 from adapter_fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
@@ -64,6 +66,7 @@ class NodeSettings:
     scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
     trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
     export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (adapter_fabric.store.export)
+    engine_url: tuple[str, ...] = ()  # engines whose registered adapters (GET /v1/models) are held and shown (node.engines)
     # operations
     metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
     log_format: str = "text"
@@ -192,6 +195,21 @@ def path_list(text: str) -> tuple[Path, ...]:
     return tuple(path(item) for item in csv(text))
 
 
+#: engines one node watches at most (a sidecar has one; a few share a node at most)
+MAX_ENGINES = 8
+
+
+def engine_urls(text: str) -> tuple[str, ...]:
+    """Comma-separated http(s) base URLs of inference engines (adapter_fabric.integrations.engine_models), at most MAX_ENGINES."""
+    try:
+        urls = tuple(dict.fromkeys(check_engine_url(item) for item in csv(text)))
+    except InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
+    if len(urls) > MAX_ENGINES:
+        raise ValueError(f"at most {MAX_ENGINES} engine URLs, got {len(urls)}")
+    return urls
+
+
 def optional_host_port(text: str) -> str:
     return host_port(text) if text else ""
 
@@ -214,6 +232,8 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--download-rate", size, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
+    ("--engine-url", engine_urls, (), "comma-separated base URLs of inference engines beside this node (e.g. http://127.0.0.1:8000): "
+     "what each lists in GET /v1/models is shown by fabric ls and never evicted from the export directory", ""),
     ("--data-port", data_port, 0, "port of the data channel that carries chunk bytes to peers beside gRPC, on --listen's host "
      "(same TLS and token as gRPC; 0 = a free port, announced to peers; off = peers fetch over gRPC)", ""),
     ("--stall-timeout", positive_duration, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over "

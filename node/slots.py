@@ -13,6 +13,7 @@ from adapter_fabric.store.catalog import Listed, is_digest
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.promotes import Promotes
 
 #: the name a GenerateRequest uses for the base model
@@ -22,22 +23,26 @@ DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE_SIZE = 5000
 
 
-def _staged(entry: Listed) -> fabric_pb2.StagedAdapter:
+def _staged(entry: Listed, engines: list[str]) -> fabric_pb2.StagedAdapter:
     """A listed id on the wire; a damaged one carries its problem (adapter_fabric.store.integrity) instead of failing the list."""
     m = entry.manifest
     if m is None:
-        return fabric_pb2.StagedAdapter(adapter_id=entry.adapter_id, digest=entry.digest if is_digest(entry.digest) else "", damaged=entry.problem)
+        return fabric_pb2.StagedAdapter(
+            adapter_id=entry.adapter_id, digest=entry.digest if is_digest(entry.digest) else "", damaged=entry.problem, engines=engines,
+        )
     return fabric_pb2.StagedAdapter(
         adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config),
-        damaged=entry.problem,
+        damaged=entry.problem, engines=engines,
     )
 
 
 class Slots:
     """ListAdapters, SetActive, Pin and Generate: what is staged and resident, and the work on resident adapters."""
 
-    def __init__(self, context: NodeContext, promotes: Promotes, max_new_tokens: int) -> None:
+    def __init__(self, context: NodeContext, promotes: Promotes, max_new_tokens: int, engines: EngineViews | None = None) -> None:
         self.context = context
+        #: which engines registered each adapter (--engine-url), shown per listed adapter
+        self.engines = engines
         self.store = context.store
         self.promotes = promotes  # which digest each promoted slot holds
         #: the most tokens one Generate may ask for (--max-new-tokens: each is a decode step on the model worker)
@@ -56,7 +61,8 @@ class Slots:
         who = caller()
         readable = None if who.may_everywhere("read") else (lambda adapter_id: who.allows("read", adapter_id))
         listed = await self.context.io(self.store.page, after, size + 1, readable)  # one more: is there a next page?
-        staged = [_staged(entry) for entry in listed[:size]]
+        engines_of = self.engines.engines_of if self.engines is not None else (lambda _: [])
+        staged = [_staged(entry, engines_of(entry.adapter_id)) for entry in listed[:size]]
         reply = fabric_pb2.ListAdaptersResponse(staged=staged, next_page_token=staged[-1].adapter_id if len(listed) > size else "")
         model = self.context.model
         if model is not None:

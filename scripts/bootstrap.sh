@@ -85,11 +85,11 @@ cpu_index_pip() {
 
 # vLLM's own code for tests/integrations/test_vllm.py: the pinned package without its dependencies (they
 # include a CUDA torch) plus the pure-Python ones its plugin loader, resolver registry and OpenAI serving
-# layer import, with torch held at the installed build. Soft: when it cannot be installed (no registry),
+# layer import (and uvicorn, which serves that layer in tests/support/vllm_engine.py), with torch held at the installed build. Soft: when it cannot be installed (no registry),
 # say why; the suite still runs and those tests skip, naming the reason.
 VLLM_TESTED="vllm==0.34.0"
 VLLM_IMPORTS=(packaging msgspec pyzmq urllib3 aiohttp requests pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo
-              llguidance "xgrammar==0.2.8" cbor2 fastapi)
+              llguidance "xgrammar==0.2.8" cbor2 fastapi uvicorn)
 drop_pip_noise() {
     grep -v -e "is ignored: it is neither" -e "^vllm .* requires " -e "dependency resolver does not currently take into account" || true
 }
@@ -118,7 +118,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 
 stamp="$venv/.fabric-installed"
-want="$(cat "$root/pyproject.toml" "$root/setup.py" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$root/pyproject.toml" "$root/setup.py" "$root/scripts/bootstrap.sh" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
     if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then

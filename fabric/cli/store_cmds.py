@@ -59,7 +59,8 @@ def cmd_ls(args: argparse.Namespace) -> None:
     lines = [f"staged ({len(listing.staged)}):"]
     for a in listing.staged:
         damage = f"  DAMAGED: {a.damaged}" if a.damaged else ""
-        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B stored  r={a.peft.r} alpha={a.peft.lora_alpha:g}{damage}")
+        engines = f"  engines: {','.join(a.engines)}" if a.engines else ""
+        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B stored  r={a.peft.r} alpha={a.peft.lora_alpha:g}{engines}{damage}")
     if listing.slots:
         lines.append(f"slots (device {listing.device}, max rank {listing.max_rank}; * active, P pinned):")
         for s in listing.slots:

@@ -127,6 +127,8 @@ class StagedAdapter(_Result):
     peft: PeftSummary
     #: non-empty when the node cannot load or serve it as it is: why (adapter_fabric.store.integrity)
     damaged: str = ""
+    #: the engines beside the node (host:port, --engine-url) whose GET /v1/models lists it, as the node last read them
+    engines: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class Listing(_Result):
 
     @classmethod
     def from_proto(cls, pb: fabric_pb2.ListAdaptersResponse) -> "Listing":
-        staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft), a.damaged) for a in pb.staged]
+        staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft), a.damaged, tuple(a.engines)) for a in pb.staged]
         slots = [SlotInfo(s.slot, s.name, s.content_id, s.ref_count, s.pinned, s.active, s.last_used, s.rank, s.digest) for s in pb.slots]
         return cls(staged=staged, slots=slots, max_rank=pb.max_rank, device=pb.device)
 

@@ -9,6 +9,7 @@ answers something else gets a named ``PeerUnavailable``, never a traceback.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -59,7 +60,7 @@ def read_models(url: str, timeout: float, headers: dict[str, str] | None = None)
             body = reply.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as exc:
         raise PeerUnavailable(f"engine {engine_label(url)} answered GET /v1/models with HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:  # HTTPException: a reply cut short
         reason = getattr(exc, "reason", None) or exc
         raise PeerUnavailable(f"engine {engine_label(url)} did not answer GET /v1/models: {str(reason)[:200]}") from None
     if len(body) > MAX_REPLY_BYTES:

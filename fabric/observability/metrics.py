@@ -59,6 +59,8 @@ STORE_USED = Gauge("fabric_store_used_bytes", "Bytes the store holds: blobs, par
 STORE_QUOTA = Gauge("fabric_store_quota_bytes", "The store's limit, --max-store-bytes (0 = no limit but the disk).", registry=REGISTRY)
 EVICTIONS = Counter("fabric_store_evictions_total", "Cold adapters (digests) dropped to make room for a commit past --max-store-bytes.", registry=REGISTRY)
 EVICTED_BYTES = Counter("fabric_store_evicted_bytes_total", "Bytes freed by evicting cold adapters.", registry=REGISTRY)
+ENGINE_ADAPTERS = Gauge("fabric_engine_adapters", "Adapters of this node an engine (--engine-url) lists in GET /v1/models, as last read, by engine.", ["engine"], registry=REGISTRY)
+ENGINE_READS = Counter("fabric_engine_reads_total", "Reads of an engine's GET /v1/models, by engine and outcome (ok, failed).", ["engine", "outcome"], registry=REGISTRY)
 HANDOFFS = Counter(
     "fabric_store_handoffs_total", "Last copies handed to a durable peer (it pulled them) before they were evicted, by outcome.", ["outcome"], registry=REGISTRY
 )

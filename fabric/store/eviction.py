@@ -16,6 +16,9 @@ from adapter_fabric.errors import QuotaExceeded
 #: what may hold an adapter in the store (never dropped while it does)
 KEPT, RESIDENT, IN_USE = "kept by an operator", "resident in a slot", "in use (being served or pulled)"
 LAST_COPY = "the last complete copy among the known peers"
+#: templates, filled with the engine's host:port
+ENGINE = "registered by engine {} (its GET /v1/models names it)"
+ENGINE_UNKNOWN = "exported while engine {} has not answered GET /v1/models (what it may read is unknown)"
 
 
 @dataclass(frozen=True)

@@ -278,20 +278,22 @@ class ListAdaptersRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StagedAdapter(_message.Message):
-    __slots__ = ("adapter_id", "digest", "content_id", "size", "peft", "damaged")
+    __slots__ = ("adapter_id", "digest", "content_id", "size", "peft", "damaged", "engines")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     PEFT_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     digest: str
     content_id: int
     size: int
     peft: PeftFields
     damaged: str
-    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., size: _Optional[int] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., damaged: _Optional[str] = ...) -> None: ...
+    engines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., size: _Optional[int] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., damaged: _Optional[str] = ..., engines: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SlotInfo(_message.Message):
     __slots__ = ("slot", "name", "content_id", "ref_count", "pinned", "active", "last_used", "rank", "digest")

@@ -144,6 +144,10 @@ def test_a_chunk_size_outside_its_bounds_is_one_line(tmp_path, size) -> None:
         ({"FABRIC_PEERS": "a:1,b"}, ("FABRIC_PEERS", "HOST:PORT")),
         ({"FABRIC_EXPIRE_ABANDONED_AFTER": "soon"}, ("FABRIC_EXPIRE_ABANDONED_AFTER", "duration")),
         ({"FABRIC_EVICT_TO": "0.3"}, ("FABRIC_EVICT_TO", "'0.3'", "from 0.5 to 1.0")),
+        ({"FABRIC_ENGINE_URL": "127.0.0.1:8000"}, ("FABRIC_ENGINE_URL", "not an http:// or https:// URL")),
+        ({"FABRIC_ENGINE_URL": "http://e:1/?x=1"}, ("FABRIC_ENGINE_URL", "query or fragment")),
+        ({"FABRIC_ENGINE_URL": ",".join(f"http://e{i}:1" for i in range(9))}, ("FABRIC_ENGINE_URL", "at most 8 engine URLs")),
+        ({"FABRIC_ENGINE_URL": "http://" + "e" * 3000}, ("FABRIC_ENGINE_URL", "at most 2048")),
     ],
 )
 def test_bad_environment_values_are_one_line(tmp_path, env, needles) -> None:

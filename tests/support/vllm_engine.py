@@ -1,0 +1,67 @@
+"""An engine process on vLLM's own OpenAI serving layer: its ``GET /v1/models`` route and LoRA registry, over HTTP.
+
+    python tests/support/vllm_engine.py BASE_MODEL
+
+Only the engine core is replaced (``vllm_probe.FakeEngine``). The fabric's resolver plugin is found through its
+entry point by vLLM's ``load_general_plugins()``, configured by the FABRIC_* environment. Two test routes drive
+the registry as traffic would: ``POST /test/request {"model": NAME}`` resolves NAME through vLLM's resolvers, as a
+request naming an unknown model does; ``POST /test/unload {"lora_name": NAME}`` is vLLM's own
+``unload_lora_adapter``. Prints ``engine listening on PORT`` once uvicorn serves on a free port.
+"""
+
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the tests package is importable
+
+
+def build_app(base_model: str):
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from vllm.entrypoints.openai.models import api_router
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+    from vllm.entrypoints.serve.lora.protocol import UnloadLoRAAdapterRequest
+    from vllm.lora.request import LoRARequest
+    from vllm.plugins import load_general_plugins
+
+    from tests.support.vllm_probe import FakeEngine
+
+    load_general_plugins()
+    app = FastAPI()
+    api_router.attach_router(app)  # vLLM's GET /v1/models
+    models = OpenAIServingModels(engine_client=FakeEngine(base_model), base_model_paths=[BaseModelPath(name=base_model, model_path=base_model)])
+    app.state.openai_serving_models = models
+
+    @app.post("/test/request")
+    async def request(raw: Request) -> JSONResponse:
+        name = (await raw.json())["model"]
+        result = await models.resolve_lora(name)
+        if isinstance(result, LoRARequest):
+            return JSONResponse({"name": result.lora_name, "path": result.lora_path})
+        return JSONResponse({"error": result.error.message}, status_code=result.error.code)
+
+    @app.post("/test/unload")
+    async def unload(raw: Request) -> JSONResponse:
+        result = await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=(await raw.json())["lora_name"]))
+        return JSONResponse({"result": result if isinstance(result, str) else result.error.message})
+
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    app = build_app(sys.argv[1])
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    print(f"engine listening on {listener.getsockname()[1]}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    asyncio.run(server.serve(sockets=[listener]))
+
+
+if __name__ == "__main__":
+    main()
