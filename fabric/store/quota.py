@@ -7,12 +7,12 @@ that drops cold adapters plugs in here without the store changing.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Callable, Protocol
 
 from adapter_fabric.errors import InvalidHeader, LimitExceeded, QuotaExceeded
 from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
+from adapter_fabric.store.dir_sizes import DirSizes, tree_bytes
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import Manifest
 
@@ -69,17 +69,12 @@ class Quota:
         # key -> bytes still on their way to an open upload (it reserved them when it opened)
         self._pending: dict[str, Callable[[], int]] = {}
         self._pending_lock = threading.Lock()
+        self._blob_bytes = DirSizes(layout.blobs)
 
     def usage(self) -> int:
         """Bytes held: committed blobs, every partial at its full size, uploads written plus what open ones reserved."""
-        total = 0
-        for top in (self.layout.blobs, self.layout.partials, self.layout.uploads):
-            for dirpath, _, names in os.walk(top):
-                for name in names:
-                    try:
-                        total += os.stat(os.path.join(dirpath, name)).st_size
-                    except FileNotFoundError:
-                        pass
+        # blobs are immutable and many (cached per fan-out directory); partials and uploads grow in place and are few
+        total = self._blob_bytes.total() + tree_bytes(self.layout.partials) + tree_bytes(self.layout.uploads)
         with self._pending_lock:
             pending = list(self._pending.values())
         return total + sum(max(0, unwritten()) for unwritten in pending)
