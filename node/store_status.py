@@ -6,10 +6,14 @@ from typing import Callable
 
 from adapter_fabric.access.caller import caller
 from adapter_fabric.store import AdapterStore
-from adapter_fabric.store.hygiene import UPLOAD, leftovers
+from adapter_fabric.store.hygiene import PARTIAL, UPLOAD, leftovers
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.eviction import EvictWhenFull
+
+
+#: uploads, partials and damaged entries listed in one reply, each (the reply counts them all)
+MAX_LISTED = 100
 
 
 class StoreReport:
@@ -35,15 +39,19 @@ class StoreReport:
 
     def _collect(self, readable: Callable[[str], bool] | None) -> fabric_pb2.StoreStatusResponse:
         shown = readable or (lambda adapter_id: True)
-        ids = [m.adapter_id for m in self.store.list()]
+        sound, damaged = self.store.census()  # one pass over the ids: no manifest listing beside the damage check
+        if readable is not None:
+            sound = [i for i in sound if shown(i)]
+            damaged = [d for d in damaged if shown(d.adapter_id)]
         reply = fabric_pb2.StoreStatusResponse(
             used_bytes=self.store.usage(),
             quota_bytes=self.store.max_bytes or 0,
-            adapters=len(ids) if readable is None else sum(1 for i in ids if shown(i)),
+            adapters=len(sound),
             expire_after_seconds=self.expire_after,
             evictions=self.evictor.evictions if self.evictor is not None else 0,
-            kept=self.store.kept.count() if readable is None else sum(1 for i in ids if shown(i) and i in self.store.kept),
+            kept=self.store.kept.count() if readable is None else sum(1 for i in sound if i in self.store.kept),
             evicts=self.evictor is not None,
+            damaged_total=len(damaged),
         )
         for tenant in self.store.tenant_usage():  # one per quota: bounded by the policy's MAX_QUOTAS
             reply.tenants.append(
@@ -52,14 +60,17 @@ class StoreReport:
                     bytes=tenant.bytes, adapters=tenant.adapters,
                 )
             )
-        for damaged in self.store.damaged():  # ids listed apart from adapters: adapter_fabric.store.integrity
-            if shown(damaged.adapter_id):
-                reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=damaged.adapter_id, digest=damaged.digest, reason=damaged.problem))
-        for item in leftovers(self.store):
-            if not shown(item.adapter_id):
-                continue
-            entry = fabric_pb2.StoreLeftover(
-                adapter_id=item.adapter_id, digest=item.digest, bytes=item.bytes, age_seconds=item.age_seconds, in_use=item.in_use
-            )
-            (reply.uploads if item.kind == UPLOAD else reply.partials).append(entry)
+        for entry in damaged[:MAX_LISTED]:  # ids listed apart from adapters: adapter_fabric.store.integrity
+            reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=entry.adapter_id, digest=entry.digest, reason=entry.problem))
+        kept_aside = [item for item in leftovers(self.store) if shown(item.adapter_id)]
+        uploads = [item for item in kept_aside if item.kind == UPLOAD]
+        partials = [item for item in kept_aside if item.kind == PARTIAL]
+        reply.uploads_total, reply.partials_total = len(uploads), len(partials)
+        for items, listed in ((uploads, reply.uploads), (partials, reply.partials)):
+            for item in items[:MAX_LISTED]:  # oldest first: the ones an operator would clear
+                listed.append(
+                    fabric_pb2.StoreLeftover(
+                        adapter_id=item.adapter_id, digest=item.digest, bytes=item.bytes, age_seconds=item.age_seconds, in_use=item.in_use
+                    )
+                )
         return reply

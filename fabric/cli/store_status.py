@@ -13,6 +13,11 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def _more(count: int, what: str, hint: str) -> list[str]:
+    """The line saying how many of a bounded list the reply left out (none when it left out nothing)."""
+    return [f"  ... and {count} more {what} ({hint})"] if count > 0 else []
+
+
 def cmd_store_status(args: argparse.Namespace) -> None:
     from adapter_fabric.cli.connect import client_for
     from adapter_fabric.cli.output import emit
@@ -31,12 +36,14 @@ def cmd_store_status(args: argparse.Namespace) -> None:
         limit_bytes = _size(tenant.max_bytes) if tenant.max_bytes else "no byte limit"
         limit_ids = f"{tenant.max_adapters} adapters" if tenant.max_adapters else "no id limit"
         lines.append(f"  tenant   {tenant.prefix:30} {_size(tenant.bytes)} of {limit_bytes}, {tenant.adapters} of {limit_ids}")
-    for kind, items in (("upload", reply.uploads), ("partial", reply.partials)):
+    for kind, items, total in (("upload", reply.uploads, reply.uploads_total), ("partial", reply.partials, reply.partials_total)):
         for item in items:
             state = "in use" if item.in_use else f"idle {item.age_seconds:.0f}s"
             lines.append(f"  {kind:8} {item.adapter_id or '?':30} {_size(item.bytes):>10}  {state}  {item.digest[:16]}")
+        lines.extend(_more(total - len(items), f"{kind}s", "the oldest are shown"))
     for entry in reply.damaged:
         lines.append(f"  damaged  {entry.adapter_id or '?':30} {entry.digest[:16] or '-':16}  {entry.reason}")
+    lines.extend(_more(reply.damaged_total - len(reply.damaged), "damaged entries", "fabric ls pages through every one"))
     emit(args.json, reply.to_dict(), "\n".join(lines))
 
 

@@ -283,6 +283,10 @@ class StoreStatus(_Result):
     kept: int = 0  # adapter ids an operator kept (fabric keep)
     evicts: bool = False  # the node evicts cold adapters at its limit (--when-full evict), else refuses
     tenants: list[TenantUsage] = field(default_factory=list)  # one per per-tenant quota of the node's --policy
+    # the lists above hold at most 100 entries each; these count them all
+    uploads_total: int = 0
+    partials_total: int = 0
+    damaged_total: int = 0
 
     @classmethod
     def from_proto(cls, pb: fabric_pb2.StoreStatusResponse) -> "StoreStatus":
@@ -294,4 +298,5 @@ class StoreStatus(_Result):
             pb.used_bytes, pb.quota_bytes, pb.adapters, leftovers(pb.uploads), leftovers(pb.partials), pb.expire_after_seconds,
             [DamagedEntry(d.adapter_id, d.digest, d.reason) for d in pb.damaged], pb.evictions, pb.kept, pb.evicts,
             [TenantUsage(t.prefix, t.max_bytes, t.max_adapters, t.bytes, t.adapters) for t in pb.tenants],
+            pb.uploads_total, pb.partials_total, pb.damaged_total,
         )

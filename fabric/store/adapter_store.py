@@ -216,6 +216,10 @@ class AdapterStore:
         """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
         return self.integrity.damaged()
 
+    def census(self) -> tuple[list[str], list[DamagedEntry]]:
+        """Every id, in one pass: the sound ones and the damaged ones (``Integrity.census``)."""
+        return self.integrity.census()
+
     def scrub(self, rate: int = 0, stop: threading.Event | None = None, on_damage=None) -> int:
         """Re-read and verify every committed blob at most ``rate`` bytes/s; the count of damaged adapters (``Integrity.scrub``)."""
         return self.integrity.scrub(rate, stop, on_damage)

@@ -208,8 +208,9 @@ class Catalog:
             return f"its manifest is damaged: {str(exc)[:200]}"
         if manifest is None:
             return f"its manifest {digest}.json is missing"
+        blobs = os.fspath(self.layout.blobs)  # string paths: a status census asks this of every id
         for entry in manifest.files:
-            if not self.layout.blob(entry.root).is_file():
+            if not os.path.isfile(os.path.join(blobs, entry.root[:2], entry.root)):
                 return f"its {entry.name} (blob {entry.root}) is missing or quarantined"
         return ""
 

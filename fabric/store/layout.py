@@ -21,6 +21,7 @@ directory with committed data)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from adapter_fabric.store.files import encode_id
@@ -28,55 +29,55 @@ from adapter_fabric.store.files import encode_id
 
 @dataclass(frozen=True)
 class StoreLayout:
-    """The paths of one store root."""
+    """The paths of one store root (each directory's path built once: listings ask for them per entry)."""
 
     root: Path
 
-    @property
+    @cached_property
     def lock(self) -> Path:
         return self.root / "lock"
 
-    @property
+    @cached_property
     def format_marker(self) -> Path:
         return self.root / "format"
 
-    @property
+    @cached_property
     def blobs(self) -> Path:
         return self.root / "blobs" / "blake3"
 
-    @property
+    @cached_property
     def manifests(self) -> Path:
         return self.root / "manifests"
 
-    @property
+    @cached_property
     def refs(self) -> Path:
         return self.root / "refs"
 
-    @property
+    @cached_property
     def partials(self) -> Path:
         return self.root / "partial"
 
-    @property
+    @cached_property
     def uploads(self) -> Path:
         return self.root / "uploads"
 
-    @property
+    @cached_property
     def views(self) -> Path:
         return self.root / "views"
 
-    @property
+    @cached_property
     def tmp(self) -> Path:
         return self.root / "tmp"
 
-    @property
+    @cached_property
     def signatures(self) -> Path:
         return self.root / "signatures"
 
-    @property
+    @cached_property
     def signers(self) -> Path:
         return self.root / "signers"
 
-    @property
+    @cached_property
     def quarantine(self) -> Path:
         return self.root / "quarantine"
 

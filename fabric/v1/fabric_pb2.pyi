@@ -500,7 +500,7 @@ class DamagedEntry(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StoreStatusResponse(_message.Message):
-    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts", "tenants")
+    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts", "tenants", "uploads_total", "partials_total", "damaged_total")
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
@@ -512,6 +512,9 @@ class StoreStatusResponse(_message.Message):
     KEPT_FIELD_NUMBER: _ClassVar[int]
     EVICTS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    UPLOADS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PARTIALS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     used_bytes: int
     quota_bytes: int
     adapters: int
@@ -523,7 +526,10 @@ class StoreStatusResponse(_message.Message):
     kept: int
     evicts: bool
     tenants: _containers.RepeatedCompositeFieldContainer[TenantUsage]
-    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ...) -> None: ...
+    uploads_total: int
+    partials_total: int
+    damaged_total: int
+    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ..., uploads_total: _Optional[int] = ..., partials_total: _Optional[int] = ..., damaged_total: _Optional[int] = ...) -> None: ...
 
 class TenantUsage(_message.Message):
     __slots__ = ("prefix", "max_bytes", "max_adapters", "bytes", "adapters")

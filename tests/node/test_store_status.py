@@ -85,3 +85,23 @@ def test_a_store_deleted_under_a_running_node_is_a_named_error(tmp_path, adapter
         assert text.returncode != 0 and str(node.store) in text.stderr and "Traceback" not in text.stderr, text.stderr
     finally:
         node.stop()
+
+
+def test_a_store_with_more_damage_than_one_reply_lists_counts_it_all_and_lists_a_bounded_part(tmp_path, adapters) -> None:
+    node = LocalNode(tmp_path / "n", model="none", port=free_port()).start()
+    try:
+        with node.client() as c:
+            c.stage(adapters["a"], "a")
+        for n in range(250):  # damaged id entries: each holds no digest (as a torn write of an old node might leave)
+            (node.store / "refs" / f"broken-{n:03d}").write_text("not a digest")
+        with node.client() as c:
+            reply = c.store_status()
+        assert reply.adapters == 1 and reply.damaged_total == 250, (reply.adapters, reply.damaged_total)
+        assert [d.adapter_id for d in reply.damaged] == [f"broken-{n:03d}" for n in range(100)]  # the first by id
+        assert all("not a digest" in d.reason for d in reply.damaged)
+        text = store_status_cli(node.address)
+        assert text.returncode == 0, text.stderr
+        assert sum(1 for line in text.stdout.splitlines() if line.split()[:1] == ["damaged"]) == 100, text.stdout
+        assert "... and 150 more damaged entries (fabric ls pages through every one)" in text.stdout, text.stdout
+    finally:
+        node.stop()
