@@ -15,6 +15,7 @@ from adapter_fabric.store.files import decode_id
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.manifest_cache import ManifestCache
 from adapter_fabric.store.ref_index import RefIndex
 
 
@@ -50,8 +51,7 @@ class Catalog:
 
     def __init__(self, layout: StoreLayout) -> None:
         self.layout = layout
-        # Manifests are immutable once written (named by digest): a cached one is valid while its file exists.
-        self._manifests: dict[str, Manifest] = {}
+        self._manifests = ManifestCache()
         #: the staged ids, sorted, for pages of a listing (kept in step by the committer's listener)
         self.index = RefIndex(layout.refs, self._scan_ids)
 
@@ -97,21 +97,21 @@ class Catalog:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            self._manifests.pop(digest, None)
+            self._manifests.drop(digest)
             return None
         manifest = Manifest.from_json(data)
         if manifest.digest != digest:
             raise IntegrityError(f"{path} holds the manifest of digest {manifest.digest}")
-        self._manifests[digest] = manifest
+        self._manifests.put(manifest)
         return manifest
 
     def remember(self, manifest: Manifest) -> None:
         """The committer wrote ``manifest``'s file: no need to read it back."""
-        self._manifests[manifest.digest] = manifest
+        self._manifests.put(manifest)
 
     def forget(self, digest: str) -> None:
         """The committer removed ``digest``'s manifest file."""
-        self._manifests.pop(digest, None)
+        self._manifests.drop(digest)
 
     def complete(self, digest: str) -> Manifest | None:
         """The manifest of ``digest`` when it and every blob it names are here; None when any is absent or damaged."""

@@ -130,6 +130,7 @@ class Committer:
             with self.lock.held():
                 self._commit_batch(batch)
         except BaseException as exc:
+            self._collector.live.invalidate()  # refs may be half written: the next collection reads them all
             for job in batch:
                 if job.error is None:
                     job.error = exc  # the batch's syncs failed: none of it is known durable
@@ -146,8 +147,8 @@ class Committer:
         """Each commit's blobs, manifest and ref written in turn (each room check sees the ones before); then, for the
         whole batch: every file synced (one round), blobs and manifests placed and their directories synced, refs last."""
         files, refs = DeferredSyncs(self.temps, self._syncs), DeferredSyncs(self.temps, self._syncs)
-        written: set[str] = set()
-        replaced = False
+        written: list[_Pending] = []
+        candidates: set[str] = set()  # digests an id left in this batch: collected if nothing refers to them after it
         try:
             for job in batch:
                 try:
@@ -162,22 +163,27 @@ class Committer:
                 if previous != job.manifest.digest:
                     refs.write(self.layout.ref(job.adapter_id), job.manifest.digest.encode("ascii"))
                     # an id that referred to other bytes (before this batch, or earlier in it) may leave them unreferenced
-                    replaced = replaced or previous is not None or job.adapter_id in written
-                    written.add(job.adapter_id)
+                    candidates.update(d for d in (previous, job.manifest.digest) if d is not None)
+                    written.append(job)
             files.sync_files(also=refs)
             files.place()  # blobs and manifests durable in place before any ref names them
             refs.place()
         finally:
             files.discard()
             refs.discard()
+        live = self._collector.live
+        for job in written:
+            live.ref_set(job.adapter_id, job.manifest.digest, [f.root for f in job.manifest.files])
+        if written:
+            live.bump()
         for job in batch:
             if job.error is None:
                 try:
                     self._listener.ref_set(job.adapter_id, job.manifest.digest)
                 except Exception as exc:  # committed, but what follows failed (an export): this caller hears it
                     job.error = exc
-        if replaced:
-            self._collector.collect()  # a previous digest no id refers to any more goes
+        if candidates:
+            self._collector.collect_digests(candidates)  # a previous digest no id refers to any more goes
 
     def _install(self, job: _Pending, files: DeferredSyncs) -> None:
         """One commit's blobs (renamed into place; their bytes were synced by their writer) and manifest (written, synced at flush)."""
@@ -212,8 +218,10 @@ class Committer:
                 return None
             self.layout.ref(adapter_id).unlink()
             fsync_dir(self.layout.refs)
+            self._collector.live.ref_removed(adapter_id)
+            self._collector.live.bump()
             self._listener.ref_removed(adapter_id)
-            self._collector.collect()
+            self._collector.collect_digests({digest})
             return digest
 
     def _install_blob(self, root: str, source: Path, syncs: DeferredSyncs) -> None:
@@ -234,6 +242,12 @@ class Committer:
         previous = self.catalog.read_ref(adapter_id)
         if previous != digest:
             self.temps.write_atomic(self.layout.ref(adapter_id), digest.encode("ascii"))
+            manifest = self.catalog.complete(digest)  # the caller checked, under this lock
+            if manifest is None:
+                self._collector.live.invalidate()  # its blobs unknown: never guess which a collection may drop
+            else:
+                self._collector.live.ref_set(adapter_id, digest, [f.root for f in manifest.files])
+            self._collector.live.bump()
             if previous is not None:
-                self._collector.collect()
+                self._collector.collect_digests({previous})
         self._listener.ref_set(adapter_id, digest)

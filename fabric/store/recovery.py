@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.live_index import REF_GENERATION_FILE, LiveIndex
 from adapter_fabric.store.files import fsync_dir, remove_if_unheld, try_lock, writer_alive
 from adapter_fabric.store.layout import StoreLayout
 
@@ -19,34 +20,46 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class GarbageCollector:
-    """Removes manifests, views, signatures and blobs that no ref reaches."""
+    """Removes manifests, views, signatures and blobs that no ref reaches.
+
+    ``collect`` reads every ref and live manifest: O(adapters), ~4 s at 100,000.
+    Restart recovery runs it once and keeps what it read (``LiveIndex``), so
+    an unstage, an eviction or a restage afterwards collects only the digest
+    it left unreferenced (``collect_digests``). The index is trusted only while
+    the store's ref generation is the one this process last saw: every ref
+    change, by any process sharing the store, bumps it under the lock.
+    """
 
     def __init__(self, layout: StoreLayout, catalog: Catalog) -> None:
         self.layout = layout
         self.catalog = catalog
+        self.live = LiveIndex(layout.root / REF_GENERATION_FILE)
 
     def collect(self) -> None:
-        """Remove what no ref reaches (under the lock).
+        """Remove what no ref reaches (under the lock), and rebuild the live index from what it read.
 
         Damage makes it keep more, never less: while an id entry does not hold
         a digest, nothing is collected (it may point at any manifest); while a
         referenced manifest is missing or unreadable, no blob is (it may name any).
         """
         layout = self.layout
-        live = set(self.catalog.refs().values())
+        refs = self.catalog.refs()
+        live = set(refs.values())
         sound_refs = all(_DIGEST.fullmatch(d) for d in live)
         keep: set[str] = set()
+        roots_of: dict[str, list[str] | None] = {}
         blobs_known = sound_refs
         for entry in os.scandir(layout.manifests):
             digest = entry.name.removesuffix(".json")
             if digest in live:
-                roots = self._blob_roots(digest)
+                roots = roots_of[digest] = self._blob_roots(digest)
                 blobs_known &= roots is not None
                 keep.update(roots or ())
             elif sound_refs:
                 os.unlink(entry.path)
                 self.catalog.forget(digest)
         blobs_known &= all(layout.manifest(d).is_file() for d in live) if sound_refs else False
+        self.live.rebuild(refs, roots_of, sound_refs and blobs_known)
         for top in (layout.signatures, layout.signers):
             for entry in os.scandir(top):
                 if entry.name not in live and sound_refs and not (layout.partials / entry.name).is_dir():
@@ -64,6 +77,39 @@ class GarbageCollector:
                     if blob.name not in keep:
                         os.unlink(blob.path)
         fsync_dir(layout.manifests)
+
+    def collect_digests(self, digests: set[str]) -> None:
+        """Remove what these digests alone reached, if no ref reaches them now (under the lock); a full ``collect``
+        when another process changed refs since this one last looked, or the store holds damage."""
+        if not self.live.current():
+            self.collect()
+            return
+        dropped = [d for d in digests if self.live.unreferenced(d)]
+        for digest in dropped:
+            self._drop(digest, self.live.forget(digest))
+        if dropped:
+            fsync_dir(self.layout.manifests)
+
+    def _drop(self, digest: str, unused_roots: list[str]) -> None:
+        """One unreferenced digest's manifest, view and signatures, and the blobs no other live manifest names."""
+        layout = self.layout
+        try:
+            os.unlink(layout.manifest(digest))
+        except FileNotFoundError:
+            pass
+        self.catalog.forget(digest)
+        if not (layout.partials / digest).is_dir():  # kept while a pull of its digest may still commit
+            shutil.rmtree(layout.signed_by(digest), ignore_errors=True)
+            try:
+                os.unlink(layout.signature(digest))
+            except FileNotFoundError:
+                pass
+        shutil.rmtree(layout.views / digest, ignore_errors=True)
+        for root in unused_roots:
+            try:
+                os.unlink(layout.blob(root))
+            except FileNotFoundError:
+                pass
 
     def _blob_roots(self, digest: str) -> list[str] | None:
         """The blob names (file roots) a manifest lists; None when its file cannot be read as one."""

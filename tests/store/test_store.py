@@ -149,6 +149,33 @@ def test_restaging_an_id_moves_the_ref_and_collects_the_old_bytes(tmp_path: Path
     assert_consistent(tmp_path)
 
 
+def test_an_unstage_collects_its_own_bytes_without_reading_every_other_ref(tmp_path: Path, adapters, manifests, monkeypatch) -> None:
+    store = _store(tmp_path)
+    for name in ("a", "b", "a_alpha"):
+        store.stage(adapters[name], name)
+    reads: list[str] = []
+    real_refs = store.catalog.refs
+    monkeypatch.setattr(store.catalog, "refs", lambda: reads.append("refs") or real_refs())
+    assert store.unstage("a") is True
+    assert store.stage(adapters["a"], "b").digest == manifests["a"].digest  # a restage: b's old bytes go
+    assert reads == []  # the live index answered: no scan of refs/ (4 s at 100,000 adapters)
+    assert store.by_digest(manifests["b"].digest) is None
+    assert store.blob_path(manifests["a"].weights.root).is_file()  # shared by "alpha" and now "b"
+    assert_consistent(tmp_path)
+
+
+def test_bytes_another_process_refers_to_meanwhile_are_kept_when_this_one_unstages(tmp_path: Path, adapters, manifests) -> None:
+    ours, theirs = _store(tmp_path), _store(tmp_path)  # two openers of one store, as two processes are
+    ours.stage(adapters["a"], "x")
+    theirs.stage(adapters["a"], "y")  # the same digest under another id: our live index has not seen it
+    assert ours.unstage("x") is False  # its bytes stay: "y" refers to them
+    assert ours.verify("y").digest == manifests["a"].digest
+    assert (ours.materialize("y") / WEIGHTS_FILE).read_bytes() == (adapters["a"] / WEIGHTS_FILE).read_bytes()
+    (tmp_path / "refs.generation").write_text("garbage")  # a damaged counter: nobody trusts an index, nothing is lost
+    assert theirs.unstage("y") is True
+    assert_consistent(tmp_path)
+
+
 def test_staging_the_same_content_again_writes_nothing(tmp_path: Path, adapters) -> None:
     store = _store(tmp_path)
     first = store.stage(adapters["a"], "id")
