@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -139,6 +140,17 @@ async def _expire_periodically(store: AdapterStore, max_age: float) -> None:
             await asyncio.to_thread(_expire, store, max_age)
         except OSError as exc:  # a full or failing disk: say so, and try again next round
             log.warning("expiring abandoned uploads and partials failed: %s", exc)
+
+
+async def _collect_garbage(node: "Node") -> None:
+    """What no ref reaches after a restart goes, on an I/O thread once the node serves (it holds the store's lock)."""
+    started = time.monotonic()
+    try:
+        await node.context.io(node.context.store.collect_garbage)
+    except (OSError, FabricError) as exc:  # a damaged or vanishing store: later collections read it whole again
+        log.warning("collecting what no ref reaches after the restart failed: %s", exc)
+        return
+    log.info("collected what no ref reaches after the restart in %.1fs", time.monotonic() - started)
 
 
 def _expire(store: AdapterStore, max_age: float) -> None:
@@ -303,6 +315,7 @@ async def serve(settings: NodeSettings) -> None:
     # Tests and the demo read this line to learn the ports when --listen or --metrics-listen ends in :0.
     print(f"fabric-node listening on {host}:{port} (model={settings.model}, device={device}, store={settings.store}, {guard}{probes})", flush=True)
 
+    collecting = asyncio.create_task(_collect_garbage(node))  # a restart's orphans: O(adapters), so after SERVING
     hygiene = asyncio.create_task(_expire_periodically(store, settings.expire_abandoned_after)) if settings.expire_abandoned_after > 0 else None
     watch_engines = asyncio.create_task(node.engines.watch(node.context.io)) if node.engines is not None else None
     stopping = asyncio.Event()
@@ -324,7 +337,7 @@ async def serve(settings: NodeSettings) -> None:
     streams.close(refusal)
     node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
-    for task in (hygiene, poll_policy, watch_engines):
+    for task in (collecting, hygiene, poll_policy, watch_engines):
         if task is not None:
             task.cancel()
     # Listening on while peers' Fetch streams run: a receiver's next request hears the refusal above, not "connection refused".

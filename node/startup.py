@@ -80,6 +80,7 @@ def open_store(settings: NodeSettings, trusted: TrustedSigners, policy: PolicyFi
             export_dir=settings.export_dir,
             trusted=trusted,
             tenant_quotas=policy.policy.quotas if policy is not None else (),
+            collect_at_open=False,  # the node collects once serving: not on the path to SERVING (node.server)
         )
     except OSError as exc:
         fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")

@@ -93,6 +93,7 @@ class AdapterStore:
         trusted: TrustedSigners | None = None,
 
         tenant_quotas: tuple[TenantLimits, ...] = (),
+        collect_at_open: bool = True,
     ) -> None:
         """``export_dir``: keep every staged adapter there as a PEFT directory of hard links (``adapter_fabric.store.export``).
 
@@ -100,6 +101,7 @@ class AdapterStore:
 
         ``when_full``: what to do when a commit would pass ``max_bytes`` (default: refuse, ``QuotaExceeded``).
         ``tenant_quotas``: bytes and id counts per id prefix, beside ``max_bytes`` (``adapter_fabric.store.tenants``).
+        ``collect_at_open``: False leaves what no ref reaches to ``collect_garbage`` (a node calls it once serving).
         """
         self.root = Path(root)
         self.chunk_size = chunk_size
@@ -109,10 +111,10 @@ class AdapterStore:
         self.lock = StoreLock(self.layout.lock)
         self.catalog = Catalog(self.layout)
         self.quota = Quota(self.layout, max_bytes, max_adapter_bytes, max_header_bytes, when_full)
-        collector = GarbageCollector(self.layout, self.catalog)
+        self._collector = collector = GarbageCollector(self.layout, self.catalog)
         self.signatures = Signatures(self.layout, self.lock, TempFiles(self.layout.tmp))  # before the exports: a trusting one reads them
         with self.lock.held():
-            recover(self.layout, collector)
+            recover(self.layout, collector, collect=collect_at_open)
             #: the export directory, when the store keeps one
             self.exports = ExportDir(export_dir, self.layout.blob, self.layout.lock, self.root, self._admit_for(trusted)) if export_dir is not None else None
             self.integrity = Integrity(self.layout, self.catalog, self.lock, self.exports)
@@ -215,6 +217,11 @@ class AdapterStore:
     def damaged(self) -> list[DamagedEntry]:
         """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
         return self.integrity.damaged()
+
+    def collect_garbage(self) -> None:
+        """Remove what no ref reaches (a crash's orphans) and build the index later collections use; O(adapters)."""
+        with self.lock.held():
+            self._collector.collect()
 
     def census(self) -> tuple[list[str], list[DamagedEntry]]:
         """Every id, in one pass: the sound ones and the damaged ones (``Integrity.census``)."""
