@@ -123,7 +123,9 @@ def main() -> None:
 
     app = build_app()
     listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart on the same port (connections in TIME_WAIT)
     listener.bind(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0))
+    listener.listen(128)  # connections queue from here on, before uvicorn takes the socket
     print(f"engine listening on {listener.getsockname()[1]}", flush=True)
     # lifespan off: SGLang's attaches to a launched server's shared memory and scheduler
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
