@@ -70,8 +70,12 @@ def registered_ids(cards: list[EngineLoRA], export_dir: str | None) -> frozenset
 class EngineViews:
     """Every watched engine's registrations; read on a thread (``refresh``), asked by eviction and listings."""
 
-    def __init__(self, urls: tuple[str, ...], export_dir: str | None, read: Callable[[str, float], list[EngineLoRA]] = read_models) -> None:
-        self.engines = [EngineState(url, engine_label(url)) for url in urls]
+    def __init__(
+        self, urls: tuple[str, ...], export_dir: str | None, read: Callable[[str, float], list[EngineLoRA]] = read_models, shown: tuple[str, ...] = ()
+    ) -> None:
+        """``shown``: engines listed and shown but holding nothing (a driven SGLang: the node unloads before it evicts)."""
+        self.engines = [EngineState(url, engine_label(url)) for url in dict.fromkeys((*urls, *shown))]
+        self._holding = {engine_label(url) for url in urls if url not in shown}
         #: the node's export directory, absolute: only with one can an engine read this node's files, and eviction must ask
         self.export_dir = os.path.abspath(export_dir) if export_dir else None
         self._read = read
@@ -108,6 +112,8 @@ class EngineViews:
             return ""
         now = time.monotonic()
         for engine in self.engines:
+            if engine.label not in self._holding:
+                continue  # driven (node.engine_drive): unloaded before its directory goes
             if engine.answered_at is None or now - engine.answered_at > STALE_S:
                 return ENGINE_UNKNOWN.format(engine.label)  # it may read any exported directory
             if any(i in engine.ids for i in ids):

@@ -4,7 +4,8 @@
 --when-full evict (the default). The choice is pure (``adapter_fabric.store.eviction``);
 here is what holds an adapter: an operator's keep (``fabric keep``), a slot
 it is resident in, and a Fetch serving it or a promote pulling or loading it
-(``InUse``), an engine beside the node that registered it (``adapter_fabric.node.engines``), and being
+(``InUse``), an engine beside the node that registered it (``adapter_fabric.node.engines``), a driven SGLang
+that would not unload it first (``adapter_fabric.node.engine_drive``), and being
 the last complete copy the known peers answer for (``CopiesElsewhere``) unless a durable peer took it
 first (``adapter_fabric.node.handoff``).
 The store's quota measures again after the victims went.
@@ -16,8 +17,8 @@ import dataclasses
 import logging
 import threading
 from collections import Counter
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from adapter_fabric.errors import AdapterNotFound
 from adapter_fabric.observability import metrics
@@ -26,6 +27,9 @@ from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.eviction import IN_USE, KEPT, LAST_COPY, RESIDENT, Candidate, choose_victims
 from adapter_fabric.transport.pull import PeerPuller
 from adapter_fabric.node.engines import EngineViews
+
+if TYPE_CHECKING:
+    from adapter_fabric.node.engine_drive import SGLangDrive
 
 log = logging.getLogger("fabric.node")
 
@@ -86,8 +90,11 @@ class EvictWhenFull:
         hand_off: Callable[[Candidate], bool] | None = None,
         low_water: float = LOW_WATER,
         engines: EngineViews | None = None,
+        drive: SGLangDrive | None = None,
     ) -> None:
         self.store = store
+        #: the driven SGLang (--sglang-url): each victim is unloaded from it before its export directory goes
+        self.drive = drive
         #: what the engines beside the node registered (--engine-url): held; read afresh before each choice
         self.engines = engines
         self.in_use = in_use
@@ -105,7 +112,8 @@ class EvictWhenFull:
 
     def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
         """Free room for ``needed`` bytes by dropping cold adapters, or raise ``QuotaExceeded`` naming why none can go."""
-        with self._lock:
+        # The drive paused throughout: no load may come between a victim's unload and its directory going (invariant 14).
+        with self._lock, self.drive.paused() if self.drive is not None else nullcontext():
             used = self.store.usage()  # another eviction may have freed room meanwhile
             if used + needed <= limit:
                 return
@@ -130,10 +138,18 @@ class EvictWhenFull:
         while True:
             victims = choose_victims(candidates, needed, used, limit, self.low_water, what)
             last = {v.digest for v in victims if self.elsewhere is not None and not self.elsewhere(v.digest) and not self._handed_off(v)}
-            if not last:
+            held = dict.fromkeys(last, LAST_COPY) if last else self._unloaded(victims)
+            if not held:
                 return victims
             # Each round holds one more candidate at least, so the rounds end.
-            candidates = [dataclasses.replace(c, held=LAST_COPY) if c.digest in last else c for c in candidates]
+            candidates = [dataclasses.replace(c, held=held[c.digest]) if c.digest in held else c for c in candidates]
+
+    def _unloaded(self, victims: list[Candidate]) -> dict[str, str]:
+        """Unload ``victims`` from the driven SGLang; digest -> what holds it, for each it did not unload."""
+        if self.drive is None:
+            return {}
+        refused = self.drive.release([i for v in victims for i in v.ids])
+        return {v.digest: next(refused[i] for i in v.ids if i in refused) for v in victims if any(i in refused for i in v.ids)}
 
     def _handed_off(self, victim: Candidate) -> bool:
         """Whether a durable peer pulled ``victim`` from here just now (asked only for a last copy)."""

@@ -48,6 +48,8 @@ from adapter_fabric.trust.signing import TrustedSigners
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.data_server import DataServer
+from adapter_fabric.integrations.sglang import SGLangClient
+from adapter_fabric.node.engine_drive import SGLangDrive
 from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.eviction import CopiesElsewhere, EvictWhenFull
 from adapter_fabric.node.handoff import HandOff
@@ -180,14 +182,21 @@ class Node:
         signed = SignedAdapters(store, puller, trusted)
         promotes = Promotes(self.context, signed)
         #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction
-        self.engines = EngineViews(settings.engine_url, str(settings.export_dir) if settings.export_dir else None) if settings.engine_url else None
+        export_dir = str(settings.export_dir) if settings.export_dir else None
+        #: the SGLang the node drives (--sglang-url; it needs --export-dir): loads what the export dir holds, unloads before evicting
+        self.drive = SGLangDrive(SGLangClient(settings.sglang_url), export_dir, settings.sglang_sync_interval) if settings.sglang_url and export_dir else None
+        if self.drive is not None and store.exports is not None:
+            store.exports.on_change = self.drive.poke  # a stage, pull, unstage or eviction: reconcile now, not at the next tick
+        # The driven SGLang is shown (fabric ls "engines:") but holds nothing: the node unloads before it evicts.
+        shown = (settings.sglang_url,) if self.drive is not None else ()
+        self.engines = EngineViews(settings.engine_url, export_dir, shown=shown) if settings.engine_url or shown else None
         #: at --max-store-bytes, cold adapters are evicted (--when-full evict; a last copy is first handed to a durable peer),
         #: or, on a durable node, the commit is refused (node.eviction, node.handoff)
         self.evictor = (
             EvictWhenFull(
                 store, self.context.in_use, promotes.resident_digests, CopiesElsewhere(puller, peer_source.peers),
                 hand_off=HandOff(puller.channels, peer_source.peers, peer_source.me), low_water=settings.evict_to,
-                engines=self.engines,
+                engines=self.engines, drive=self.drive,
             )
             if not settings.durable
             else None
@@ -318,6 +327,7 @@ async def serve(settings: NodeSettings) -> None:
     collecting = asyncio.create_task(_collect_garbage(node))  # a restart's orphans: O(adapters), so after SERVING
     hygiene = asyncio.create_task(_expire_periodically(store, settings.expire_abandoned_after)) if settings.expire_abandoned_after > 0 else None
     watch_engines = asyncio.create_task(node.engines.watch(node.context.io)) if node.engines is not None else None
+    drive_sglang = asyncio.create_task(node.drive.watch(node.context.io)) if node.drive is not None else None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -337,7 +347,7 @@ async def serve(settings: NodeSettings) -> None:
     streams.close(refusal)
     node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
-    for task in (collecting, hygiene, poll_policy, watch_engines):
+    for task in (collecting, hygiene, poll_policy, watch_engines, drive_sglang):
         if task is not None:
             task.cancel()
     # Listening on while peers' Fetch streams run: a receiver's next request hears the refusal above, not "connection refused".

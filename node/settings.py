@@ -67,6 +67,8 @@ class NodeSettings:
     trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
     export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (adapter_fabric.store.export)
     engine_url: tuple[str, ...] = ()  # engines whose registered adapters (GET /v1/models) are held and shown (node.engines)
+    sglang_url: str = ""  # an SGLang server the node drives: it loads what the export dir holds (node.engine_drive); "" = none
+    sglang_sync_interval: float = 10.0  # seconds between two reconciles of the driven SGLang (and after each store change)
     # operations
     metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
     log_format: str = "text"
@@ -210,6 +212,28 @@ def engine_urls(text: str) -> tuple[str, ...]:
     return urls
 
 
+def sglang_url(text: str) -> str:
+    """One http(s) base URL of an SGLang server (adapter_fabric.integrations.engine_models.check_engine_url); "" = none."""
+    if not text:
+        return ""
+    try:
+        return check_engine_url(text.strip())
+    except InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
+
+
+#: --sglang-sync-interval's bounds: under 1 s the node would poll SGLang busily, over 1 h a restart goes unnoticed too long
+SYNC_INTERVAL_MIN_S, SYNC_INTERVAL_MAX_S = 1.0, 3600.0
+
+
+def sync_interval(text: str) -> float:
+    """A duration (adapter_fabric.units) from 1s to 1h."""
+    value = parse_duration(text, allow_zero=False)
+    if not SYNC_INTERVAL_MIN_S <= value <= SYNC_INTERVAL_MAX_S:
+        raise ValueError(f"expected a duration from {format_duration(SYNC_INTERVAL_MIN_S)} to {format_duration(SYNC_INTERVAL_MAX_S)}, such as 10s or 1m")
+    return value
+
+
 def optional_host_port(text: str) -> str:
     return host_port(text) if text else ""
 
@@ -234,6 +258,9 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
     ("--engine-url", engine_urls, (), "comma-separated base URLs of inference engines beside this node (e.g. http://127.0.0.1:8000): "
      "what each lists in GET /v1/models is shown by fabric ls and never evicted from the export directory", ""),
+    ("--sglang-url", sglang_url, "", "base URL of an SGLang server this node drives (e.g. http://127.0.0.1:30000; needs --export-dir): "
+     "it loads every exported adapter under its export name and unloads those the node no longer holds (before evicting them)", ""),
+    ("--sglang-sync-interval", sync_interval, 10.0, "with --sglang-url: how often the node brings SGLang in step (1s to 1h; also right after each store change)", ""),
     ("--data-port", data_port, 0, "port of the data channel that carries chunk bytes to peers beside gRPC, on --listen's host "
      "(same TLS and token as gRPC; 0 = a free port, announced to peers; off = peers fetch over gRPC)", ""),
     ("--stall-timeout", positive_duration, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over "
@@ -277,7 +304,7 @@ def env_name(flag: str) -> str:
 
 
 _SIZE_PARSERS = (size, positive_size, chunk_size)
-_DURATION_PARSERS = (duration, positive_duration)
+_DURATION_PARSERS = (duration, positive_duration, sync_interval)
 
 
 def _shown(default: Any, parse: Callable[[str], Any]) -> str:
@@ -363,4 +390,6 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
             else:
                 value = default
         values[dest] = value
+    if values["sglang_url"] and values["export_dir"] is None:
+        usage_error("--sglang-url needs --export-dir: SGLang loads the adapters from the node's export directory")
     return NodeSettings(**values)

@@ -1,5 +1,3 @@
-"""Adapters handed to inference engines: the vLLM LoRA resolver (``vllm_resolver``).
-
-SGLang needs no code: it loads an exported directory through its
-``/load_lora_adapter`` API (see the README's engine integrator section).
+"""Adapters handed to inference engines: the vLLM LoRA resolver (``vllm_resolver``), what an engine registered
+(``engine_models``), and the client and plan that drive an SGLang server's LoRA registry (``sglang``).
 """

@@ -19,6 +19,8 @@ LAST_COPY = "the last complete copy among the known peers"
 #: templates, filled with the engine's host:port
 ENGINE = "registered by engine {} (its GET /v1/models names it)"
 ENGINE_UNKNOWN = "exported while engine {} has not answered GET /v1/models (what it may read is unknown)"
+#: a driven engine (--sglang-url) that did not unload an adapter before its eviction
+ENGINE_NOT_UNLOADED = "loaded in engine {}, which did not unload it"
 
 
 @dataclass(frozen=True)

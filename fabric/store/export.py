@@ -94,6 +94,8 @@ class ExportDir:
         ids no longer staged, and the store's own directories would be among them.
         """
         self.root = Path(root)
+        #: called (under the store's lock: it must only wake someone) after an entry appeared, changed or went
+        self.on_change: Callable[[], None] | None = None
         check_apart(self.root, store_root)
         self._blob_path = blob_path
         self._admit = admit
@@ -133,12 +135,14 @@ class ExportDir:
             shutil.rmtree(building, ignore_errors=True)
             raise
         fsync_dir(self.root)
+        self._changed()
         return dest
 
     def remove(self, adapter_id: str) -> None:
         """Take an id's directory away in one step (renamed aside, then deleted)."""
         self._set_aside(self.path_of(adapter_id))
         fsync_dir(self.root)
+        self._changed()
 
     def withdraw(self, blob: os.stat_result) -> list[str]:
         """Remove, each in one step as ``remove`` does, every entry holding a hard link to ``blob``; the ids removed.
@@ -158,6 +162,7 @@ class ExportDir:
                 removed.append(adapter_id_of(entry.name))
         if removed:
             fsync_dir(self.root)
+            self._changed()
         return removed
 
     def sync(self, staged: Iterable[Manifest]) -> None:
@@ -169,6 +174,10 @@ class ExportDir:
         for entry in self.root.iterdir():
             if entry.name not in keep and is_export(entry):  # an operator's own files here are never touched
                 self._set_aside(entry)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _holds(self, dest: Path, manifest: Manifest) -> bool:
         try:

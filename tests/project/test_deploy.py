@@ -105,16 +105,22 @@ def _mounted(container: dict, path: Path) -> tuple[str, Path]:
     raise AssertionError(f"{container['name']}: {path} is on no volume")
 
 
-def _engine_pod() -> tuple[dict, dict, dict]:
-    """(pod template, its node sidecar, its vLLM container)."""
-    pod = _kind("Deployment")["spec"]["template"]
+def _deployment(name: str) -> dict:
+    (found,) = [doc for doc in _docs() if doc["kind"] == "Deployment" and doc["metadata"]["name"] == name]
+    return found
+
+
+def _engine_pod(name: str = "vllm-engine") -> tuple[dict, dict, dict]:
+    """(pod template, its node sidecar, its engine container) of the Deployment ``name``."""
+    pod = _deployment(name)["spec"]["template"]
     (node,) = pod["spec"]["initContainers"]
     (vllm,) = pod["spec"]["containers"]
     return pod, node, vllm
 
 
-def test_the_engine_pod_runs_a_store_only_node_as_a_sidecar_that_starts_first() -> None:
-    pod, node, _ = _engine_pod()
+@pytest.mark.parametrize("name", ["vllm-engine", "sglang-engine"])
+def test_the_engine_pod_runs_a_store_only_node_as_a_sidecar_that_starts_first(name: str) -> None:
+    pod, node, _ = _engine_pod(name)
     settings = parse_settings(node.get("args", []), _env(node))  # the node would accept this configuration
     assert node["restartPolicy"] == "Always", "a native sidecar: started before vLLM, kept running beside it"
     assert node["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}  # vLLM waits for recovery and export
@@ -128,9 +134,10 @@ def test_the_engine_pod_runs_a_store_only_node_as_a_sidecar_that_starts_first() 
     assert pod["spec"]["terminationGracePeriodSeconds"] > settings.drain_timeout
 
 
-def test_the_engine_pods_nodes_are_peers_of_the_statefulsets() -> None:
-    service, statefulset, deployment = _kind("Service"), _kind("StatefulSet"), _kind("Deployment")
-    pod, node, _ = _engine_pod()
+@pytest.mark.parametrize("name", ["vllm-engine", "sglang-engine"])
+def test_the_engine_pods_nodes_are_peers_of_the_statefulsets(name: str) -> None:
+    service, statefulset, deployment = _kind("Service"), _kind("StatefulSet"), _deployment(name)
+    pod, node, _ = _engine_pod(name)
     settings = parse_settings(node.get("args", []), _env(node))
     dns_name, dns_port = settings.peers_dns.rsplit(":", 1)
     assert dns_name == service["metadata"]["name"]
@@ -166,6 +173,21 @@ def test_the_vllm_container_loads_the_plugin_configured_for_its_sidecar() -> Non
     assert vllm["image"] in (ROOT / "deploy" / "vllm.Dockerfile").read_text()
 
 
+def test_the_sglang_pods_node_drives_its_sglang_over_localhost_from_the_shared_export_dir() -> None:
+    pod, node, sglang = _engine_pod("sglang-engine")
+    settings = parse_settings(node.get("args", []), _env(node))  # the node would accept this configuration (it needs --export-dir)
+    http = {p["name"]: p["containerPort"] for p in sglang["ports"]}["http"]
+    assert settings.sglang_url == f"http://localhost:{http}" and f"--port={http}" in sglang["args"] and "--enable-lora" in sglang["args"]
+    assert 1 <= settings.sglang_sync_interval <= 60
+    # SGLang reads the export directory at the node's path, on the same volume, read-only
+    assert _mounted(sglang, settings.export_dir) == _mounted(node, settings.export_dir)
+    assert next(m for m in sglang["volumeMounts"] if m["name"] == _mounted(node, settings.export_dir)[0])["readOnly"]
+    assert _env(sglang)["HF_HUB_OFFLINE"] == "1"  # a lora_path that is not a directory is never fetched from a hub
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert sglang[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    assert pod["spec"]["terminationGracePeriodSeconds"] > settings.drain_timeout
+
+
 def test_the_vllm_image_installs_the_wheel_from_the_clone_holding_torch() -> None:
     text = (ROOT / "deploy" / "vllm.Dockerfile").read_text()
     for sources in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
@@ -189,3 +211,4 @@ def test_the_readmes_kubernetes_names_are_the_manifests() -> None:
     for path in re.findall(r"deploy/[\w.-]+", readme):
         assert (ROOT / path).is_file(), path
     assert ("Deployment", "vllm-engine") in names and "deploy/vllm-sidecar.yaml" in readme
+    assert ("Deployment", "sglang-engine") in names and "deploy/sglang-sidecar.yaml" in readme
