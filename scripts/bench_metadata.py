@@ -9,7 +9,8 @@ API (``adapter_fabric.harness.adapter_sets``: real PEFT adapters of the tiny mod
 distinct ones derived from them), then a store-only node process started on
 it. Measured: start-up to health SERVING, the node's RSS after start, a full
 paged listing (time, pages, entries; RSS after it, and the peak), Locate of one
-adapter (median of ``--probes``), store-status (median of ``--probes``).
+adapter (median of ``--probes``), store-status (median of ``--probes``), the unstage of one more
+adapter staged for it (median of ``--probes``).
 The last column is the ratio of the largest count's figure to the smallest's.
 """
 
@@ -67,6 +68,18 @@ def populated(work: Path, count: int, jobs: int, reuse: bool) -> Path:
     return root / "store"
 
 
+def one_more(work: Path, n: int) -> Path:
+    """A real adapter's weights under a config of its own (``lora_alpha`` differs): a digest no other id refers to."""
+    real = sorted((work / "reals").iterdir())[0]
+    out = work / "extra" / str(n)
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((real / "adapter_config.json").read_text())
+    config["lora_alpha"] = 1000 + n
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    shutil.copyfile(real / "adapter_model.safetensors", out / "adapter_model.safetensors")
+    return out
+
+
 def measure(store: Path, count: int, probes: int, page_size: int) -> dict:
     """The figures of one node started on ``store``."""
     node = LocalNode(store, model="none", extra_args=["--log-level", "WARNING"])
@@ -85,6 +98,14 @@ def measure(store: Path, count: int, probes: int, page_size: int) -> dict:
             some = adapter_sets.adapter_id(count // 2)
             row["locate_s"] = timed(lambda: c.locate(some), probes)
             row["store_status_s"] = timed(c.store_status, probes)
+            # An unstage collects what its id alone reached: before the live index it read every ref and manifest.
+            unstages = []
+            for n in range(probes):
+                c.stage(one_more(store.parent, n), f"bench/unstage-{n}")  # a digest of its own: the unstage drops it
+                start = time.perf_counter()
+                c.unstage(f"bench/unstage-{n}")
+                unstages.append(time.perf_counter() - start)
+            row["unstage_s"] = statistics.median(unstages)
             row["rss_peak_mib"] = rss_mib(node.pid, "VmHWM")
         if entries != count:
             raise SystemExit(f"the listing held {entries} adapters, the store {count}")
@@ -101,6 +122,7 @@ ROWS = [
     ("RSS after the listing", "rss_after_listing_mib", "{:.0f} MiB"),
     ("Locate (median)", "locate_s", "{:.1f} ms"),
     ("store-status (median)", "store_status_s", "{:.1f} ms"),
+    ("unstage of one adapter (median)", "unstage_s", "{:.1f} ms"),
     ("RSS peak", "rss_peak_mib", "{:.0f} MiB"),
 ]
 
