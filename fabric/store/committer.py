@@ -148,6 +148,7 @@ class Committer:
         whole batch: every file synced (one round), blobs and manifests placed and their directories synced, refs last."""
         files, refs = DeferredSyncs(self.temps, self._syncs), DeferredSyncs(self.temps, self._syncs)
         written: list[_Pending] = []
+        in_batch: dict[str, str] = {}  # id -> the digest this batch wrote for it last
         candidates: set[str] = set()  # digests an id left in this batch: collected if nothing refers to them after it
         try:
             for job in batch:
@@ -156,14 +157,19 @@ class Committer:
                     job.existed = self.catalog.complete(job.manifest.digest) is not None
                     if not job.existed:
                         self._install(job, files)
-                    previous = self.catalog.read_ref(job.adapter_id)
+                    on_disk = self.catalog.read_ref(job.adapter_id)
                 except Exception as exc:  # this commit's refusal (room, a vanished source): the others go on
                     job.error = exc
                     continue
-                if previous != job.manifest.digest:
-                    refs.write(self.layout.ref(job.adapter_id), job.manifest.digest.encode("ascii"))
-                    # an id that referred to other bytes (before this batch, or earlier in it) may leave them unreferenced
-                    candidates.update(d for d in (previous, job.manifest.digest) if d is not None)
+                digest = job.manifest.digest
+                # what the id refers to once the batch's earlier refs are placed: the last commit of an id wins
+                previous = in_batch.get(job.adapter_id, on_disk)
+                if previous != digest:
+                    refs.write(self.layout.ref(job.adapter_id), digest.encode("ascii"))
+                    # an id that referred to other bytes (before this batch, or earlier in it) may leave them unreferenced;
+                    # a new id leaves nothing, so it collects nothing (nor asks another process's changes to be read)
+                    candidates.update(d for d in (on_disk, previous) if d is not None and d != digest)
+                    in_batch[job.adapter_id] = digest
                     written.append(job)
             files.sync_files(also=refs)
             files.place()  # blobs and manifests durable in place before any ref names them
