@@ -160,9 +160,9 @@ class EvictWhenFull:
         resident = self.resident()
         ids: dict[str, list[str]] = {}
         sizes: dict[str, int] = {}
-        for manifest in self.store.list():
-            ids.setdefault(manifest.digest, []).append(manifest.adapter_id)
-            sizes[manifest.digest] = manifest.total_size
+        for adapter_id, digest, size in self.store.held():  # sizes from summaries: no manifest per adapter held
+            ids.setdefault(digest, []).append(adapter_id)
+            sizes[digest] = size
         return [
             Candidate(digest, tuple(names), sizes[digest], max(self.store.recency.last_used(i) for i in names), self._held(digest, names, resident))
             for digest, names in ids.items()

@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from adapter_fabric.errors import AdapterNotFound
+from adapter_fabric.errors import AdapterNotFound, FabricError
 from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
 from adapter_fabric.store.catalog import Catalog, Listed
 from adapter_fabric.store.committer import Committer
@@ -120,7 +120,7 @@ class AdapterStore:
             self.integrity = Integrity(self.layout, self.catalog, self.lock, self.exports)
             if self.exports is not None:
                 # Only whole adapters: a blob quarantined before the restart has nothing to link to.
-                self.exports.sync(m for m in self.catalog.list() if self.catalog.complete(m.digest) is not None)
+                self.exports.sync(m for m in self.catalog.each() if self.catalog.complete(m.digest) is not None)
         self.committer = Committer(
             self.layout, self.lock, TempFiles(self.layout.tmp), self.catalog, collector, self.quota, _CommitEvents(self.catalog, self.integrity, self.exports)
         )
@@ -217,6 +217,18 @@ class AdapterStore:
     def damaged(self) -> list[DamagedEntry]:
         """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
         return self.integrity.damaged()
+
+    def held(self) -> list[tuple[str, str, int]]:
+        """Every staged id with its digest and that adapter's size, sorted by id; damaged ones left out (no manifest held)."""
+        found = []
+        for adapter_id, digest in sorted(self.catalog.refs().items()):
+            try:
+                summary = self.catalog.summary(digest)
+            except FabricError:
+                continue
+            if summary is not None:
+                found.append((adapter_id, digest, summary.total_size))
+        return found
 
     def collect_garbage(self) -> None:
         """Remove what no ref reaches (a crash's orphans) and build the index later collections use; O(adapters)."""

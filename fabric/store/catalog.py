@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument, StoreMissing
 from adapter_fabric.store.files import decode_id
@@ -46,12 +46,23 @@ def is_digest(value: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Summary:
+    """What a scan of the whole store needs of a manifest: its size and its blobs."""
+
+    total_size: int
+    roots: tuple[str, ...]
+
+
 class Catalog:
     """Committed refs and manifests of one store, read through a per-digest manifest cache."""
 
     def __init__(self, layout: StoreLayout) -> None:
         self.layout = layout
         self._manifests = ManifestCache()
+        # digest -> its size and blob roots: what scans of the whole store need, kept for every digest read (~0.2 KB each)
+        self._summaries: dict[str, Summary] = {}
+        self._manifests_dir = os.fspath(layout.manifests)
         #: the staged ids, sorted, for pages of a listing (kept in step by the committer's listener)
         self.index = RefIndex(layout.refs, self._scan_ids)
 
@@ -97,21 +108,38 @@ class Catalog:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            self._manifests.drop(digest)
+            self.forget(digest)
             return None
         manifest = Manifest.from_json(data)
         if manifest.digest != digest:
             raise IntegrityError(f"{path} holds the manifest of digest {manifest.digest}")
-        self._manifests.put(manifest)
+        self.remember(manifest)
         return manifest
 
+    def summary(self, digest: str) -> Summary | None:
+        """The size and blob roots of ``digest`` without holding its manifest; None if absent; errors as ``load_manifest``."""
+        if not is_digest(digest):
+            raise IntegrityError(f"{digest[:80]!r} is not a digest")
+        summary = self._summaries.get(digest)
+        if summary is not None and os.path.isfile(os.path.join(self._manifests_dir, f"{digest}.json")):
+            return summary
+        return self._summarize(self.load_manifest(digest))
+
     def remember(self, manifest: Manifest) -> None:
-        """The committer wrote ``manifest``'s file: no need to read it back."""
+        """The committer wrote ``manifest``'s file (or it was read): no need to read it back."""
         self._manifests.put(manifest)
+        self._summarize(manifest)
 
     def forget(self, digest: str) -> None:
         """The committer removed ``digest``'s manifest file."""
         self._manifests.drop(digest)
+        self._summaries.pop(digest, None)
+
+    def _summarize(self, manifest: Manifest | None) -> Summary | None:
+        if manifest is None:
+            return None
+        summary = self._summaries[manifest.digest] = Summary(manifest.total_size, tuple(f.root for f in manifest.files))
+        return summary
 
     def complete(self, digest: str) -> Manifest | None:
         """The manifest of ``digest`` when it and every blob it names are here; None when any is absent or damaged."""
@@ -156,15 +184,17 @@ class Catalog:
 
     def list(self) -> list[Manifest]:
         """Every committed adapter whose manifest reads, sorted by id; a damaged entry is left out (``problem`` names it)."""
-        found = []
+        return list(self.each())
+
+    def each(self) -> Iterator[Manifest]:
+        """``list``, one manifest at a time: a scan of 100,000 adapters holds one, not all (~8 KB each)."""
         for adapter_id, digest in sorted(self.refs().items()):
             try:
                 manifest = self.load_manifest(digest)
             except FabricError:
                 continue
             if manifest is not None:  # else unstaged while we listed
-                found.append(manifest.with_id(adapter_id))
-        return found
+                yield manifest.with_id(adapter_id)
 
     def _scan_ids(self) -> list[str]:
         """Every name in ``refs/`` that is an id (not read: what the index is built from)."""
@@ -203,16 +233,24 @@ class Catalog:
         if not is_digest(digest):
             return f"its id entry is damaged (holds {digest[:80]!r}, not a digest)"
         try:
-            manifest = self.load_manifest(digest)
+            summary = self.summary(digest)
         except FabricError as exc:
             return f"its manifest is damaged: {str(exc)[:200]}"
-        if manifest is None:
+        if summary is None:
             return f"its manifest {digest}.json is missing"
         blobs = os.fspath(self.layout.blobs)  # string paths: a status census asks this of every id
-        for entry in manifest.files:
-            if not os.path.isfile(os.path.join(blobs, entry.root[:2], entry.root)):
-                return f"its {entry.name} (blob {entry.root}) is missing or quarantined"
+        for root in summary.roots:
+            if not os.path.isfile(os.path.join(blobs, root[:2], root)):
+                return f"its {self._file_name(digest, root)} (blob {root}) is missing or quarantined"
         return ""
+
+    def _file_name(self, digest: str, root: str) -> str:
+        """The name of the file a manifest lists under blob ``root`` ("file" when the manifest does not read)."""
+        try:
+            manifest = self.load_manifest(digest)
+        except FabricError:
+            manifest = None
+        return next((f.name for f in manifest.files if f.root == root), "file") if manifest is not None else "file"
 
     def missing_store(self) -> StoreMissing:
         """The error for a store whose directory (or a part of it) was removed while this process uses it."""
