@@ -22,7 +22,7 @@ from adapter_fabric.errors import InvalidArgument
 from adapter_fabric.exit_codes import EXIT_USAGE
 from adapter_fabric.integrations.engine_models import check_engine_url
 from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
-from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES
+from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
 from adapter_fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
 
 STORE_ONLY = "none"
