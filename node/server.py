@@ -129,7 +129,7 @@ def start_endpoint(settings: NodeSettings, readiness: Readiness) -> ProbeEndpoin
     check_bindable("--metrics-listen", settings.metrics_listen)
     host, _, port = settings.metrics_listen.rpartition(":")
     try:
-        return ProbeEndpoint(host, int(port), lambda: readiness.ready).start()
+        return ProbeEndpoint(host, int(port), lambda: readiness.ready, read_timeout=settings.metrics_read_timeout).start()
     except OSError as exc:
         fail(f"--metrics-listen {settings.metrics_listen}: cannot listen there: {exc.strerror or exc}")
 

@@ -22,7 +22,7 @@ from adapter_fabric.errors import InvalidArgument
 from adapter_fabric.exit_codes import EXIT_USAGE
 from adapter_fabric.integrations.engine_models import check_engine_url
 from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
-from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES
+from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
 from adapter_fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
 
 STORE_ONLY = "none"
@@ -71,6 +71,7 @@ class NodeSettings:
     sglang_sync_interval: float = 10.0  # seconds between two reconciles of the driven SGLang (and after each store change)
     # operations
     metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
+    metrics_read_timeout: float = 10.0  # seconds a metrics-port connection may stay silent before it is closed
     log_format: str = "text"
     drain_timeout: float = 10.0  # seconds in-flight calls get after SIGTERM before they are cut
     expire_abandoned_after: float = 24 * 3600.0  # seconds; 0 = never
@@ -290,6 +291,8 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--scrub-rate", size, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
     ("--expire-abandoned-after", duration, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),
     ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
+    ("--metrics-read-timeout", positive_duration, 10.0, "seconds a --metrics-listen connection may send nothing (mid-request or "
+     "between requests) before the node closes it", "operations"),
     ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
     ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR", "operations"),
     ("--drain-timeout", positive_duration, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),

@@ -7,8 +7,7 @@ import grpc
 from adapter_fabric.access.caller import caller
 from adapter_fabric.errors import DeadlineExceeded, InvalidArgument
 from adapter_fabric.format.peft_fields import peft_fields_of
-from adapter_fabric.serving.generation import Generation
-from adapter_fabric.serving.pool import ACTIVE
+from adapter_fabric.serving.names import ACTIVE
 from adapter_fabric.store.catalog import Listed, is_digest
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.v1 import fabric_pb2
@@ -104,6 +103,8 @@ class Slots:
         """Decode with the base model, the active adapter or a resident one, one model-worker job per step."""
         model = self.context.require_model("generate")
         # None = base model, -1 = the active adapter (base when none is active), else a resident name.
+        from adapter_fabric.serving.generation import Generation  # torch: only a node with a model gets here
+
         target = None if request.use_base or request.adapter == BASE_NAME else (request.adapter or ACTIVE)
         run = Generation(model, request.input_ids, target, request.max_new_tokens, request.return_logits, self.max_new_tokens)
         try:

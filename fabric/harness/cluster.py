@@ -134,12 +134,17 @@ class LocalNode:
         """SIGTERM and wait: the graceful path."""
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else 0
-        self.process.send_signal(signal.SIGTERM)
+        self.terminate()
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             return -9
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (``stop`` waits): a cluster tells all its nodes first, so their drains overlap."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         """SIGKILL: the crash path."""
@@ -186,6 +191,8 @@ class LocalCluster:
         return self
 
     def stop(self) -> None:
+        for node in self.nodes:  # all drain at once (each lingers for its peers' streams), then each is waited for
+            node.terminate()
         for node in self.nodes:
             node.stop()
 

@@ -5,7 +5,7 @@ certificate, while every Fabric RPC stays behind mTLS on the gRPC port. It
 serves only what these three paths say (nothing of the store or the model).
 
 Anyone who reaches the port may connect, so it holds no one for long: a
-connection that sends nothing for ``READ_TIMEOUT_S`` is closed, at most
+connection that sends nothing for ``READ_TIMEOUT_S`` (``--metrics-read-timeout``) is closed, at most
 ``MAX_CONNECTIONS`` are served at once (more are closed at once, so threads
 and file descriptors stay bounded and gRPC never runs out of them), and a
 client that hangs up is one debug log record, never a traceback on stderr.
@@ -26,7 +26,7 @@ from adapter_fabric.observability import metrics
 
 log = logging.getLogger(__name__)
 
-#: seconds a connection may stay silent (mid-request or between requests) before it is closed
+#: seconds a connection may stay silent (mid-request or between requests) before it is closed (fabric-node --metrics-read-timeout)
 READ_TIMEOUT_S = 10.0
 #: connections served at once; a probe and a scraper need a few
 MAX_CONNECTIONS = 32
@@ -35,11 +35,11 @@ MAX_CONNECTIONS = 32
 class ProbeEndpoint:
     """Serves the three paths on ``host:port`` from a daemon thread; ``ready()`` decides /readyz."""
 
-    def __init__(self, host: str, port: int, ready: Callable[[], bool]) -> None:
+    def __init__(self, host: str, port: int, ready: Callable[[], bool], read_timeout: float = READ_TIMEOUT_S) -> None:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = READ_TIMEOUT_S  # socketserver sets it on the connection: reads past it end the connection
+            timeout = read_timeout  # socketserver sets it on the connection: reads past it end the connection
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 path = self.path.split("?", 1)[0]
@@ -66,6 +66,9 @@ class ProbeEndpoint:
         class Server(ThreadingHTTPServer):
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
             daemon_threads = True
+            # socketserver's listen backlog is 5: a burst of connections (probes, scrapers, or a flood past the bound)
+            # overflows it and each dropped SYN waits a 1 s retransmit; a deeper queue lets the bound below decide instead
+            request_queue_size = 128
             slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
             def process_request(self, request, client_address) -> None:

@@ -31,10 +31,9 @@ from adapter_fabric.errors import AdapterNotFound, InvalidArgument, SlotBusy
 from adapter_fabric.serving.host_copy import SINGLE_THREAD_COPY_BYTES, host_copy
 from adapter_fabric.serving.staging import StagingRows
 from adapter_fabric.serving.slot_records import SlotMeta, Span, StagedAdapter
+from adapter_fabric.serving.names import ACTIVE
 from adapter_fabric.serving.policy import SlotView, check_pin_limit, choose_victim
 
-#: ``acquire``/``adapter_id_for`` argument meaning "the active adapter".
-ACTIVE = -1
 
 
 class SlotPool(StagingRows):

@@ -13,8 +13,8 @@ from typing import Any, Iterable
 import torch
 
 from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
 
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 _TINY_SHAPE = dict(
     vocab_size=256,

@@ -24,11 +24,16 @@ from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 pytestmark = pytest.mark.timeout(300)
 
 IDLE = 300
+#: the node's --metrics-read-timeout here (10 s by default): the idle connections within the bound are closed after it
+READ_TIMEOUT = "2"
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory) -> Iterator[LocalNode]:
-    node = LocalNode(tmp_path_factory.mktemp("metrics") / "node", model="none", extra_args=["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+    node = LocalNode(
+        tmp_path_factory.mktemp("metrics") / "node", model="none",
+        extra_args=["--metrics-listen", "127.0.0.1:0", "--metrics-read-timeout", READ_TIMEOUT, "--log-format", "json"],
+    )
     with node:
         yield node
 

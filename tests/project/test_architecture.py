@@ -193,6 +193,17 @@ def test_import_fabric_stays_light() -> None:
     assert out.strip() == "[]"
 
 
+def test_a_store_only_node_never_imports_torch() -> None:
+    """``fabric-node --model none`` loads no torch, numpy or peft: its start-up stays well under a second (torch alone
+    takes 1-3 s to import); the model code loads when a node builds a model or serves a Generate."""
+    code = (
+        "import sys, adapter_fabric.node.main, adapter_fabric.node.server; "
+        "print(sorted(m for m in ('torch', 'numpy', 'peft', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_version_is_the_package_version() -> None:
     from importlib.metadata import version
 
