@@ -226,14 +226,17 @@ class Node:
 
 async def _streams_ended(streams: PeerStreamLimit, within: float) -> None:
     """Return once no Fetch stream has been open for DRAIN_LINGER_S (a receiver between two requests hears the refusal), or
-    after ``within`` seconds less the margin ``PeerReads`` keeps to cut the last ones by name."""
-    loop = asyncio.get_running_loop()
+    after ``within`` seconds less the margin ``PeerReads`` keeps to cut the last ones by name.
+
+    The quiet is counted from the last stream's end, not from the signal: a node no peer was reading from stops at once.
+    """
+    loop = asyncio.get_running_loop()  # its clock is time.monotonic, as PeerStreamLimit.last_ended's
     give_up = loop.time() + max(0.0, within - min(DRAIN_CUT_MARGIN_S, within / 2))
-    quiet_since = loop.time()
-    while loop.time() < give_up:
+    while True:
+        quiet_since = streams.last_ended if streams.last_ended is not None else float("-inf")
         if streams.streams_open:
             quiet_since = loop.time()
-        elif loop.time() - quiet_since >= DRAIN_LINGER_S:
+        if loop.time() - quiet_since >= DRAIN_LINGER_S or loop.time() >= give_up:
             return
         await asyncio.sleep(DRAIN_POLL_S)
 

@@ -8,6 +8,8 @@ connections rather than bytes: concurrent ``Fetch`` streams per peer.
 
 from __future__ import annotations
 
+import time
+
 from typing import Awaitable, Callable
 
 import grpc
@@ -48,6 +50,7 @@ class PeerStreamLimit(grpc.aio.ServerInterceptor):
         self.method = method
         self.open: dict[str, int] = {}  # the event loop is the only thread that touches it
         self.closed = ""  # once the node drains: why no new stream is taken
+        self.last_ended: float | None = None  # time.monotonic() when a stream last ended (None: none has)
 
     def close(self, cause: str) -> None:
         """No new stream of any peer from now on (``PeerUnavailable(cause)``); open ones go on."""
@@ -68,6 +71,7 @@ class PeerStreamLimit(grpc.aio.ServerInterceptor):
     def leave(self, host: str) -> None:
         """One stream of ``host`` ended."""
         left = self.open[host] - 1
+        self.last_ended = time.monotonic()
         if left:
             self.open[host] = left
         else:
