@@ -92,7 +92,12 @@ class EngineViews:
             ids = registered_ids(self._read(engine.url, READ_TIMEOUT_S), self.export_dir)
         except FabricError as exc:
             if str(exc) != engine.error:  # one line per change of state, not per poll
-                event(log, "engine not answering: its registrations are kept as last read", logging.WARNING, engine=engine.label, error=str(exc))
+                held = (
+                    "it never answered: every exported adapter is held from eviction until it does"
+                    if engine.answered_at is None
+                    else f"its registrations are kept as last read (for at most {STALE_S:g}s, then every exported adapter is held)"
+                )
+                event(log, f"engine not answering: {held}", logging.WARNING, engine=engine.label, error=str(exc))
             engine.error = str(exc)
             metrics.ENGINE_READS.labels(engine.label, "failed").inc()
             return

@@ -29,7 +29,7 @@ def cmd_store_status(args: argparse.Namespace) -> None:
     # the limits as the flags and the README write them (--max-store-bytes 18GiB, --expire-abandoned-after 24h)
     quota = format_size(reply.quota_bytes) if reply.quota_bytes else "no limit"
     expiry = f"after {format_duration(reply.expire_after_seconds)} untouched" if reply.expire_after_seconds else "never"
-    lines = [f"{args.node}: {reply.adapters} adapters, {_size(reply.used_bytes)} used of {quota}; abandoned entries expire {expiry}"]
+    lines = [f"{args.node}: {reply.adapters} adapter{'' if reply.adapters == 1 else 's'}, {_size(reply.used_bytes)} used of {quota}; abandoned entries expire {expiry}"]
     at_limit = f"evicts cold adapters ({reply.evictions} evicted since start)" if reply.evicts else "refuses commits (a durable node: never evicts)"
     lines.append(f"  at the limit: {at_limit}; {reply.kept} kept by an operator")
     for tenant in reply.tenants:
