@@ -55,17 +55,28 @@ def engine_label(url: str) -> str:
 def read_models(url: str, timeout: float, headers: dict[str, str] | None = None) -> list[EngineLoRA]:
     """The LoRA adapters the engine at ``url`` lists in ``GET /v1/models``; PeerUnavailable when it does not answer so."""
     request = urllib.request.Request(f"{url}/v1/models", headers={"Accept": "application/json", **(headers or {})})
+    return parse_models(engine_reply(request, timeout, engine_label(url), "GET /v1/models", MAX_REPLY_BYTES), engine_label(url))
+
+
+def engine_reply(request: urllib.request.Request, timeout: float, label: str, what: str, max_bytes: int, accept: tuple[int, ...] = ()) -> bytes:
+    """The body of an engine's reply to ``request`` (``what``, e.g. "GET /v1/models", names it), at most ``max_bytes``.
+
+    A 2xx reply, or an HTTP error whose code is in ``accept`` (an engine that answers a refusal with a JSON body),
+    returns its body; anything else is ``PeerUnavailable`` naming the engine ``label``: never a traceback.
+    """
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310 (the operator's own engine URL)
-            body = reply.read(MAX_REPLY_BYTES + 1)
+            body = reply.read(max_bytes + 1)
     except urllib.error.HTTPError as exc:
-        raise PeerUnavailable(f"engine {engine_label(url)} answered GET /v1/models with HTTP {exc.code}") from None
+        if exc.code not in accept:
+            raise PeerUnavailable(f"engine {label} answered {what} with HTTP {exc.code}") from None
+        body = exc.read(max_bytes + 1)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:  # HTTPException: a reply cut short
         reason = getattr(exc, "reason", None) or exc
-        raise PeerUnavailable(f"engine {engine_label(url)} did not answer GET /v1/models: {str(reason)[:200]}") from None
-    if len(body) > MAX_REPLY_BYTES:
-        raise PeerUnavailable(f"engine {engine_label(url)} answered GET /v1/models with more than {MAX_REPLY_BYTES} bytes")
-    return parse_models(body, engine_label(url))
+        raise PeerUnavailable(f"engine {label} did not answer {what}: {str(reason)[:200]}") from None
+    if len(body) > max_bytes:
+        raise PeerUnavailable(f"engine {label} answered {what} with more than {max_bytes} bytes")
+    return body
 
 
 def parse_models(body: bytes, label: str) -> list[EngineLoRA]:

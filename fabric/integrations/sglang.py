@@ -15,16 +15,14 @@ size; every failure is a ``FabricError`` naming the engine (``PeerUnavailable`` 
 
 from __future__ import annotations
 
-import http.client
 import json
 import posixpath
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from adapter_fabric.errors import FabricError, InvalidArgument, PeerUnavailable
-from adapter_fabric.integrations.engine_models import EngineLoRA, engine_label, read_models
+from adapter_fabric.integrations.engine_models import EngineLoRA, engine_label, engine_reply, read_models
 
 #: bound on one call (connect and reply): SGLang reads the adapter's files before it answers a load
 CALL_TIMEOUT_S = 30.0
@@ -116,18 +114,7 @@ class SGLangClient:
             self.url + route, data=json.dumps(body).encode(), method="POST",
             headers={"Content-Type": "application/json", "Accept": "application/json", **self.headers},
         )  # fmt: skip
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as reply:  # noqa: S310 (the operator's own engine URL)
-                raw = reply.read(MAX_REPLY_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            if exc.code != 400:
-                raise PeerUnavailable(f"engine {self.label} answered POST {route} with HTTP {exc.code}") from None
-            raw = exc.read(MAX_REPLY_BYTES + 1)
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:  # HTTPException: a reply cut short
-            reason = getattr(exc, "reason", None) or exc
-            raise PeerUnavailable(f"engine {self.label} did not answer POST {route}: {str(reason)[:200]}") from None
-        if len(raw) > MAX_REPLY_BYTES:
-            raise PeerUnavailable(f"engine {self.label} answered POST {route} with more than {MAX_REPLY_BYTES} bytes")
+        raw = engine_reply(request, self.timeout, self.label, f"POST {route}", MAX_REPLY_BYTES, accept=(400,))
         try:
             answer = json.loads(raw)
             success = answer["success"]

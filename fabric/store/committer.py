@@ -204,9 +204,10 @@ class Committer:
     def commit_ref(self, manifest: Manifest) -> bool:
         """Point ``manifest.adapter_id`` at its digest when every byte of it is committed already; False when it is not."""
         with self.lock.held():
-            if self.catalog.complete(manifest.digest) is None:
+            complete = self.catalog.complete(manifest.digest)
+            if complete is None:
                 return False
-            self._set_ref(manifest.adapter_id, manifest.digest)
+            self._set_ref(manifest.adapter_id, complete)
             return True
 
     def require_ref(self, manifest: Manifest) -> None:
@@ -243,16 +244,14 @@ class Committer:
         syncs.changed(dest.parent)
         self._listener.blob_committed(root)  # verified as it was received or copied
 
-    def _set_ref(self, adapter_id: str, digest: str) -> None:
-        """Point an id at a digest (under the lock); the previous digest's bytes go if nothing refers to them."""
+    def _set_ref(self, adapter_id: str, complete: Manifest) -> None:
+        """Point an id at a digest whose bytes are all here (``complete``, checked under the lock held); the previous
+        digest's bytes go if nothing refers to them."""
+        digest = complete.digest
         previous = self.catalog.read_ref(adapter_id)
         if previous != digest:
             self.temps.write_atomic(self.layout.ref(adapter_id), digest.encode("ascii"))
-            manifest = self.catalog.complete(digest)  # the caller checked, under this lock
-            if manifest is None:
-                self._collector.live.invalidate()  # its blobs unknown: never guess which a collection may drop
-            else:
-                self._collector.live.ref_set(adapter_id, digest, [f.root for f in manifest.files])
+            self._collector.live.ref_set(adapter_id, digest, [f.root for f in complete.files])
             self._collector.live.bump()
             if previous is not None:
                 self._collector.collect_digests({previous})

@@ -17,7 +17,7 @@ from adapter_fabric.units import MAX_BYTES, format_duration, format_size, parse_
 from adapter_fabric.node.settings import build_parser as node_parser
 from adapter_fabric.node.settings import parse_settings
 
-DURATION_FLAG = re.compile(r"--(.*-)?(timeout|after)$")
+DURATION_FLAG = re.compile(r"--(.*-)?(timeout|after|interval)$")
 SIZE_FLAG = re.compile(r"--(.*-)?(bytes|rate|chunk-size)$")
 REFUSED = ("-1", "nan", "inf", "-inf", "1e308", "1e3", "abc", "", "99999999999999999999999")
 
@@ -49,7 +49,11 @@ def test_the_walk_finds_the_flags_the_readme_names() -> None:
 
 @pytest.mark.parametrize(("name", "action"), DURATIONS, ids=[name for name, _ in DURATIONS])
 def test_every_duration_flag_takes_units_and_refuses_by_name(name, action) -> None:
-    assert action.type("30s") == 30 and action.type("24h") == 86400 and action.type("1.5") == 1.5
+    assert action.type("30s") == 30 and action.type("15m") == 900 and action.type("1.5") == 1.5
+    try:
+        assert action.type("24h") == 86400
+    except argparse.ArgumentTypeError as exc:  # a flag with a tighter bound (--sglang-sync-interval: at most 1h) says it
+        assert "duration" in str(exc) and "24h" in str(exc), exc
     for bad in REFUSED:
         with pytest.raises(argparse.ArgumentTypeError, match="duration"):
             action.type(bad)
