@@ -9,6 +9,7 @@ from functools import partial
 from typing import AsyncIterator
 
 from adapter_fabric.errors import Busy, InvalidArgument
+from adapter_fabric.observability.logs import event
 from adapter_fabric.store.digests import DIGEST_SCHEME, check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.quota import MakeRoom, opened_with_room
@@ -96,6 +97,9 @@ class Staging:
                 upload = await self.context.io(opened_with_room, partial(self._open, begin), self.make_room)
                 return upload, waited
             except Busy:
+                if not waited:
+                    event(log, "a Stage waits for an earlier stream of its upload to let go", adapter=begin.adapter_id[:200],
+                          bound_s=UPLOAD_RELEASE_WAIT_S)
                 waited = True
                 if time.monotonic() >= deadline:
                     raise

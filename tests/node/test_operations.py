@@ -98,13 +98,6 @@ def test_metrics_move_after_a_stage_a_promote_from_a_peer_and_a_generate(tmp_pat
             assert staged.digest == promoted.digest
 
 
-def test_peer_labels_are_bounded_to_known_peers() -> None:
-    from adapter_fabric.observability.metrics import peer_label
-
-    assert peer_label("10.0.0.1:50051", ["10.0.0.1:50051"]) == "10.0.0.1:50051"
-    assert peer_label("203.0.113.9:4444", ["10.0.0.1:50051"]) == "other"
-
-
 # ---------------------------------------------------------------- probes under mTLS
 
 
