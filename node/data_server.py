@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from contextlib import aclosing
 
@@ -37,6 +38,8 @@ __all__ = ["DataServer", "HELLO_TIMEOUT_S", "MAX_CONNECTIONS", "MIN_READ_RATE"]
 
 log = logging.getLogger("fabric.node.data")
 
+#: accepted connections not yet taken by the server, at most (asyncio's default)
+LISTEN_BACKLOG = 100
 #: seconds a connection gets to send its hello
 HELLO_TIMEOUT_S = 10.0
 #: connections open at once; the next is refused (busy) at once
@@ -57,6 +60,22 @@ def _sans(writer: asyncio.StreamWriter) -> list[str]:
     return [str(value) for _, value in cert.get("subjectAltName", ())]
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (0: a free port; no port reuse), for ``DataServer.start``; OSError when it cannot."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio.start_server does: TIME_WAIT leftovers do not block
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class DataServer:
     """Serves ``PeerReads.pieces`` on a TCP (or TLS) port; one request per connection."""
 
@@ -75,11 +94,10 @@ class DataServer:
         self._open: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: a free port); returns the port."""
+    async def start(self, sock: socket.socket) -> None:
+        """Serve on ``sock``, bound and listening already (``listen_socket``: its port was announced before the server existed)."""
         tls = {"ssl": self.tls, "ssl_handshake_timeout": HELLO_TIMEOUT_S} if self.tls is not None else {}
-        self._server = await asyncio.start_server(self._serve, host, port, reuse_port=False, **tls)
-        return self._server.sockets[0].getsockname()[1]
+        self._server = await asyncio.start_server(self._serve, sock=sock, **tls)
 
     async def close(self, grace: float) -> None:
         """Stop listening; open streams get ``grace`` seconds to finish (as gRPC's in-flight calls do), then are cut."""

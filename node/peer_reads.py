@@ -74,7 +74,11 @@ Piece = Union[FilePiece, BytesPiece, Picked, Holds]
 class PeerReads:
     """GetManifest, Locate, Fetch and Availability; owns the upload rate limit and the super-seeding counts."""
 
-    def __init__(self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False) -> None:
+    def __init__(
+        self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False,
+        announce: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        """``announce``: metadata naming this node's data channel port (``fetch_metadata.announce_data_port``), sent in replies."""
         self.context = context
         #: this node never evicts (--when-full refuse): said in every Availability reply, so peers hand it their last copies
         self.durable = durable
@@ -87,8 +91,7 @@ class PeerReads:
         self._sent: dict[str, list[int]] = {}
         self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
         self._rng = random.Random()
-        #: metadata announcing this node's data channel (``fetch_metadata.announce_data_port``); set once it listens
-        self.announce: tuple[tuple[str, str], ...] = ()
+        self.announce = announce
         self._cut: str = ""  # set while draining, once streams still sending must end: why
 
     def start_draining(self, bound: float) -> None:

@@ -1,6 +1,6 @@
 """The fabric.v1 servicer: the service edge, each RPC handed to the group that owns it.
 
-The groups (composed by ``adapter_fabric.node.server``): ``Staging`` (Stage, UploadOffset,
+The groups (composed by ``adapter_fabric.node.assembly.build_node``): ``Staging`` (Stage, UploadOffset,
 Unstage), ``PeerReads`` (GetManifest, Locate, Fetch, Availability),
 ``Promotes`` (Promote), ``Slots`` (ListAdapters, SetActive, Pin, Generate)
 and ``StoreReport`` (StoreStatus). Library errors become status codes here and nowhere

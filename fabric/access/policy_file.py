@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.access.policy import Policy, parse_policy
 from adapter_fabric.errors import InvalidPolicy
@@ -54,8 +53,6 @@ class PolicyFile:
     def __init__(self, path: Path) -> None:
         """Read ``path`` now: ``InvalidPolicy`` (one line) when it is broken, so a node refuses to start on it."""
         self.path = Path(path)
-        #: told each policy a reload puts in force (the node hands the store its new [[quota]] tables)
-        self.on_reload: Callable[[Policy], None] | None = None
         self._stamp = _stamp(self.path)
         self.policy = read_policy(self.path)
 
@@ -69,8 +66,6 @@ class PolicyFile:
             audit("policy-reload", "node", "refused", detail=f"{why}: kept the previous policy: {exc}")
             return False
         self.policy = policy
-        if self.on_reload is not None:
-            self.on_reload(policy)
         POLICY_RELOADS.labels("ok").inc()
         audit("policy-reload", "node", "ok", detail=f"{why}: {len(policy.principals)} principals")
         return True

@@ -39,7 +39,7 @@ from adapter_fabric.store.export import ExportDir
 from adapter_fabric.store.files import fsync_dir
 from adapter_fabric.store.format_marker import claim_format
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest
-from adapter_fabric.store.integrity import DamagedEntry, Integrity
+from adapter_fabric.store.integrity import DamagedEntry, DamageListener, Integrity
 from adapter_fabric.store.keeping import KeptIds, Recency
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import CONFIG_FILE, DEFAULT_CHUNK_SIZE, WEIGHTS_FILE, FileEntry, Manifest
@@ -104,6 +104,8 @@ class AdapterStore:
         trusted: TrustedSigners | None = None,
         tenant_quotas: tuple[TenantLimits, ...] = (),
         collect_at_open: bool = True,
+        on_export_change: Callable[[], None] | None = None,
+        on_damage: DamageListener | None = None,
     ) -> None:
         """``export_dir``: keep every staged adapter there as a PEFT directory of hard links (``adapter_fabric.store.export``).
 
@@ -113,6 +115,9 @@ class AdapterStore:
         (an evicting node makes room outside the store's locks, ``adapter_fabric.node.eviction``).
         ``tenant_quotas``: bytes and id counts per id prefix, beside ``max_bytes`` (``adapter_fabric.store.tenants``).
         ``collect_at_open``: False leaves what no ref reaches to ``collect_garbage`` (a node calls it once serving).
+        ``on_export_change``: called after an export entry appeared, changed or went (under the store's lock: it only wakes
+        someone, as a driven engine's reconcile). ``on_damage(adapter_id, digest, error)``: told of damage a verified read
+        finds (a node queues a repair).
         """
         self.root = Path(root)
         self.chunk_size = chunk_size
@@ -127,8 +132,12 @@ class AdapterStore:
         with self.lock.held():
             recover(self.layout, collector, collect=collect_at_open)
             #: the export directory, when the store keeps one
-            self.exports = ExportDir(export_dir, self.layout.blob, self.layout.lock, self.root, self._admit_for(trusted)) if export_dir is not None else None
-            self.integrity = Integrity(self.layout, self.catalog, self.lock, self.exports)
+            self.exports = (
+                ExportDir(export_dir, self.layout.blob, self.layout.lock, self.root, self._admit_for(trusted), on_export_change)
+                if export_dir is not None
+                else None
+            )
+            self.integrity = Integrity(self.layout, self.catalog, self.lock, self.exports, on_damage)
             if self.exports is not None:
                 # Only whole adapters: a blob quarantined before the restart has nothing to link to.
                 self.exports.sync(m for m in self.catalog.each() if self.catalog.complete(m.digest) is not None)
@@ -246,6 +255,10 @@ class AdapterStore:
         """Remove what no ref reaches (a crash's orphans) and build the index later collections use; O(adapters)."""
         with self.lock.held():
             self._collector.collect()
+
+    def damaged_at(self, adapter_id: str, digest: str) -> bool:
+        """Whether ``adapter_id`` still names ``digest`` and some of that digest's bytes are missing or quarantined."""
+        return self.catalog.read_ref(adapter_id) == digest and self.catalog.complete(digest) is None
 
     def census(self) -> tuple[list[str], list[DamagedEntry]]:
         """Every id, in one pass: the sound ones and the damaged ones (``Integrity.census``)."""

@@ -59,7 +59,10 @@ def _stamp(path: Path) -> Stamp:
 class Integrity:
     """Verified reads of committed blobs, quarantine, damage reports, the scrub."""
 
-    def __init__(self, layout: StoreLayout, catalog: Catalog, lock: StoreLock, exports: ExportDir | None) -> None:
+    def __init__(
+        self, layout: StoreLayout, catalog: Catalog, lock: StoreLock, exports: ExportDir | None, on_damage: DamageListener | None = None
+    ) -> None:
+        """``on_damage``: told of damage a verified read finds (a node queues a pull of the adapter again: node.repair)."""
         self.layout = layout
         self.catalog = catalog
         self.lock = lock
@@ -67,8 +70,7 @@ class Integrity:
         self._verified_at: dict[str, Stamp] = {}  # blob root -> stamp when its bytes last verified
         self._sha256_of: dict[str, str] = {}  # blob root -> its sha256 (file_sha256)
         self._withdrawn: set[str] = set()  # ids whose export entries went with a quarantined blob, until it is committed again
-        #: told of damage a verified read finds (a node pulls the adapter again: node.repair); the scrub tells its own
-        self.on_damage: DamageListener | None = None
+        self.on_damage = on_damage  # the scrub tells its own
 
     # ------------------------------------------------------------ verified reads
 

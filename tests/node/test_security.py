@@ -248,7 +248,7 @@ def _flags(tmp_path: Path, pki, flags: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(("flags", "message"), BAD_FLAGS)
 def test_bad_security_flags_are_refused_with_a_clear_message(tmp_path, pki, flags, message) -> None:
-    from adapter_fabric.node.server import load_security
+    from adapter_fabric.node.startup import load_security
     from adapter_fabric.node.settings import parse_settings
 
     with pytest.raises(SystemExit, match=message):
