@@ -13,7 +13,6 @@ from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.store import AdapterStore
-from adapter_fabric.store.hygiene import expire_abandoned
 from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S
 
 log = logging.getLogger("fabric.node")
@@ -32,7 +31,7 @@ Io = Callable[..., Awaitable]
 
 def expire(store: AdapterStore, max_age: float) -> None:
     """Remove uploads and partial downloads abandoned for ``max_age`` seconds, logging and counting each."""
-    for item in expire_abandoned(store, max_age):
+    for item in store.expire_abandoned(max_age):
         metrics.EXPIRED.labels(item.kind).inc()
         metrics.EXPIRED_BYTES.inc(item.bytes)
         event(log, f"expired abandoned {item.kind}", kind=item.kind, adapter=item.adapter_id or None, digest=item.digest or None,

@@ -104,7 +104,7 @@ class AccessGate(grpc.aio.ServerInterceptor):
 
     def _ids_of(self, digest: str) -> list[str]:
         """The ids referring to ``digest``: committed, or the one a download still arriving here is for."""
-        ids = [i for i, d in self.store.catalog.refs().items() if d == digest]
+        ids = self.store.ids_of(digest)
         partial = self.store.partial_for(digest)
         return ids + [partial.manifest.adapter_id] if partial is not None else ids
 

@@ -194,13 +194,13 @@ class PeerReads:
         end = entry.size if request.length == 0 else min(entry.size, request.offset + request.length)
         chunks: Sequence[int] = range(request.offset // entry.chunk_size, -(-end // entry.chunk_size))
         if request.accept_bitmap and entry.name == manifest.weights.name:
-            self.store.recency.touch(manifest.adapter_id)
+            self.store.touch(manifest.adapter_id)
             with self.context.in_use.hold(manifest.digest):
                 async with aclosing(self._seed(manifest, chunks, request)) as pieces:  # its counts are settled in its finally
                     async for piece in pieces:
                         yield piece
             return
-        self.store.recency.touch(manifest.adapter_id)  # served to a peer: recently used (an evicting store keeps it longer)
+        self.store.touch(manifest.adapter_id)  # served to a peer: recently used (an evicting store keeps it longer)
         with self.context.in_use.hold(manifest.digest):  # never evicted while it is being served
             path = await self.context.io(self.store.verified_blob, manifest, entry)  # bytes at rest are re-verified before they leave
             with open(path, "rb") as f:

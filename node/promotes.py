@@ -41,7 +41,7 @@ class Promotes:
         adapter_id = validate_adapter_id(request.adapter_id)
         with self.context.in_use.hold(adapter_id):
             reply = await (self._pull_only(request) if request.stage_only else self._promote(request))
-        await self.context.io(self.store.recency.touch, adapter_id)
+        await self.context.io(self.store.touch, adapter_id)
         return reply
 
     async def _promote(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:

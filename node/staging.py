@@ -123,5 +123,5 @@ class Staging:
     async def keep(self, request: fabric_pb2.KeepRequest) -> fabric_pb2.KeepResponse:
         """Keep a staged adapter (an evicting store never drops it), or stop keeping it."""
         adapter_id = validate_adapter_id(request.adapter_id)
-        await self.context.io(self.store.kept.set, adapter_id, not request.unkeep)
+        await self.context.io(self.store.keep, adapter_id, not request.unkeep)
         return fabric_pb2.KeepResponse(kept=not request.unkeep)

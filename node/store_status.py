@@ -6,7 +6,7 @@ from typing import Callable
 
 from adapter_fabric.access.caller import caller
 from adapter_fabric.store import AdapterStore
-from adapter_fabric.store.hygiene import PARTIAL, UPLOAD, leftovers
+from adapter_fabric.store.hygiene import PARTIAL, UPLOAD
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.eviction import Evictor
@@ -49,7 +49,7 @@ class StoreReport:
             adapters=len(sound),
             expire_after_seconds=self.expire_after,
             evictions=self.evictor.evictions if self.evictor is not None else 0,
-            kept=self.store.kept.count() if readable is None else sum(1 for i in sound if i in self.store.kept),
+            kept=self.store.kept_count() if readable is None else sum(1 for i in sound if self.store.is_kept(i)),
             evicts=self.evictor is not None,
             damaged_total=len(damaged),
         )
@@ -62,7 +62,7 @@ class StoreReport:
             )
         for entry in damaged[:MAX_LISTED]:  # ids listed apart from adapters: adapter_fabric.store.integrity
             reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=entry.adapter_id, digest=entry.digest, reason=entry.problem))
-        kept_aside = [item for item in leftovers(self.store) if shown(item.adapter_id)]
+        kept_aside = [item for item in self.store.leftovers() if shown(item.adapter_id)]
         uploads = [item for item in kept_aside if item.kind == UPLOAD]
         partials = [item for item in kept_aside if item.kind == PARTIAL]
         reply.uploads_total, reply.partials_total = len(uploads), len(partials)

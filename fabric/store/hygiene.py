@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from adapter_fabric.store.durable import StoreLock
 from adapter_fabric.store.files import remove_if_unheld, try_lock
+from adapter_fabric.store.layout import StoreLayout
 
 UPLOAD = "upload"
 PARTIAL = "partial"
@@ -67,11 +69,11 @@ def _size_and_mtime(directory: Path) -> tuple[int, float]:
     return size, newest
 
 
-def leftovers(store, now: float | None = None) -> list[Leftover]:
+def leftovers(layout: StoreLayout, now: float | None = None) -> list[Leftover]:
     """Every upload and partial download in ``store`` (an ``AdapterStore``), oldest first."""
     now = time.time() if now is None else now
     found = []
-    for kind, top in ((UPLOAD, store.layout.uploads), (PARTIAL, store.layout.partials)):
+    for kind, top in ((UPLOAD, layout.uploads), (PARTIAL, layout.partials)):
         try:
             entries = list(os.scandir(top))
         except FileNotFoundError:
@@ -86,15 +88,15 @@ def leftovers(store, now: float | None = None) -> list[Leftover]:
     return sorted(found, key=lambda item: -item.age_seconds)
 
 
-def expire_abandoned(store, max_age_seconds: float, now: float | None = None) -> list[Leftover]:
+def expire_abandoned(layout: StoreLayout, lock: StoreLock, max_age_seconds: float, now: float | None = None) -> list[Leftover]:
     """Remove the uploads and partials untouched for over ``max_age_seconds`` that no writer holds; what was removed."""
     if max_age_seconds <= 0:
         return []
     removed = []
-    for item in leftovers(store, now):
+    for item in leftovers(layout, now):
         if item.age_seconds <= max_age_seconds or item.in_use:
             continue
-        with store.lock.held():  # no commit or recovery runs while it goes
+        with lock.held():  # no commit or recovery runs while it goes
             if remove_if_unheld(item.path):
                 removed.append(item)
     return removed

@@ -300,7 +300,6 @@ def test_an_abandoned_upload_expires_and_its_bytes_leave_the_quota(tmp_path, ada
 
 def test_expiry_spares_what_is_in_use_and_recent_and_takes_partials(tmp_path, adapters) -> None:
     from adapter_fabric.store import AdapterStore
-    from adapter_fabric.store.hygiene import expire_abandoned, leftovers
 
     source = AdapterStore(tmp_path / "source", chunk_size=4096)
     manifest = source.stage(adapters["big"], "big")
@@ -309,14 +308,14 @@ def test_expiry_spares_what_is_in_use_and_recent_and_takes_partials(tmp_path, ad
     blob = source.blob_path(manifest.weights.root).read_bytes()
     partial.write_chunk(0, blob[:4096])
     later = time.time() + 3600
-    assert [item.kind for item in leftovers(store)] == ["partial"]
-    assert expire_abandoned(store, 60, now=later) == []  # a pull holds it
+    assert [item.kind for item in store.leftovers()] == ["partial"]
+    assert store.expire_abandoned(60, now=later) == []  # a pull holds it
     partial.close()
-    assert expire_abandoned(store, 7200, now=later) == []  # not old enough
+    assert store.expire_abandoned(7200, now=later) == []  # not old enough
     used = store.usage()
-    removed = expire_abandoned(store, 60, now=later)
+    removed = store.expire_abandoned(60, now=later)
     assert [(r.kind, r.digest, r.adapter_id) for r in removed] == [("partial", manifest.digest, "big")]
-    assert store.usage() == used - removed[0].bytes and leftovers(store) == []
+    assert store.usage() == used - removed[0].bytes and store.leftovers() == []
 
 
 # ---------------------------------------------------------------- errors for other languages

@@ -30,7 +30,7 @@ def sizes(directory: Path) -> tuple[int, int]:
 
 def written(store: AdapterStore) -> list[str]:
     """Whatever an upload, a partial or a temp file left in the store."""
-    return [p.name for d in (store.layout.uploads, store.layout.partials, store.layout.tmp) for p in d.iterdir()]
+    return [p.name for d in (store._layout.uploads, store._layout.partials, store._layout.tmp) for p in d.iterdir()]
 
 
 def test_a_stage_past_the_tenants_bytes_is_refused_naming_prefix_limit_and_usage(tmp_path, adapters) -> None:
@@ -87,7 +87,7 @@ def test_an_open_upload_holds_its_tenants_room_until_it_ends(tmp_path, adapters)
     first, data = open_upload("a", "team-a/1")
     with pytest.raises(QuotaExceeded, match="tenant 'team-a/'"):
         open_upload("b", "team-a/2")
-    assert os.listdir(store.layout.uploads) == [first._directory.name]  # the refused one wrote nothing
+    assert os.listdir(store._layout.uploads) == [first._directory.name]  # the refused one wrote nothing
     assert store.tenant_usage()[0].adapters == 1  # the open upload counts
     first.discard()  # released on failure: the room is free again
     assert store.tenant_usage()[0].bytes == 0
