@@ -7,12 +7,12 @@ Each reload is counted by outcome (``fabric_policy_reloads_total``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from adapter_fabric.access.policy import Policy, parse_policy
 from adapter_fabric.errors import InvalidPolicy
 from adapter_fabric.observability.audit import audit
+from adapter_fabric.store.stamps import FileStamp, file_stamp
 from adapter_fabric.observability.metrics import POLICY_RELOADS
 
 #: the largest policy file read (a thousand principals with a hundred grants fit well within)
@@ -38,13 +38,12 @@ def read_policy(path: Path) -> Policy:
         raise InvalidPolicy(f"{path}: {exc}") from None
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
+def _stamp(path: Path) -> FileStamp | None:
     """What changes when the file is rewritten or replaced (an editor's rename, a ConfigMap's symlink swap)."""
     try:
-        st = os.stat(path)
+        return file_stamp(path)
     except OSError:
         return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 class PolicyFile:

@@ -34,9 +34,10 @@ from adapter_fabric.errors import AdapterNotFound, FabricError
 from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
 from adapter_fabric.store.catalog import Catalog, Listed
 from adapter_fabric.store.committer import Committer
-from adapter_fabric.store.durable import StoreLock, TempFiles
+from adapter_fabric.store.durable import TempFiles
+from adapter_fabric.store.store_lock import StoreLock
 from adapter_fabric.store.export import ExportDir
-from adapter_fabric.store.files import fsync_dir
+from adapter_fabric.store.durable import fsync_dir
 from adapter_fabric.store.format_marker import claim_format
 from adapter_fabric.store.hygiene import Leftover, expire_abandoned, leftovers
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest

@@ -16,6 +16,7 @@ from adapter_fabric.store.files import WRITEBACK_RUN, check_header, lock_held_di
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.quota import Quota
+from adapter_fabric.store.stamps import FileStamp
 from adapter_fabric.store.tenants import TenantQuotas, TenantReservation
 from adapter_fabric.store.lock_watch import WatchedLock
 
@@ -137,7 +138,7 @@ class PartialDownload:
         self._verified = bytearray(weights.chunk_count)
         self._prefix = 0  # chunks [0, _prefix) are all verified
         self._sinks: list = []
-        self._written_stamp: tuple[int, int, int] | None = None  # (size, mtime, ctime) after our last write
+        self._written_stamp: FileStamp | None = None  # after our last write (adapter_fabric.store.stamps)
         # Writeback is started per WRITEBACK_RUN-aligned block once all its chunks are verified: chunks land in
         # any order (a swarm plan starts its runs at random chunks), so the verified prefix may stay short.
         self._block_chunks = max(1, WRITEBACK_RUN // weights.chunk_size)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 
 from adapter_fabric.errors import TooManySigners
-from adapter_fabric.store.durable import StoreLock, TempFiles
-from adapter_fabric.store.files import fsync_dir
+from adapter_fabric.store.durable import TempFiles
+from adapter_fabric.store.store_lock import StoreLock
+from adapter_fabric.store.durable import fsync_dir
 from adapter_fabric.store.ids import validate_digest
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.trust.signing import MAX_SIGNERS, PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Signed, check_signed

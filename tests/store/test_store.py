@@ -467,7 +467,7 @@ def test_a_room_maker_that_frees_too_little_leaves_the_refusal_and_the_store_as_
 
 
 def test_a_network_call_under_a_store_lock_is_caught_when_checking(monkeypatch) -> None:
-    from adapter_fabric.store.durable import StoreLock
+    from adapter_fabric.store.store_lock import StoreLock
 
     monkeypatch.setenv(CHECK_VARIABLE, "1")
     check_no_store_lock("a call to peer p")  # no lock held: fine
