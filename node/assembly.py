@@ -110,9 +110,9 @@ def build_node(settings: NodeSettings) -> Node:
         Evictor(
             store,
             Candidates(store, context.in_use, model.resident_digests if model is not None else set, engines),
-            CopiesElsewhere(channels, peer_source.peers),
-            hand_off=HandOff(channels, peer_source.peers, peer_source.me),
             low_water=settings.evict_to,
+            copies=CopiesElsewhere(channels, peer_source.peers),
+            hand_off=HandOff(channels, peer_source.peers, peer_source.me),
             engines=engines,
             drive=drive,
         )

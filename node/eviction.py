@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabric.node")
 
-#: what an eviction frees down to, as a share of --max-store-bytes (--evict-to): room for the next few commits without evicting again
-LOW_WATER = 0.9
 #: seconds a writer waits for room before it is refused, naming what is under way
 ROOM_WAIT_S = 5.0
 #: seconds between two background looks at the store's usage (a few stats each: ``Quota.usage``)
@@ -90,14 +88,14 @@ class Evictor:
         self,
         store: AdapterStore,
         candidates: Candidates,
+        low_water: float,
         copies: CopiesElsewhere | None = None,
         hand_off: Callable[[Candidate], bool] | None = None,
-        low_water: float = LOW_WATER,
         engines: EngineViews | None = None,
         drive: SGLangDrive | None = None,
         room_wait: float = ROOM_WAIT_S,
     ) -> None:
-        """``copies``: which victims are last copies (None: none is; no peers to lose it to). ``hand_off``: has a durable peer
+        """``low_water``: the share of the limit a round frees down to (--evict-to). ``copies``: which victims are last copies (None: none is; no peers to lose it to). ``hand_off``: has a durable peer
         take a last copy, true once one holds it (None: last copies stay). ``engines`` are read afresh before each round;
         a driven SGLang (``drive``) unloads each victim before its directory goes."""
         self.store = store

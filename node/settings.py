@@ -23,6 +23,8 @@ from adapter_fabric.exit_codes import EXIT_USAGE
 from adapter_fabric.integrations.engine_models import check_engine_url
 from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
+from adapter_fabric.store.digests import DEFAULT_CHUNK_SIZE
+from adapter_fabric.transport.pull_values import STALL_TIMEOUT_S
 from adapter_fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
 
 STORE_ONLY = "none"
@@ -31,7 +33,10 @@ PROG = "fabric-node"
 
 @dataclass(frozen=True)
 class NodeSettings:
-    """Every flag's value, parsed and checked by ``parse_settings`` (from the command line, else the environment, else the default)."""
+    """Every flag's value, parsed and checked by ``parse_settings`` (from the command line, else the environment, else the default).
+
+    No field has a default of its own: the flag table (``_FLAGS``) is the one place a default is written.
+    """
 
     listen: str
     store: Path
@@ -42,40 +47,40 @@ class NodeSettings:
     target_modules: tuple[str, ...]
     peers: tuple[str, ...]
     log_level: str
-    chunk_size: int = 1 << 20
-    upload_rate: int = 0  # bytes/s served to peers; 0 = unlimited
-    stall_timeout: float = 10.0
-    download_rate: int = 0  # bytes/s this node pulls from peers in all; 0 = unlimited
-    peers_dns: str = ""  # NAME:PORT resolving to many peers (a headless service), re-resolved per pull
+    chunk_size: int
+    upload_rate: int  # bytes/s served to peers; 0 = unlimited
+    stall_timeout: float
+    download_rate: int  # bytes/s this node pulls from peers in all; 0 = unlimited
+    peers_dns: str  # NAME:PORT resolving to many peers (a headless service), re-resolved per pull
     # security: TLS files (a CA makes it mutual TLS) and the bearer token
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_ca: Path | None = None
-    auth_token_file: Path | None = None
-    auth_peer_reads: bool = False
-    policy: Path | None = None  # the access policy (adapter_fabric.access): principals, their verbs on id prefixes, per-tenant quotas
-    peer_tls_name: str = ""  # the name peers' certificates are verified against when dialled by IP; empty = the address dialled
+    tls_cert: Path | None
+    tls_key: Path | None
+    tls_ca: Path | None
+    auth_token_file: Path | None
+    auth_peer_reads: bool
+    policy: Path | None  # the access policy (adapter_fabric.access): principals, their verbs on id prefixes, per-tenant quotas
+    peer_tls_name: str  # the name peers' certificates are verified against when dialled by IP; empty = the address dialled
     # limits
-    max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-    max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER
-    max_store_bytes: int = 0  # 0 = no limit but the disk
-    when_full: str = "evict"  # at --max-store-bytes: evict cold adapters (least recently used), or refuse the commit (a durable node)
-    evict_to: float = 0.9  # the share of --max-store-bytes an eviction frees down to
-    max_new_tokens: int = 256  # tokens one Generate may ask for
-    scrub_rate: int = 64 << 20  # bytes/s the background re-verification of the store reads; 0 = off
-    trusted_signers: tuple[Path, ...] = ()  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
-    export_dir: Path | None = None  # every staged adapter appears here as a PEFT directory (adapter_fabric.store.export)
-    engine_url: tuple[str, ...] = ()  # engines whose registered adapters (GET /v1/models) are held and shown (node.engines)
-    sglang_url: str = ""  # an SGLang server the node drives: it loads what the export dir holds (node.engine_drive); "" = none
-    sglang_sync_interval: float = 10.0  # seconds between two reconciles of the driven SGLang (and after each store change)
+    max_adapter_bytes: int
+    max_header_bytes: int
+    max_streams_per_peer: int
+    max_store_bytes: int  # 0 = no limit but the disk
+    when_full: str  # at --max-store-bytes: evict cold adapters (least recently used), or refuse the commit (a durable node)
+    evict_to: float  # the share of --max-store-bytes an eviction frees down to
+    max_new_tokens: int  # tokens one Generate may ask for
+    scrub_rate: int  # bytes/s the background re-verification of the store reads; 0 = off
+    trusted_signers: tuple[Path, ...]  # public keys: when any, only adapters they signed are staged, pulled, loaded, served
+    export_dir: Path | None  # every staged adapter appears here as a PEFT directory (adapter_fabric.store.export)
+    engine_url: tuple[str, ...]  # engines whose registered adapters (GET /v1/models) are held and shown (node.engines)
+    sglang_url: str  # an SGLang server the node drives: it loads what the export dir holds (node.engine_drive); "" = none
+    sglang_sync_interval: float  # seconds between two reconciles of the driven SGLang (and after each store change)
     # operations
-    metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
-    metrics_read_timeout: float = 10.0  # seconds a metrics-port connection may stay silent before it is closed
-    log_format: str = "text"
-    drain_timeout: float = 10.0  # seconds in-flight calls get after SIGTERM before they are cut
-    expire_abandoned_after: float = 24 * 3600.0  # seconds; 0 = never
-    data_port: int = 0  # the data channel's port on --listen's host: 0 = a free one, -1 = off (peers then fetch over gRPC)
+    metrics_listen: str  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
+    metrics_read_timeout: float  # seconds a metrics-port connection may stay silent before it is closed
+    log_format: str
+    drain_timeout: float  # seconds in-flight calls get after SIGTERM before they are cut
+    expire_abandoned_after: float  # seconds; 0 = never
+    data_port: int  # the data channel's port on --listen's host: 0 = a free one, -1 = off (peers then fetch over gRPC)
 
     @property
     def store_only(self) -> bool:
@@ -251,7 +256,7 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--max-rank", positive_int, 16, "largest LoRA rank a slot holds", ""),
     ("--target-modules", csv, tuple(DEFAULT_TARGET_MODULES), "comma-separated linear module names the pool adapts", ""),
     ("--peers", peer_list, (), "comma-separated HOST:PORT of known peers (failover and lookup)", ""),
-    ("--chunk-size", chunk_size, 1 << 20, "bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB); part of their digest, so "
+    ("--chunk-size", chunk_size, DEFAULT_CHUNK_SIZE, "bytes per verified chunk of newly staged adapters (4 KiB to 4 MiB); part of their digest, so "
      "keep one value across a cluster (pulled adapters keep their stager's)", ""),
     ("--upload-rate", size, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
     ("--download-rate", size, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
@@ -264,7 +269,7 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--sglang-sync-interval", sync_interval, 10.0, "with --sglang-url: how often the node brings SGLang in step (1s to 1h; also right after each store change)", ""),
     ("--data-port", data_port, 0, "port of the data channel that carries chunk bytes to peers beside gRPC, on --listen's host "
      "(same TLS and token as gRPC; 0 = a free port, announced to peers; off = peers fetch over gRPC)", ""),
-    ("--stall-timeout", positive_duration, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over "
+    ("--stall-timeout", positive_duration, STALL_TIMEOUT_S, "seconds without a byte before a peer's stream is dropped and the pull fails over "
      "(and before this node's data channel cuts a peer that stopped reading)", ""),
     ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
