@@ -35,7 +35,7 @@ PROG = "fabric-node"
 class NodeSettings:
     """Every flag's value, parsed and checked by ``parse_settings`` (from the command line, else the environment, else the default).
 
-    No field has a default of its own: the flag table (``_FLAGS``) is the one place a default is written.
+    No field has a default of its own: the flag table (``FLAGS``) is the one place a default is written.
     """
 
     listen: str
@@ -247,7 +247,7 @@ def optional_host_port(text: str) -> str:
 # ---------------------------------------------------------------- the flags
 
 #: (flag, parser, default, help, group); the default is what applies when neither the flag nor its variable is set
-_FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
+FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--listen", host_port, "127.0.0.1:50051", "HOST:PORT to serve on (port 0 picks a free one)", ""),
     ("--store", path, Path("./fabric-store"), "directory of the adapter store", ""),
     ("--model", str, "tiny", "'tiny', 'tiny-mistral', 'tiny-qwen2', a local transformers model directory, or 'none' (store-only seeder)", ""),
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for flag, parse, default, text, group in _FLAGS:
+    for flag, parse, default, text, group in FLAGS:
         where = groups.setdefault(group, parser.add_argument_group(group)) if group else parser
         help_text = f"{text} (default: {_shown(default, parse)}) [{env_name(flag)}]"
         if flag in _BOOLEAN_FLAGS:
@@ -383,7 +383,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
     args = build_parser().parse_args(argv)
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    for flag, parse, default, _, _ in _FLAGS:
+    for flag, parse, default, _, _ in FLAGS:
         dest = flag.lstrip("-").replace("-", "_")
         value = getattr(args, dest)
         if isinstance(value, list):
