@@ -181,15 +181,15 @@ class Node:
         self.puller = puller
         signed = SignedAdapters(store, puller, trusted)
         promotes = Promotes(self.context, signed)
-        #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction
+        #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction; the driven
+        #: SGLang (--sglang-url; it needs --export-dir) is read by its drive through the same view, shown, holding nothing
         export_dir = str(settings.export_dir) if settings.export_dir else None
-        #: the SGLang the node drives (--sglang-url; it needs --export-dir): loads what the export dir holds, unloads before evicting
-        self.drive = SGLangDrive(SGLangClient(settings.sglang_url), export_dir, settings.sglang_sync_interval) if settings.sglang_url and export_dir else None
+        driven = (settings.sglang_url,) if settings.sglang_url and export_dir else ()
+        self.engines = EngineViews(settings.engine_url, export_dir, driven=driven) if settings.engine_url or driven else None
+        #: the SGLang the node drives: loads what the export dir holds, unloads before evicting
+        self.drive = SGLangDrive(SGLangClient(settings.sglang_url), self.engines, export_dir, settings.sglang_sync_interval) if driven else None
         if self.drive is not None and store.exports is not None:
             store.exports.on_change = self.drive.poke  # a stage, pull, unstage or eviction: reconcile now, not at the next tick
-        # The driven SGLang is shown (fabric ls "engines:") but holds nothing: the node unloads before it evicts.
-        shown = (settings.sglang_url,) if self.drive is not None else ()
-        self.engines = EngineViews(settings.engine_url, export_dir, shown=shown) if settings.engine_url or shown else None
         #: at --max-store-bytes, cold adapters are evicted (--when-full evict; a last copy is first handed to a durable peer),
         #: or, on a durable node, the commit is refused (node.eviction, node.handoff)
         self.evictor = (
