@@ -17,7 +17,8 @@ from adapter_fabric.harness.cluster import LocalNode, free_port
 from adapter_fabric.integrations.engine_models import MAX_CARDS
 from adapter_fabric.store.export import export_name
 from tests.integrations.test_engine_view import IDS, seed  # noqa: F401 (seed: a fixture, a seed node holding IDS, and their size)
-from tests.node.test_hostile_weak_spots import log_lines, wait_for
+from tests.node.test_hostile_weak_spots import log_lines
+from tests.support.waiting import wait_for
 from tests.support.fake_engines import NESTED, FakeEngine, FakeSGLang, models_reply
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
