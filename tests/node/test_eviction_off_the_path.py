@@ -141,8 +141,8 @@ def slow_engine_case(tmp_path, seeder, newcomer, *engine_flags: str) -> None:  #
                 assert took < STAGE_BOUND_S and not isinstance(alias, QuotaExceeded), alias
             result, took = needing_room["result"], needing_room["took"]
             assert took < STAGE_BOUND_S, f"the Stage that needed room answered after {took:.1f}s"
-            if isinstance(result, QuotaExceeded):
-                assert "the node is making room" in str(result) and "retry" in str(result), result
+            if isinstance(result, QuotaExceeded):  # still making room, or (a driven SGLang's slow load not waited for) why none can be made
+                assert ("the node is making room" in str(result) and "retry" in str(result)) or "nothing more can be evicted" in str(result), result
             reads_answer_at_once(c, "a")
     finally:
         node.stop()
