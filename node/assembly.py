@@ -72,8 +72,12 @@ def build_node(settings: NodeSettings) -> Node:
     trusted = load_trusted(settings)  # before the store: its export directory lists only what they signed
     policy = load_policy(settings)
     export_dir = str(settings.export_dir) if settings.export_dir else None
-    #: the SGLang the node drives (--sglang-url; it needs --export-dir): loads what the export dir holds, unloads before evicting
-    drive = SGLangDrive(SGLangClient(settings.sglang_url), export_dir, settings.sglang_sync_interval) if settings.sglang_url and export_dir else None
+    #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction; the driven
+    #: SGLang (--sglang-url; it needs --export-dir) is read by its drive through the same view, shown, holding nothing
+    driven = (settings.sglang_url,) if settings.sglang_url and export_dir else ()
+    engines = EngineViews(settings.engine_url, export_dir, driven=driven) if settings.engine_url or driven else None
+    #: the SGLang the node drives: loads what the export dir holds, unloads before evicting
+    drive = SGLangDrive(SGLangClient(settings.sglang_url), engines, export_dir, settings.sglang_sync_interval) if driven else None
     damage = DamageReports()  # what verified reads and the scrub find damaged, for the repairs to pull again
     # A stage, pull, unstage or eviction changes the export directory: a driven SGLang reconciles now, not at its next tick.
     store = open_store(settings, trusted, policy, on_export_change=drive.poke if drive is not None else None, on_damage=damage.found)
@@ -100,10 +104,6 @@ def build_node(settings: NodeSettings) -> Node:
     channels = PeerChannels(options, credentials=tls.channel_credentials() if tls.enabled else None, token=token, data=data_channels)
 
     context = NodeContext(store, model, peer_source)
-    # The driven SGLang is shown (fabric ls "engines:") but holds nothing: the node unloads before it evicts.
-    shown = (settings.sglang_url,) if drive is not None else ()
-    #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction
-    engines = EngineViews(settings.engine_url, export_dir, shown=shown) if settings.engine_url or shown else None
     # At --max-store-bytes the store refuses a writer; the evictor makes room outside its locks (--when-full evict: cold
     # adapters go, a last copy is handed to a durable peer first), or a durable node refuses by name (node.eviction).
     evictor = (

@@ -111,7 +111,7 @@ class Evictor:
         self.room_wait = room_wait
         #: adapters (digests) evicted since the node started, for StoreStatus
         self.evictions = 0
-        self.hand_offs = HandOffs(hand_off, self._wake) if hand_off is not None else None
+        self.hand_offs = HandOffs(hand_off, self._hand_off_ended) if hand_off is not None else None
         self._cond = threading.Condition()  # guards _demands, _woken, _stopped; never held across a round
         self._demands: list[_Demand] = []
         self._woken = False
@@ -182,8 +182,11 @@ class Evictor:
 
     # ------------------------------------------------------------ the worker
 
-    def _wake(self) -> None:
+    def _hand_off_ended(self) -> None:
+        """A hand-off ended: what the rounds answered while it ran is stale (a last copy may go now, or is held): choose again."""
         with self._cond:
+            for demand in self._demands:
+                demand.refusal = ""
             self._woken = True
             self._cond.notify_all()
 
