@@ -16,6 +16,7 @@ import threading
 from urllib.parse import urlsplit
 
 from adapter_fabric.errors import PeerUnavailable
+from adapter_fabric.store.lock_watch import check_no_store_lock
 
 __all__ = ["exchange"]
 
@@ -56,6 +57,7 @@ def exchange(
     A 2xx reply, or one whose status is in ``accept`` (an engine that answers a refusal with a JSON body), returns
     its body; anything else is ``PeerUnavailable`` naming the engine ``label`` and the call.
     """
+    check_no_store_lock(f"engine {label}: {what}")
     method = what.split(" ", 1)[0]
     parts = urlsplit(url)
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection

@@ -101,7 +101,8 @@ class FakeSGLang(_Server):
     """SGLang's three LoRA routes over HTTP, with its answers (texts of LoRAManager and LoRARegistry, 0.5.23).
 
     ``models_mode``: "list" (what is loaded), "drip" or "body" (``models_body``), as ``FakeEngine``'s modes.
-    ``hold_loads``: names whose load waits at ``gate`` (``load_started`` is set when one arrives).
+    ``hold_loads``: names whose load waits at ``gate`` (``load_started`` is set when one arrives); ``load_delay``: seconds
+    every load waits before it answers (a slow SGLang).
     """
 
     def __init__(self) -> None:
@@ -111,6 +112,7 @@ class FakeSGLang(_Server):
         self.models_mode = "list"
         self.models_body = b""
         self.hold_loads: set[str] = set()
+        self.load_delay = 0.0
         self.gate = threading.Event()
         self.load_started = threading.Event()
         fake = self
@@ -135,6 +137,7 @@ class FakeSGLang(_Server):
                 fake.calls.append((self.path, name))
                 ok, message = True, None
                 if self.path == "/load_lora_adapter":
+                    time.sleep(fake.load_delay)
                     if name in fake.hold_loads:
                         fake.load_started.set()
                         fake.gate.wait()
