@@ -136,8 +136,11 @@ class Listener:
             try:
                 sock, peer = await loop.sock_accept(listener)
             except OSError as exc:
-                if exc.errno not in _OUT_OF_DESCRIPTORS:
-                    raise
+                if listener.fileno() < 0:
+                    return  # closed: the node stops
+                if exc.errno not in _OUT_OF_DESCRIPTORS:  # a peer that reset before its accept (ECONNABORTED), and the like
+                    log.debug("data channel: an accept failed: %s", exc)
+                    continue
                 self._states.note("accept", "short", "data channel: accept() failed for want of descriptors: pausing accepts briefly",
                                   logging.WARNING, error=str(exc))
                 await asyncio.sleep(ACCEPT_RETRY_S)
