@@ -38,6 +38,7 @@ from adapter_fabric.node.handoff import HandOff
 from adapter_fabric.node.node import FABRIC_SERVICE, Node, Readiness
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import PeerReads
+from adapter_fabric.node.policy_reloads import PolicyReloads
 from adapter_fabric.node.promotes import Promotes
 from adapter_fabric.node.repair import DamageReports, Repairs
 from adapter_fabric.node.scrub import Scrubber
@@ -146,7 +147,8 @@ def build_node(settings: NodeSettings) -> Node:
     )
     return Node(
         settings=settings, store=store, model=model, context=context, server=server, health=health, port=port, readiness=readiness,
-        endpoint=endpoint, drain_gate=drain_gate, streams=streams, channels=channels, peer_reads=peer_reads, policy=policy,
+        endpoint=endpoint, drain_gate=drain_gate, streams=streams, channels=channels, peer_reads=peer_reads,
+        reloads=PolicyReloads(policy, context.io, applied=lambda new: store.set_tenant_quotas(new.quotas)),
         evictor=evictor, repairs=Repairs(damage, store, peer_source, signed), scrubber=Scrubber(store, damage, rate=settings.scrub_rate),
         engines=engines, drive=drive, data_server=data_server, data_socket=data_socket,
         banner=_banner(settings, host, port, model, tls.enabled, token, policy, endpoint, data_port),

@@ -59,13 +59,6 @@ async def collect_garbage(store: AdapterStore, io: Io) -> None:
     log.info("collected what no ref reaches after the restart in %.1fs", time.monotonic() - started)
 
 
-async def poll_policy(reload_if_changed: Callable[[], object]) -> None:
-    """Call ``reload_if_changed`` every ``POLICY_POLL_S`` (a changed file is picked up without a signal)."""
-    while True:
-        await asyncio.sleep(POLICY_POLL_S)
-        reload_if_changed()
-
-
 async def streams_ended(streams: PeerStreamLimit, within: float) -> None:
     """Return once no Fetch stream has been open for DRAIN_LINGER_S (a receiver between two requests hears the refusal), or
     after ``within`` seconds less the margin ``PeerReads`` keeps to cut the last ones by name.

@@ -20,7 +20,6 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from adapter_fabric.access.policy_file import PolicyFile
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.endpoint import ProbeEndpoint
 from adapter_fabric.rpc.draining import DrainGate
@@ -34,6 +33,7 @@ from adapter_fabric.node.engine_drive import SGLangDrive
 from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.eviction import Evictor
 from adapter_fabric.node.peer_reads import PeerReads
+from adapter_fabric.node.policy_reloads import PolicyReloads
 from adapter_fabric.node.repair import Repairs
 from adapter_fabric.node.scrub import Scrubber
 from adapter_fabric.node.settings import NodeSettings
@@ -79,7 +79,8 @@ class Node:
     streams: PeerStreamLimit
     channels: PeerChannels
     peer_reads: PeerReads
-    policy: PolicyFile | None
+    #: the --policy file's reloads (SIGHUP, or a change on disk): coalesced, off the event loop
+    reloads: PolicyReloads
     evictor: Evictor | None
     repairs: Repairs
     scrubber: Scrubber
@@ -114,18 +115,9 @@ class Node:
             jobs.append(self.engines.watch(io))
         if self.drive is not None:
             jobs.append(self.drive.watch(io))
-        if self.policy is not None:
-            jobs.append(background.poll_policy(self.reload_policy_if_changed))
+        if self.reloads.policy is not None:
+            jobs.append(self.reloads.run(background.POLICY_POLL_S))
         self._tasks = [asyncio.create_task(job) for job in jobs]
-
-    def reload_policy(self, why: str) -> None:
-        """Read the --policy file again (SIGHUP); the store gets the new per-tenant quotas when it took effect."""
-        if self.policy is not None and self.policy.reload(why):
-            self.store.set_tenant_quotas(self.policy.policy.quotas)
-
-    def reload_policy_if_changed(self) -> None:
-        if self.policy is not None and self.policy.reload_if_changed():
-            self.store.set_tenant_quotas(self.policy.policy.quotas)
 
     async def drain(self) -> None:
         """Out of rotation first, then in-flight calls get --drain-timeout to finish; what is left is cut."""

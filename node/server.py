@@ -1,5 +1,5 @@
 """The node process: ``serve`` builds a node (``adapter_fabric.node.assembly.build_node``), starts it, and drains it on
-SIGTERM (or SIGINT); SIGHUP reloads the --policy file. The node's parts and their order are ``build_node``'s; its life
+SIGTERM (or SIGINT); SIGHUP reloads the --policy file (or, without one, is logged and ignored). The node's parts and their order are ``build_node``'s; its life
 (start, drain, close) is ``adapter_fabric.node.node.Node``'s.
 """
 
@@ -30,8 +30,8 @@ async def serve(settings: NodeSettings) -> None:
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    if node.policy is not None:
-        loop.add_signal_handler(signal.SIGHUP, node.reload_policy, "SIGHUP")
+    # SIGHUP reloads --policy (coalesced, off the loop: node.policy_reloads); without one it is logged and ignored
+    loop.add_signal_handler(signal.SIGHUP, node.reloads.on_sighup)
     await stopping.wait()
     await node.drain()
     node.close()

@@ -20,7 +20,7 @@ from adapter_fabric.rpc.security import TlsFiles, read_token
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.trust.signing import TrustedSigners
 from adapter_fabric.observability.endpoint import ProbeEndpoint
-from adapter_fabric.node.data_server import listen_socket
+from adapter_fabric.node.data_accept import listen_socket
 from adapter_fabric.node.settings import NodeSettings, fail
 
 if TYPE_CHECKING:  # the model module loads torch: named for the type checker only

@@ -58,16 +58,18 @@ from adapter_fabric.trust.signing import Signed, TrustedSigners
 class _CommitEvents:
     """What follows a commit: integrity stamps, the export directory and the listing's sorted ids kept in step (called under the store's lock)."""
 
-    def __init__(self, catalog: Catalog, integrity: Integrity, exports: ExportDir | None) -> None:
+    def __init__(self, catalog: Catalog, integrity: Integrity, exports: ExportDir | None, recency: Recency) -> None:
         self._catalog = catalog
         self._integrity = integrity
         self._exports = exports
+        self._recency = recency
 
     def blob_committed(self, root: str) -> None:
         self._integrity.blob_committed(root)
 
     def ref_set(self, adapter_id: str, digest: str) -> None:
         self._catalog.index.ref_set(adapter_id)
+        self._recency.touch(adapter_id)  # its stamp, past every other (the file's own mtime is the wall clock's)
         if self._exports is None:
             return  # no manifest read on a commit that exports nothing
         manifest = self._catalog.load_manifest(digest)
@@ -143,16 +145,18 @@ class AdapterStore:
             if self._exports is not None:
                 # Only whole adapters: a blob quarantined before the restart has nothing to link to.
                 self._exports.sync(m for m in self._catalog.each() if self._catalog.complete(m.digest) is not None)
+        #: when each id was last used (its ref's stamp, ``adapter_fabric.store.keeping``)
+        self._recency = Recency(self._layout)
         self._committer = Committer(
-            self._layout, self._lock, TempFiles(self._layout.tmp), self._catalog, collector, self._quota, _CommitEvents(self._catalog, self._integrity, self._exports)
+            self._layout, self._lock, TempFiles(self._layout.tmp), self._catalog, collector, self._quota,
+            _CommitEvents(self._catalog, self._integrity, self._exports, self._recency),
         )
         #: per-tenant quotas and the room open writers reserved of them
         self._tenants = TenantQuotas(self._catalog, tuple(tenant_quotas))
         self._partials = Partials(self._catalog, self._committer, self._quota, self._tenants)
         self._uploads = Uploads(self._committer, self._quota, self._tenants, chunk_size)
         self._stager = DirectoryStager(self._catalog, self._committer, self._quota, self._tenants, chunk_size)
-        #: when each id was last used (its ref's mtime), and which ids an operator kept (``adapter_fabric.store.keeping``)
-        self._recency = Recency(self._layout)
+        #: which ids an operator kept (``adapter_fabric.store.keeping``)
         self._kept = KeptIds(self._layout)
 
     # ------------------------------------------------------------ limits
@@ -254,9 +258,11 @@ class AdapterStore:
         return found
 
     def collect_garbage(self) -> None:
-        """Remove what no ref reaches (a crash's orphans) and build the index later collections use; O(adapters)."""
+        """Remove what no ref reaches (a crash's orphans) and build the index later collections use, then read every ref's
+        recency stamp (outside the lock: a clock stepped back since they were written); O(adapters)."""
         with self._lock.held():
             self._collector.collect()
+        self._recency.warm()
 
     def damaged_at(self, adapter_id: str, digest: str) -> bool:
         """Whether ``adapter_id`` still names ``digest`` and some of that digest's bytes are missing or quarantined."""
@@ -338,6 +344,10 @@ class AdapterStore:
     def open_partial(self, manifest: Manifest) -> PartialDownload:
         """The download of ``manifest``'s weights, keyed by digest; resumes what an earlier one left verified."""
         return self._partials.open(manifest)
+
+    def refer(self, manifest: Manifest) -> Manifest:
+        """``manifest.adapter_id`` pointed at its digest's bytes committed here already; ``AdapterNotFound`` when they left."""
+        return self._partials.refer(manifest)
 
     def partial_for(self, digest: str) -> PartialDownload | None:
         """The download of ``digest`` open in this store object, if any."""
