@@ -55,6 +55,7 @@ from adapter_fabric.node.eviction import CopiesElsewhere, EvictWhenFull
 from adapter_fabric.node.handoff import HandOff
 
 from adapter_fabric.node.gate import AccessGate
+from adapter_fabric.node.origin_fetch import build_origin_fetches
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S, PeerReads
 from adapter_fabric.node.promotes import Promotes
@@ -180,6 +181,11 @@ class Node:
         self.context = NodeContext(store, model, peer_source)
         self.puller = puller
         signed = SignedAdapters(store, puller, trusted)
+        try:
+            #: a request without a peer: held, else the peers, else the --origin list (node.origin_fetch)
+            self.context.origins = build_origin_fetches(settings, self.context, signed)
+        except FabricError as exc:
+            fail(f"--origin: {exc}")
         promotes = Promotes(self.context, signed)
         #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction
         export_dir = str(settings.export_dir) if settings.export_dir else None

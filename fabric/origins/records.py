@@ -18,9 +18,10 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from adapter_fabric.origins.base import Revision
-from adapter_fabric.store.files import encode_id
+from adapter_fabric.store.files import decode_id, encode_id
 
 #: largest record read (a record is a few hundred bytes; a bigger file is not ours)
 MAX_RECORD_BYTES = 64 << 10
@@ -34,14 +35,17 @@ class RevisionRecord:
     revision: Revision
     checked_at: float
     pinned: bool = False
+    #: from an origin marked #trusted: a node with --trusted-signers takes this digest unsigned
+    vouched: bool = False
 
     def to_json(self) -> bytes:
-        return json.dumps({"digest": self.digest, "checked_at": self.checked_at, "pinned": self.pinned, **self.revision.to_dict()}, sort_keys=True).encode()
+        fields = {"digest": self.digest, "checked_at": self.checked_at, "pinned": self.pinned, "vouched": self.vouched}
+        return json.dumps({**fields, **self.revision.to_dict()}, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> "RevisionRecord":
         data = json.loads(raw)
-        return cls(str(data["digest"]), Revision.from_dict(data), float(data["checked_at"]), bool(data.get("pinned", False)))
+        return cls(str(data["digest"]), Revision.from_dict(data), float(data["checked_at"]), bool(data.get("pinned", False)), bool(data.get("vouched", False)))
 
 
 class RevisionRecords:
@@ -71,6 +75,14 @@ class RevisionRecords:
         temp.write_bytes(record.to_json())
         with self._lock:
             os.replace(temp, self._path(adapter_id))
+
+    def each(self) -> Iterator[RevisionRecord]:
+        """Every record that reads, one at a time (a start-up scan; O(ids from origins))."""
+        for entry in os.scandir(self.records):
+            if entry.name.endswith(".json") and not entry.name.startswith("%"):
+                record = self.get(decode_id(entry.name[: -len(".json")]))
+                if record is not None:
+                    yield record
 
     def remove(self, adapter_id: str) -> None:
         self._path(adapter_id).unlink(missing_ok=True)

@@ -63,6 +63,19 @@ def parse_origin(text: str) -> OriginSpec:
     return OriginSpec(uri, trusted, timeout)
 
 
+def origin_list(text: str) -> tuple[str, ...]:
+    """Space-separated origin URIs (a URI's options may hold commas), each checked, at most MAX_ORIGINS; ValueError naming the problem."""
+    uris = tuple(text.split())
+    for uri in uris:
+        try:
+            parse_origin(uri)
+        except InvalidArgument as exc:
+            raise ValueError(str(exc)) from None
+    if len(uris) > MAX_ORIGINS:
+        raise ValueError(f"at most {MAX_ORIGINS} origins, got {len(uris)}")
+    return uris
+
+
 def _shown(uri: str) -> str:
     """A URI as an error shows it: bounded, and without a password."""
     from adapter_fabric.origins.http_origin import strip_credentials
