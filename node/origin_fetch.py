@@ -113,15 +113,29 @@ class OriginFetches:
 
     # ------------------------------------------------------------ entry
 
-    async def resolve(self, adapter_id: str) -> Resolved:
-        """The adapter ``adapter_id`` names now (see the module docstring); AdapterNotFound or OriginUnavailable naming why not."""
+    async def resolve(self, adapter_id: str, check: Callable[[Manifest], None] | None = None, flight: str = "") -> Resolved:
+        """The adapter ``adapter_id`` names now (see the module docstring); AdapterNotFound or OriginUnavailable naming why not.
+
+        ``check``: the caller's own refusal (an engine's base model), made before any byte of a miss moves and before
+        anything is committed; callers with another ``flight`` (the check's key) never share a fetch.
+        """
         held = await self.context.io(self._held, adapter_id)
         if held is not None:
             record = self._record(adapter_id, held.digest)
-            if record is None or record.pinned or time.time() - record.checked_at < self.ttl or self._origin(record) is None:
-                return Resolved(held, PullStats(), "store", record)
-            return await self._joined(adapter_id, lambda: self._revalidate(adapter_id, held, record))
-        return await self._joined(adapter_id, lambda: self._miss(adapter_id))
+            if record is None or record.pinned or not self.stale(adapter_id, held.digest, record):
+                resolved = Resolved(held, PullStats(), "store", record)
+            else:
+                resolved = await self._joined(adapter_id, lambda: self._revalidate(adapter_id, held, record))
+        else:
+            resolved = await self._joined(f"{adapter_id}\0{flight}", lambda: self._miss(adapter_id, check))
+        if check is not None:
+            check(resolved.manifest)
+        return resolved
+
+    def stale(self, adapter_id: str, digest: str, record: RevisionRecord | None = None) -> bool:
+        """Whether ``digest`` came to ``adapter_id`` from one of this node's origins longer ago than --origin-ttl (unpinned)."""
+        record = record if record is not None else self._record(adapter_id, digest)
+        return record is not None and not record.pinned and time.time() - record.checked_at >= self.ttl and self._origin(record) is not None
 
     def record_of(self, adapter_id: str, digest: str) -> RevisionRecord | None:
         """The revision record of ``adapter_id`` while it names ``digest`` (None: not from an origin). Blocking (one small read)."""
@@ -155,7 +169,7 @@ class OriginFetches:
         assert origin is not None
         try:
             async with self._limit:
-                fetched = await self.context.io(self._fetch_and_stage, origin, adapter_id, "", record.revision)
+                fetched = await self.context.io(self._fetch_and_stage, origin, adapter_id, "", record.revision, self.admit)
         except FabricError as exc:
             # Held content is served on: an origin down (or its new content refused) never takes an id away.
             metrics.ORIGIN_REVALIDATIONS.labels(origin.label, "failed").inc()
@@ -186,7 +200,8 @@ class OriginFetches:
 
     # ------------------------------------------------------------ miss
 
-    async def _miss(self, adapter_id: str) -> Resolved:
+    async def _miss(self, adapter_id: str, check: Callable[[Manifest], None] | None) -> Resolved:
+        admit = self._admit_with(check)
         base, pin = split_pin(adapter_id)
         if pin and len(pin) == 64 and set(pin) <= _DIGEST_CHARS:
             local = await self.context.io(self._by_digest, adapter_id, pin)
@@ -195,7 +210,7 @@ class OriginFetches:
         peers = await self.context.known_peers()
         if peers:
             try:
-                manifest, stats = await self.context.io(self.signed.pull, peers, adapter_id, self.admit)
+                manifest, stats = await self.context.io(self.signed.pull, peers, adapter_id, admit)
                 return Resolved(manifest, stats, "peer")
             except (AdapterNotFound, PeerUnavailable, Untrusted) as exc:
                 if not self.origins:
@@ -211,7 +226,7 @@ class OriginFetches:
                 continue
             try:
                 async with self._limit:
-                    fetched = await self.context.io(self._fetch_and_stage, origin, adapter_id, pin, None)
+                    fetched = await self.context.io(self._fetch_and_stage, origin, adapter_id, pin, None, admit)
             except AdapterNotFound as exc:
                 reasons.append(str(exc))
                 continue
@@ -239,7 +254,16 @@ class OriginFetches:
 
     # ------------------------------------------------------------ one origin fetch (an I/O thread)
 
-    def _fetch_and_stage(self, origin: Origin, adapter_id: str, pin: str, known: Revision | None) -> tuple[Manifest, RevisionRecord, PullStats] | None:
+    def _admit_with(self, check: Callable[[Manifest], None] | None) -> Callable[[Manifest], None] | None:
+        """This node's check, then the caller's."""
+        if check is None or self.admit is None:
+            return check or self.admit
+        admit = self.admit
+        return lambda manifest: (admit(manifest), check(manifest))
+
+    def _fetch_and_stage(
+        self, origin: Origin, adapter_id: str, pin: str, known: Revision | None, admit: Callable[[Manifest], None] | None = None
+    ) -> tuple[Manifest, RevisionRecord, PullStats] | None:
         """Fetch into a scratch directory and stage it under ``adapter_id``; None when ``known`` is still current."""
         base, _ = split_pin(adapter_id)
         digest_pin = pin if len(pin) == 64 and set(pin) <= _DIGEST_CHARS else ""
@@ -262,8 +286,8 @@ class OriginFetches:
             def check(manifest: Manifest) -> None:
                 if digest_pin and manifest.digest != digest_pin:
                     raise AdapterNotFound(f"{what}: the origin's content has digest {manifest.digest}, not the pinned {digest_pin}")
-                if self.admit is not None:
-                    self.admit(manifest)
+                if admit is not None:
+                    admit(manifest)
 
             try:
                 manifest = self.store.stage(scratch, adapter_id, check=check)

@@ -182,7 +182,9 @@ class Promotes:
         if self.context.origins is None:
             manifest, stats = await self.context.io(self.store.get, adapter_id), PullStats()
         else:
-            resolved = await self.context.origins.resolve(adapter_id)
+            # An engine's base model is checked before a byte of a miss moves (and a fetch for another base is not shared).
+            check = (lambda m: _check_base(request, m)) if request.base_model else None
+            resolved = await self.context.origins.resolve(adapter_id, check, flight=request.base_model)
             manifest, stats = resolved.manifest, resolved.stats
         self.signed.check_stored(manifest)
         _check_base(request, manifest)

@@ -55,6 +55,7 @@ from adapter_fabric.node.eviction import CopiesElsewhere, EvictWhenFull
 from adapter_fabric.node.handoff import HandOff
 
 from adapter_fabric.node.gate import AccessGate
+from adapter_fabric.node.engine_retarget import retarget_for
 from adapter_fabric.node.origin_fetch import build_origin_fetches
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S, PeerReads
@@ -196,6 +197,8 @@ class Node:
         # The driven SGLang is shown (fabric ls "engines:") but holds nothing: the node unloads before it evicts.
         shown = (settings.sglang_url,) if self.drive is not None else ()
         self.engines = EngineViews(settings.engine_url, export_dir, shown=shown) if settings.engine_url or shown else None
+        #: the vLLM engines beside the node drop an adapter whose id moved to its origin's new revision (node.engine_retarget)
+        self.retarget = retarget_for(settings, store, self.context.origins, export_dir)
         #: at --max-store-bytes, cold adapters are evicted (--when-full evict; a last copy is first handed to a durable peer),
         #: or, on a durable node, the commit is refused (node.eviction, node.handoff)
         self.evictor = (
@@ -337,6 +340,7 @@ async def serve(settings: NodeSettings) -> None:
     hygiene = asyncio.create_task(_expire_periodically(store, settings.expire_abandoned_after)) if settings.expire_abandoned_after > 0 else None
     watch_engines = asyncio.create_task(node.engines.watch(node.context.io)) if node.engines is not None else None
     drive_sglang = asyncio.create_task(node.drive.watch(node.context.io)) if node.drive is not None else None
+    retarget = asyncio.create_task(node.retarget.watch(node.context.io, node.context.origins.resolve)) if node.retarget is not None else None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -356,7 +360,7 @@ async def serve(settings: NodeSettings) -> None:
     streams.close(refusal)
     node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
-    for task in (collecting, hygiene, poll_policy, watch_engines, drive_sglang):
+    for task in (collecting, hygiene, poll_policy, watch_engines, drive_sglang, retarget):
         if task is not None:
             task.cancel()
     # Listening on while peers' Fetch streams run: a receiver's next request hears the refusal above, not "connection refused".

@@ -73,6 +73,10 @@ ORIGIN_ERRORS = Counter(
     "fabric_origin_errors_total", "Origin fetches that failed other than by a miss (the origin down, slow, or its content refused), by origin and error type.",
     ["origin", "kind"], registry=REGISTRY,
 )
+ENGINE_MOVED_UNLOADS = Counter(
+    "fabric_engine_moved_unloads_total", "Adapters unloaded from an engine (--engine-url, vLLM) because their id moved to a new digest, by engine "
+    "and outcome (ok, already, failed).", ["engine", "outcome"], registry=REGISTRY,
+)
 ENGINE_READS = Counter("fabric_engine_reads_total", "Reads of an engine's GET /v1/models, by engine and outcome (ok, failed).", ["engine", "outcome"], registry=REGISTRY)
 ENGINE_LOADS = Counter("fabric_engine_loads_total", "Adapters loaded into the driven SGLang (--sglang-url), by outcome (ok, already, failed).", ["outcome"], registry=REGISTRY)
 ENGINE_UNLOADS = Counter("fabric_engine_unloads_total", "Adapters unloaded from the driven SGLang (--sglang-url), by outcome (ok, already, failed).", ["outcome"], registry=REGISTRY)
