@@ -38,6 +38,8 @@ from adapter_fabric.origins.base import FetchLimits, Origin, Revision
 from adapter_fabric.origins.records import RevisionRecord, RevisionRecords
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.ids import split_pin
+from adapter_fabric.store.lock_watch import check_no_store_lock
+from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport.pull import PullStats
 from adapter_fabric.node.signed import SignedAdapters
@@ -95,9 +97,11 @@ class OriginFetches:
 
     def __init__(
         self, context: NodeContext, signed: SignedAdapters, origins: list[Origin], records: RevisionRecords, ttl: float = DEFAULT_TTL_S,
-        concurrency: int = DEFAULT_CONCURRENCY, admit: Callable[[Manifest], None] | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY, admit: Callable[[Manifest], None] | None = None, make_room: MakeRoom | None = None,
     ) -> None:  # fmt: skip
-        """``admit``: this node's own check of what it takes (its model's modules and shapes), before anything is committed."""
+        """``admit``: this node's own check of what it takes (its model's modules and shapes), before anything is committed;
+        ``make_room``: asked when the store refuses a commit for room (the node's evictor)."""
+        self.make_room = make_room
         self.context = context
         self.store = context.store
         self.signed = signed
@@ -272,6 +276,7 @@ class OriginFetches:
         started = time.monotonic()
         try:
             limits = FetchLimits(self.store.max_adapter_bytes or (1 << 40), origin.timeout)
+            check_no_store_lock(f"a fetch from origin {origin.label}")  # invariant 17: never under a store lock
             try:
                 revision = origin.fetch(base, "" if digest_pin else pin, known, scratch, limits)
             except FabricError as exc:
@@ -290,7 +295,8 @@ class OriginFetches:
                     admit(manifest)
 
             try:
-                manifest = self.store.stage(scratch, adapter_id, check=check)
+                # At the store's limit the node's evictor makes room, outside every store lock, and the stage runs once more.
+                manifest = opened_with_room(lambda: self.store.stage(scratch, adapter_id, check=check), self.make_room)
             except FabricError as exc:
                 metrics.ORIGIN_FETCHES.labels(origin.label, type(exc).__name__).inc()
                 raise type(exc)(f"{what}: refused, nothing staged: {exc}") from None
@@ -332,7 +338,7 @@ class OriginFetches:
                 self.signed.trusted.vouch(record.digest)
 
 
-def build_origin_fetches(settings, context: NodeContext, signed: SignedAdapters) -> OriginFetches:
+def build_origin_fetches(settings, context: NodeContext, signed: SignedAdapters, make_room: MakeRoom | None = None) -> OriginFetches:
     """The node's OriginFetches from its settings (--origin, --origin-ttl, --origin-timeout, --origin-concurrency).
 
     One self-contained object: whatever composes the node (and, later, placement deciding which node fetches) hands it
@@ -345,7 +351,7 @@ def build_origin_fetches(settings, context: NodeContext, signed: SignedAdapters)
     admit = (lambda manifest: model.check_compatible(manifest.pairs)) if model is not None else None
     fetches = OriginFetches(
         context, signed, origins, RevisionRecords(context.store.root / "origins"), ttl=settings.origin_ttl, concurrency=settings.origin_concurrency,
-        admit=admit,
+        admit=admit, make_room=make_room,
     )  # fmt: skip
     if signed.trusted.required and any(o.trusted for o in origins):
         fetches.vouch_from_records()

@@ -10,6 +10,7 @@ import grpc
 from adapter_fabric.rpc import security
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.data_channel import DataChannels
+from adapter_fabric.store.lock_watch import check_no_store_lock
 
 
 class PeerChannels:
@@ -33,6 +34,8 @@ class PeerChannels:
         self._lock = threading.Lock()
 
     def get(self, address: str) -> grpc.Channel:
+        """The channel to ``address`` (made once): every peer call takes it here, so here it is checked that no store lock is held."""
+        check_no_store_lock(f"a call to peer {address}")
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
