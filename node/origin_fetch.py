@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Protocol
 
-from adapter_fabric.errors import AdapterNotFound, FabricError, OriginUnavailable, PeerUnavailable, Untrusted
+from adapter_fabric.errors import AdapterNotFound, FabricError, OriginUnavailable, PeerUnavailable, PermissionDenied, Untrusted
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.origins.base import FetchLimits, Origin, Revision
@@ -51,6 +51,15 @@ DEFAULT_TTL_S = 300.0
 #: the default of --origin-concurrency: origin fetches one node runs at once (each is one adapter's two files)
 DEFAULT_CONCURRENCY = 4
 _DIGEST_CHARS = frozenset("0123456789abcdef")
+
+
+def _allowed(may_fetch: Callable[[], None] | None) -> bool:
+    try:
+        if may_fetch is not None:
+            may_fetch()
+    except PermissionDenied:
+        return False
+    return True
 
 
 class NodeContext(Protocol):
@@ -117,20 +126,26 @@ class OriginFetches:
 
     # ------------------------------------------------------------ entry
 
-    async def resolve(self, adapter_id: str, check: Callable[[Manifest], None] | None = None, flight: str = "") -> Resolved:
+    async def resolve(
+        self, adapter_id: str, check: Callable[[Manifest], None] | None = None, flight: str = "", may_fetch: Callable[[], None] | None = None
+    ) -> Resolved:
         """The adapter ``adapter_id`` names now (see the module docstring); AdapterNotFound or OriginUnavailable naming why not.
 
         ``check``: the caller's own refusal (an engine's base model), made before any byte of a miss moves and before
-        anything is committed; callers with another ``flight`` (the check's key) never share a fetch.
+        anything is committed; callers with another ``flight`` (the check's key) never share a fetch. ``may_fetch``: raises
+        unless the caller may have the bytes brought for it (its own grants: invariant 18); without it, a held id is
+        answered as held (no revalidation) and a miss is refused by it, before any peer or origin is asked.
         """
         held = await self.context.io(self._held, adapter_id)
         if held is not None:
             record = self._record(adapter_id, held.digest)
-            if record is None or record.pinned or not self.stale(adapter_id, held.digest, record):
+            if record is None or record.pinned or not self.stale(adapter_id, held.digest, record) or not _allowed(may_fetch):
                 resolved = Resolved(held, PullStats(), "store", record)
             else:
                 resolved = await self._joined(adapter_id, lambda: self._revalidate(adapter_id, held, record))
         else:
+            if may_fetch is not None:
+                may_fetch()
             resolved = await self._joined(f"{adapter_id}\0{flight}", lambda: self._miss(adapter_id, check))
         if check is not None:
             check(resolved.manifest)

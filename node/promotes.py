@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
+from adapter_fabric.access.caller import caller
 from adapter_fabric.format.peft_fields import check_agrees
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
@@ -171,7 +172,9 @@ class Promotes:
         else:
             # An engine's base model is checked before a byte of a miss moves (and a fetch for another base is not shared).
             check = (lambda m: _check_base(request, m)) if request.base_model else None
-            resolved = await self.context.origins.resolve(adapter_id, check, flight=request.base_model)
+            # The caller's own grants decide whether bytes are brought for it, from a peer or an origin (invariant 18).
+            who = caller()
+            resolved = await self.context.origins.resolve(adapter_id, check, flight=request.base_model, may_fetch=lambda: who.check("pull", adapter_id))
             manifest, stats = resolved.manifest, resolved.stats
         self.signed.check_stored(manifest)
         _check_base(request, manifest)

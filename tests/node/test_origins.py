@@ -185,3 +185,27 @@ def test_s3_and_the_hub_through_node_processes(store_adapters, tmp_path: Path) -
             assert "hf_node_token" not in (tmp_path / "n.log").read_text()
         finally:
             node.stop()
+
+
+def test_a_caller_without_pull_on_the_id_gets_nothing_from_an_origin(web, tmp_path: Path) -> None:
+    """Invariant 18: the node brings bytes for a caller only on the caller's own grants, wherever they come from."""
+    from adapter_fabric.access.policy import token_sha256
+    from adapter_fabric.errors import PermissionDenied
+
+    url, _ = web
+    tokens = {"operator": "operator-token-1f2e", "puller": "puller-token-9a8b"}
+    grants = {"operator": '["read", "operate"]', "puller": '["read", "operate", "pull"]'}
+    policy = tmp_path / "policy.toml"
+    policy.write_text("".join(
+        f'[[principal]]\nname = "{n}"\ntoken_sha256 = "{token_sha256(t)}"\ngrants = [{{ verbs = {grants[n]}, prefixes = ["team-a/"] }}]\n\n'
+        for n, t in tokens.items()
+    ))  # fmt: skip
+    node = _node(tmp_path, "n", "--origin", url, "--policy", str(policy))
+    try:
+        with node.client(token=tokens["operator"]) as client, pytest.raises(PermissionDenied, match="pull"):
+            client.pull("team-a/web")
+        assert not any(name == "fabric_origin_fetches_total" for name, _ in scrape(node))  # the origin was never asked
+        with node.client(token=tokens["puller"]) as client:
+            assert client.pull("team-a/web").origin == url
+    finally:
+        node.stop()
