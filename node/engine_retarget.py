@@ -26,7 +26,7 @@ import time
 from typing import Callable
 
 from adapter_fabric.errors import FabricError, InvalidArgument
-from adapter_fabric.integrations.engine_models import EngineLoRA, engine_label, read_models
+from adapter_fabric.integrations.engine_models import EngineList, EngineLoRA, engine_label, read_models
 from adapter_fabric.integrations.vllm_admin import unload_lora
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
@@ -48,7 +48,7 @@ class EngineRetarget:
 
     def __init__(
         self, urls: tuple[str, ...], export_dir: str | None, current: Callable[[str], str | None], stale: Callable[[str, str], bool],
-        interval: float = INTERVAL_S, read: Callable[[str, float], list[EngineLoRA]] = read_models, unload: Callable[[str, str], bool] = unload_lora,
+        interval: float = INTERVAL_S, read: Callable[[str, float], EngineList] = read_models, unload: Callable[[str, str], bool] = unload_lora,
     ) -> None:  # fmt: skip
         """``current(id)``: the digest the id names here now (None: not staged); ``stale(id, digest)``: whether that
         digest came from an origin and is older than --origin-ttl (it should be revalidated)."""
@@ -104,9 +104,9 @@ class EngineRetarget:
                     due.append(adapter_id)
         return due[:MAX_REVALIDATIONS_PER_ROUND]
 
-    def _cards(self, url: str) -> list[EngineLoRA] | None:
+    def _cards(self, url: str) -> tuple[EngineLoRA, ...] | None:
         try:
-            return self._read(url, READ_TIMEOUT_S)
+            return self._read(url, READ_TIMEOUT_S).adapters  # a list cut short: what it holds is still acted on
         except FabricError as exc:
             log.info("engine %s not read for moved ids: %s", engine_label(url), str(exc)[:200])
             return None

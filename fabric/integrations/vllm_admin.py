@@ -12,10 +12,10 @@ matches a request for the new ones. 200: unloaded; 404: it did not hold the name
 from __future__ import annotations
 
 import json
-import urllib.request
 
 from adapter_fabric.errors import InvalidArgument
-from adapter_fabric.integrations.engine_models import engine_label, engine_reply
+from adapter_fabric.integrations.engine_http import exchange
+from adapter_fabric.integrations.engine_models import engine_label
 
 #: bound on one unload call (vLLM answers from its API process at once)
 UNLOAD_TIMEOUT_S = 10.0
@@ -25,12 +25,12 @@ MAX_REPLY_BYTES = 64 << 10
 def unload_lora(url: str, name: str, timeout: float = UNLOAD_TIMEOUT_S) -> bool:
     """Unload ``name`` from the vLLM at ``url``; False when it did not hold it. ``PeerUnavailable`` when it does not answer,
     ``InvalidArgument`` when it refuses (a vLLM without runtime LoRA updating answers 404 for the route itself: named)."""
-    request = urllib.request.Request(
-        f"{url}/v1/unload_lora_adapter", data=json.dumps({"lora_name": name}).encode(), method="POST",
-        headers={"Content-Type": "application/json", "Accept": "application/json"},
+    body = exchange(
+        f"{url}/v1/unload_lora_adapter", "POST /v1/unload_lora_adapter", engine_label(url), timeout, MAX_REPLY_BYTES,
+        body=json.dumps({"lora_name": name}).encode(), headers={"Content-Type": "application/json", "Accept": "application/json"},
+        accept=(400, 404, 405),
     )  # fmt: skip
-    body = engine_reply(request, timeout, engine_label(url), "POST /v1/unload_lora_adapter", MAX_REPLY_BYTES, accept=(400, 404, 405))
-    text = body.decode(errors="replace")
+    text = body[:MAX_REPLY_BYTES].decode(errors="replace")
     try:
         answer = json.loads(text)
     except ValueError:

@@ -77,7 +77,7 @@ ENGINE_MOVED_UNLOADS = Counter(
     "fabric_engine_moved_unloads_total", "Adapters unloaded from an engine (--engine-url, vLLM) because their id moved to a new digest, by engine "
     "and outcome (ok, already, failed).", ["engine", "outcome"], registry=REGISTRY,
 )
-ENGINE_READS = Counter("fabric_engine_reads_total", "Reads of an engine's GET /v1/models, by engine and outcome (ok, failed).", ["engine", "outcome"], registry=REGISTRY)
+ENGINE_READS = Counter("fabric_engine_reads_total", "Reads of an engine's GET /v1/models, by engine and outcome (ok, cut, failed).", ["engine", "outcome"], registry=REGISTRY)
 ENGINE_LOADS = Counter("fabric_engine_loads_total", "Adapters loaded into the driven SGLang (--sglang-url), by outcome (ok, already, failed).", ["outcome"], registry=REGISTRY)
 ENGINE_UNLOADS = Counter("fabric_engine_unloads_total", "Adapters unloaded from the driven SGLang (--sglang-url), by outcome (ok, already, failed).", ["outcome"], registry=REGISTRY)
 HANDOFFS = Counter(

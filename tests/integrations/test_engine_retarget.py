@@ -3,7 +3,7 @@ origin ids it revalidates for the engines (the HTTP side runs against vLLM's ser
 
 from __future__ import annotations
 
-from adapter_fabric.integrations.engine_models import EngineLoRA
+from adapter_fabric.integrations.engine_models import EngineList, EngineLoRA
 from adapter_fabric.node.engine_retarget import EngineRetarget
 from adapter_fabric.store.export import version_name
 
@@ -18,7 +18,7 @@ def _retarget(cards: list[EngineLoRA], current: dict[str, str], stale: set[str])
         unloaded.append((url, name))
         return True
 
-    retarget = EngineRetarget(("http://e:8000",), EXPORT, current.get, lambda i, d: i in stale, read=lambda url, timeout: cards, unload=unload)
+    retarget = EngineRetarget(("http://e:8000",), EXPORT, current.get, lambda i, d: i in stale, read=lambda url, timeout: EngineList(tuple(cards)), unload=unload)
     return retarget, unloaded
 
 

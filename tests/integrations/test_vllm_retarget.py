@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import urllib.request
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
 from tests.integrations.test_engine_view import Engine
 from tests.integrations.test_vllm import VLLM_MISSING
 from tests.support.scrape import scrape
+from tests.support.waiting import wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -69,10 +69,8 @@ def test_the_request_after_a_retarget_uses_the_new_weights_from_a_new_path(tmp_p
         for name in (CONFIG_FILE, WEIGHTS_FILE):  # the customer retrained: new files at the origin
             (origin / "team-a" / "support" / name).unlink()
             shutil.copyfile(second / name, origin / "team-a" / "support" / name)
-        deadline = time.monotonic() + 120
-        while "team-a/support" in _listed(engine):  # the node's round revalidates, moves the id, unloads it from vLLM
-            assert time.monotonic() < deadline, "the node did not unload the moved adapter from vLLM"
-            time.sleep(0.2)
+        # the node's round revalidates what vLLM holds, moves the id, and unloads it from vLLM
+        wait_for(lambda: "team-a/support" not in _listed(engine), "the node to unload the moved adapter from vLLM", timeout=120)
 
         after = engine.post("/test/request", {"model": "team-a/support"})  # the next request: resolved again
         with node.client() as client:
