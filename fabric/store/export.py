@@ -148,17 +148,7 @@ class ExportDir:
             return None
         if self._holds(dest, manifest):
             return dest
-        building = self.root / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
-        building.mkdir()
-        try:
-            for entry in manifest.files:
-                os.link(self._blob_path(entry.root), building / entry.name)
-            fsync_dir(building)
-            self._set_aside(dest)
-            os.rename(building, dest)
-        except BaseException:
-            shutil.rmtree(building, ignore_errors=True)
-            raise
+        self._place(dest, manifest)
         self._drop_versions(adapter_id, keep=manifest.digest)
         fsync_dir(self.root)
         self._changed()
@@ -167,8 +157,13 @@ class ExportDir:
     def export_version(self, adapter_id: str, manifest: Manifest) -> Path:
         """``<root>/<version_name>/`` holding ``manifest``'s files (made once; dropped when the id moves or goes)."""
         dest = self.root / version_name(adapter_id, manifest.digest)
-        if self._holds(dest, manifest):
-            return dest
+        if not self._holds(dest, manifest):
+            self._place(dest, manifest)
+            fsync_dir(self.root)
+        return dest
+
+    def _place(self, dest: Path, manifest: Manifest) -> None:
+        """Build ``manifest``'s links under a temporary name, then rename them over ``dest`` in one step (the old one set aside)."""
         building = self.root / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         building.mkdir()
         try:
@@ -180,8 +175,6 @@ class ExportDir:
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
             raise
-        fsync_dir(self.root)
-        return dest
 
     def _drop_versions(self, adapter_id: str, keep: str | None) -> None:
         """Set aside the version entries of ``adapter_id`` but ``keep``'s (None: all of them)."""
