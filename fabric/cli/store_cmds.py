@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from adapter_fabric.cli.connect import client_for, node_address
+from adapter_fabric.cli.connect import client_for, peer_address
 from adapter_fabric.cli.output import emit, pull_note
 from adapter_fabric.cli.progress import PullWatcher, byte_bar, on_terminal, run_polled
 
@@ -131,7 +131,7 @@ def register(command) -> None:
     p.add_argument("--sign-key", help="sign the adapter's digest with this Ed25519 private key (fabric keygen); the signature travels with it")
 
     p = command("pull", cmd_pull, "make a node pull an adapter into its store from a peer (and the swarm), loading no slot", long=True)
-    p.add_argument("--from", dest="peer", type=node_address,
+    p.add_argument("--from", dest="peer", type=peer_address,
                    help="host:port of a peer that has the adapter (omit: the node looks itself: held, its known peers, then its --origin list)")
     p.add_argument("--id", required=True, help="adapter id (ID@REVISION pins an origin's revision)")
     p.add_argument("--no-swarm", action="store_true", help="pull from --from alone, not from every peer that holds chunks")
