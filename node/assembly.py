@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from adapter_fabric.errors import FabricError
 from adapter_fabric.integrations.sglang import SGLangClient
 from adapter_fabric.observability import metrics
 from adapter_fabric.rpc.draining import DrainGate
@@ -31,11 +32,13 @@ from adapter_fabric.node.background import expire
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.data_server import DataServer
 from adapter_fabric.node.engine_drive import SGLangDrive
+from adapter_fabric.node.engine_retarget import retarget_for
 from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.eviction import Evictor, RefuseRoom
 from adapter_fabric.node.gate import AccessGate
 from adapter_fabric.node.handoff import HandOff
 from adapter_fabric.node.node import FABRIC_SERVICE, Node, Readiness
+from adapter_fabric.node.origin_fetch import build_origin_fetches
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import PeerReads
 from adapter_fabric.node.policy_reloads import PolicyReloads
@@ -43,7 +46,7 @@ from adapter_fabric.node.promotes import Promotes
 from adapter_fabric.node.repair import DamageReports, Repairs
 from adapter_fabric.node.scrub import Scrubber
 from adapter_fabric.node.servicer import FabricServicer
-from adapter_fabric.node.settings import NodeSettings
+from adapter_fabric.node.settings import NodeSettings, fail
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.node.slots import Slots
 from adapter_fabric.node.staging import Staging
@@ -126,11 +129,20 @@ def build_node(settings: NodeSettings) -> Node:
         listen_port=port, make_room=room.make_room,
     )
     signed = SignedAdapters(store, puller, trusted)
-    peer_reads = PeerReads(context, puller, signed, upload_rate=settings.upload_rate, durable=settings.durable, announce=announce_data_port(data_port))
+    try:
+        #: a request without a peer: held, else the peers, else the --origin list (node.origin_fetch)
+        origins = build_origin_fetches(settings, context, signed, make_room=room.make_room)
+    except FabricError as exc:
+        fail(f"--origin: {exc}")
+    #: the vLLM engines beside the node drop an adapter whose id moved to its origin's new revision (node.engine_retarget)
+    retarget = retarget_for(settings, store, origins, export_dir)
+    peer_reads = PeerReads(
+        context, puller, signed, upload_rate=settings.upload_rate, durable=settings.durable, announce=announce_data_port(data_port), origins=origins
+    )
     servicer = FabricServicer(
         staging=Staging(context, signed, make_room=room.make_room),
         peer_reads=peer_reads,
-        promotes=Promotes(context, signed),
+        promotes=Promotes(context, signed, origins),
         slots=Slots(context, max_new_tokens=settings.max_new_tokens, engines=engines),
         store_status=StoreReport(context, expire_after=settings.expire_abandoned_after, evictor=evictor),
         policy=policy is not None,
@@ -150,7 +162,7 @@ def build_node(settings: NodeSettings) -> Node:
         endpoint=endpoint, drain_gate=drain_gate, streams=streams, channels=channels, peer_reads=peer_reads,
         reloads=PolicyReloads(policy, context.io, applied=lambda new: store.set_tenant_quotas(new.quotas)),
         evictor=evictor, repairs=Repairs(damage, store, peer_source, signed), scrubber=Scrubber(store, damage, rate=settings.scrub_rate),
-        engines=engines, drive=drive, data_server=data_server, data_socket=data_socket,
+        engines=engines, drive=drive, origins=origins, retarget=retarget, data_server=data_server, data_socket=data_socket,
         banner=_banner(settings, host, port, model, tls.enabled, token, policy, endpoint, data_port),
     )
 

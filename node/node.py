@@ -30,8 +30,10 @@ from adapter_fabric.node import background
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.data_server import DataServer
 from adapter_fabric.node.engine_drive import SGLangDrive
+from adapter_fabric.node.engine_retarget import EngineRetarget
 from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.eviction import Evictor
+from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.peer_reads import PeerReads
 from adapter_fabric.node.policy_reloads import PolicyReloads
 from adapter_fabric.node.repair import Repairs
@@ -86,6 +88,10 @@ class Node:
     scrubber: Scrubber
     engines: EngineViews | None
     drive: SGLangDrive | None
+    #: a request naming no peer: held, else the peers, else the --origin list
+    origins: OriginFetches
+    #: engines kept off a moved id's old digest (--origin with --engine-url), None without
+    retarget: EngineRetarget | None
     data_server: DataServer | None
     data_socket: socket.socket | None
     #: what the node says once it listens (tests and the demo read the ports from it)
@@ -115,6 +121,8 @@ class Node:
             jobs.append(self.engines.watch(io))
         if self.drive is not None:
             jobs.append(self.drive.watch(io))
+        if self.retarget is not None:
+            jobs.append(self.retarget.watch(io, self.origins.resolve))
         if self.reloads.policy is not None:
             jobs.append(self.reloads.run(background.POLICY_POLL_S))
         self._tasks = [asyncio.create_task(job) for job in jobs]

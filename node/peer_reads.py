@@ -27,6 +27,7 @@ from adapter_fabric.transport.pull import PeerPuller
 from adapter_fabric.trust.signing import signatures_to_proto
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.signed import SignedAdapters
 
 #: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
@@ -84,10 +85,12 @@ class PeerReads:
 
     def __init__(
         self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False,
-        announce: tuple[tuple[str, str], ...] = (),
+        announce: tuple[tuple[str, str], ...] = (), origins: OriginFetches | None = None,
     ) -> None:
-        """``announce``: metadata naming this node's data channel port (``fetch_metadata.announce_data_port``), sent in replies."""
+        """``announce``: metadata naming this node's data channel port (``fetch_metadata.announce_data_port``), sent in replies.
+        ``origins``: where ids fetched from an origin came from (GetManifest names the revision)."""
         self.context = context
+        self.origins = origins
         #: this node never evicts (--when-full refuse): said in every Availability reply, so peers hand it their last copies
         self.durable = durable
         self.store = context.store
@@ -123,6 +126,10 @@ class PeerReads:
         self.signed.check_stored(manifest)  # a node that trusts signers serves only signed adapters
         reply = manifest.to_proto()
         signatures_to_proto(reply, await self.context.io(self.store.signatures_of, manifest.digest))
+        if self.origins is not None:  # where the id's digest came from, when an origin (fabric inspect shows it)
+            record = await self.context.io(self.origins.record_of, manifest.adapter_id, manifest.digest)
+            if record is not None:
+                reply.origin, reply.revision = record.revision.origin, record.revision.revision
         if request.with_sha256:
             for name, sha256 in (await self.context.io(self.store.file_sha256, manifest)).items():
                 reply.file_sha256[name] = sha256

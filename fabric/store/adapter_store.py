@@ -268,6 +268,15 @@ class AdapterStore:
         """Whether ``adapter_id`` still names ``digest`` and some of that digest's bytes are missing or quarantined."""
         return self._catalog.read_ref(adapter_id) == digest and self._catalog.complete(digest) is None
 
+    def export_version(self, adapter_id: str, manifest: Manifest) -> Path | None:
+        """A version entry of ``adapter_id`` in the export directory, named by its digest (``ExportDir.export_version``);
+        None when the store keeps no export directory."""
+        return self._exports.export_version(adapter_id, manifest) if self._exports is not None else None
+
+    def digest_of(self, adapter_id: str) -> str | None:
+        """The digest ``adapter_id`` names now (its ref, no manifest read); None when it is not staged."""
+        return self._catalog.read_ref(adapter_id)
+
     def ids_of(self, digest: str) -> list[str]:
         """Every staged id naming ``digest``, sorted (none when no id does)."""
         return sorted(i for i, d in self._catalog.refs().items() if d == digest)
@@ -324,9 +333,9 @@ class AdapterStore:
 
     # ------------------------------------------------------------ writing
 
-    def stage(self, directory: Path | str, adapter_id: str) -> Manifest:
-        """Copy a PEFT adapter directory in under ``adapter_id``; everything is checked before a byte is written."""
-        return self._stager.stage(directory, adapter_id)
+    def stage(self, directory: Path | str, adapter_id: str, check: Callable[[Manifest], None] | None = None) -> Manifest:
+        """Copy a PEFT adapter directory in under ``adapter_id``; everything is checked before a byte is written (``check`` too)."""
+        return self._stager.stage(directory, adapter_id, check)
 
     def unstage(self, adapter_id: str) -> bool:
         """Remove an id; True when its bytes were removed too (no other id refers to its digest)."""
