@@ -19,8 +19,9 @@ An RPC missing from the table is refused to every principal but one holding
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from adapter_fabric.v1 import fabric_pb2
 

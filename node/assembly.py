@@ -19,15 +19,6 @@ from grpc_reflection.v1alpha import reflection
 
 from adapter_fabric.errors import FabricError
 from adapter_fabric.integrations.sglang import SGLangClient
-from adapter_fabric.observability import metrics
-from adapter_fabric.rpc.draining import DrainGate
-from adapter_fabric.rpc.limits import PeerStreamLimit
-from adapter_fabric.rpc.security import BearerAuth
-from adapter_fabric.transport import wire
-from adapter_fabric.transport.channels import PeerChannels
-from adapter_fabric.transport.data_channel import DataChannels
-from adapter_fabric.transport.discovery import PeerSource
-from adapter_fabric.transport.fetch_metadata import announce_data_port
 from adapter_fabric.node.background import expire
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.data_server import DataServer
@@ -62,6 +53,15 @@ from adapter_fabric.node.startup import (
 )
 from adapter_fabric.node.store_status import StoreReport
 from adapter_fabric.node.victims import Candidates, CopiesElsewhere
+from adapter_fabric.observability import metrics
+from adapter_fabric.rpc.draining import DrainGate
+from adapter_fabric.rpc.limits import PeerStreamLimit
+from adapter_fabric.rpc.security import BearerAuth
+from adapter_fabric.transport import wire
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.data_channel import DataChannels
+from adapter_fabric.transport.discovery import PeerSource
+from adapter_fabric.transport.fetch_metadata import announce_data_port
 
 #: gRPC reuses ports by default, so a second node on a busy port would share it
 NO_PORT_REUSE = ("grpc.so_reuseport", 0)
@@ -81,7 +81,11 @@ def build_node(settings: NodeSettings) -> Node:
     driven = (settings.sglang_url,) if settings.sglang_url and export_dir else ()
     engines = EngineViews(settings.engine_url, export_dir, driven=driven) if settings.engine_url or driven else None
     #: the SGLang the node drives: loads what the export dir holds, unloads before evicting
-    drive = SGLangDrive(SGLangClient(settings.sglang_url), engines, export_dir, settings.sglang_sync_interval) if driven else None
+    drive = (
+        SGLangDrive(SGLangClient(settings.sglang_url), engines, export_dir, settings.sglang_sync_interval)
+        if engines is not None and export_dir is not None and driven
+        else None
+    )
     damage = DamageReports()  # what verified reads and the scrub find damaged, for the repairs to pull again
     # A stage, pull, unstage or eviction changes the export directory: a driven SGLang reconciles now, not at its next tick.
     store = open_store(settings, trusted, policy, on_export_change=drive.poke if drive is not None else None, on_damage=damage.found)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from adapter_fabric.errors import FabricError
+from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.store import AdapterStore
-from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S
 
 log = logging.getLogger("fabric.node")
 

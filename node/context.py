@@ -12,14 +12,15 @@ Threads, and what may block them:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from adapter_fabric.errors import AdaptersUnsupported
+from adapter_fabric.node.in_use import InUse
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport.discovery import PeerSource
-from adapter_fabric.node.in_use import InUse
 
 if TYPE_CHECKING:  # the model module loads torch: named for the type checker only
     from adapter_fabric.serving.multi_lora import MultiLoraModel

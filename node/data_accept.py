@@ -18,16 +18,16 @@ import logging
 import resource
 import socket
 import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
 
 from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.node.data_admission import Admission
 from adapter_fabric.observability.logs import StateLog
 from adapter_fabric.observability.metrics import DATA_STREAMS_SERVED
 from adapter_fabric.rpc.status import error_detail, public_message
 from adapter_fabric.transport import data_frames
-from adapter_fabric.node.data_admission import Admission
 
 log = logging.getLogger("fabric.node.data")
 

@@ -27,15 +27,15 @@ import ssl
 from contextlib import aclosing
 
 from adapter_fabric.errors import FabricError, InvalidArgument, Unauthenticated
+from adapter_fabric.node.data_accept import HELLO_TIMEOUT_S, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE, Connection, Listener
+from adapter_fabric.node.gate import AccessGate
+from adapter_fabric.node.peer_reads import BytesPiece, FilePiece, PeerReads, Picked, Piece
 from adapter_fabric.observability.metrics import DATA_STREAMS_SERVED
 from adapter_fabric.rpc import bounds
 from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.rpc.security import BearerAuth
 from adapter_fabric.rpc.status import error_detail, public_message
 from adapter_fabric.transport import data_frames
-from adapter_fabric.node.data_accept import HELLO_TIMEOUT_S, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE, Connection, Listener
-from adapter_fabric.node.gate import AccessGate
-from adapter_fabric.node.peer_reads import BytesPiece, FilePiece, PeerReads, Picked, Piece
 
 __all__ = ["DataServer", "HELLO_TIMEOUT_S", "MAX_CONNECTIONS", "MAX_CONNECTIONS_PER_SOURCE", "MIN_READ_RATE"]
 

@@ -29,17 +29,18 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from adapter_fabric.errors import QuotaExceeded, StoreFull
+from adapter_fabric.node.handoff import HANDOFF_TIMEOUT_S, HandOffs
+from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.eviction import LAST_COPY, Candidate, choose_victims
-from adapter_fabric.node.handoff import HANDOFF_TIMEOUT_S, HandOffs
-from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 
 if TYPE_CHECKING:
     from adapter_fabric.node.engine_drive import SGLangDrive
@@ -118,7 +119,7 @@ class Evictor:
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="evictor", daemon=True)
 
-    def start(self) -> "Evictor":
+    def start(self) -> Evictor:
         self._thread.start()
         return self
 

@@ -20,22 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 
 from adapter_fabric.access.caller import set_caller
 from adapter_fabric.access.policy import CLUSTER, Principal, canonical_id
 from adapter_fabric.access.policy_file import PolicyFile
-from adapter_fabric.errors import AdapterNotFound, FabricError, PermissionDenied, Unauthenticated
+from adapter_fabric.errors import FabricError, PermissionDenied, Unauthenticated
+from adapter_fabric.node.access_rules import CHANGES, RULES, Need
 from adapter_fabric.observability.audit import audit
 from adapter_fabric.observability.metrics import ACCESS_REFUSALS
 from adapter_fabric.rpc.security import AUTH_METADATA_KEY, OPEN_SERVICES
 from adapter_fabric.rpc.status import FABRIC_PREFIX, abort_with
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.access_rules import CHANGES, RULES, Need
 
 _BEARER = "Bearer "
 #: the auth-context key of a client certificate's subject alternative names

@@ -20,12 +20,6 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from adapter_fabric.observability import metrics
-from adapter_fabric.observability.endpoint import ProbeEndpoint
-from adapter_fabric.rpc.draining import DrainGate
-from adapter_fabric.rpc.limits import PeerStreamLimit
-from adapter_fabric.store import AdapterStore
-from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.node import background
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.data_server import DataServer
@@ -39,6 +33,12 @@ from adapter_fabric.node.policy_reloads import PolicyReloads
 from adapter_fabric.node.repair import Repairs
 from adapter_fabric.node.scrub import Scrubber
 from adapter_fabric.node.settings import NodeSettings
+from adapter_fabric.observability import metrics
+from adapter_fabric.observability.endpoint import ProbeEndpoint
+from adapter_fabric.rpc.draining import DrainGate
+from adapter_fabric.rpc.limits import PeerStreamLimit
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.transport.channels import PeerChannels
 
 if TYPE_CHECKING:
     from adapter_fabric.serving.multi_lora import MultiLoraModel

@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import IO, AsyncIterator, Callable, Sequence, Union
+from typing import IO
 
 import grpc
 from aiolimiter import AsyncLimiter
 
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument, PeerUnavailable, QuotaExceeded
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.observability.metrics import SERVED_BYTES
 from adapter_fabric.store.digests import check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
@@ -69,7 +72,7 @@ class Holds:
     bitmap: bytes | None = None
 
 
-Piece = Union[FilePiece, BytesPiece, Picked, Holds]
+Piece = FilePiece | BytesPiece | Picked | Holds
 
 
 def _open_blob(path: os.PathLike | str, manifest: Manifest) -> IO[bytes]:

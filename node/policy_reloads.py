@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from adapter_fabric.access.policy import Policy
 from adapter_fabric.access.policy_file import PolicyFile
@@ -24,7 +25,7 @@ class PolicyReloads:
     """Asks (``on_sighup``, from the event loop) and the one loop that reloads (``run``)."""
 
     def __init__(
-        self, policy: PolicyFile | None, io: Callable[..., "asyncio.Future"], applied: Callable[[Policy], None] | None = None
+        self, policy: PolicyFile | None, io: Callable[..., Awaitable[Any]], applied: Callable[[Policy], None] | None = None
     ) -> None:
         """``policy``: the file in force (None: the node has none); ``io``: runs a blocking call on an I/O thread;
         ``applied``: told each policy a reload puts in force (the node hands the store its new [[quota]] tables)."""

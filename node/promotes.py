@@ -10,12 +10,14 @@ quiescent point is a memory copy.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
 from adapter_fabric.access.caller import caller
 from adapter_fabric.format.peft_fields import check_agrees
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport.pull import PullStats, SinkFor

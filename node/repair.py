@@ -15,9 +15,9 @@ import logging
 import threading
 
 from adapter_fabric.errors import FabricError
+from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport.discovery import PeerSource
-from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 

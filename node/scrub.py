@@ -6,8 +6,8 @@ import logging
 import threading
 
 from adapter_fabric.errors import IntegrityError
-from adapter_fabric.store import AdapterStore
 from adapter_fabric.node.repair import DamageReports
+from adapter_fabric.store import AdapterStore
 
 log = logging.getLogger("fabric.node")
 

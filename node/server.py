@@ -10,9 +10,9 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 
 from adapter_fabric import __version__
-from adapter_fabric.observability import metrics
 from adapter_fabric.node.assembly import build_node
 from adapter_fabric.node.settings import NodeSettings
+from adapter_fabric.observability import metrics
 
 __all__ = ["serve"]
 

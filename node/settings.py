@@ -14,9 +14,10 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, NoReturn
 
 from adapter_fabric.errors import InvalidArgument
 from adapter_fabric.exit_codes import EXIT_USAGE
@@ -398,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> NodeSettings:
     """The settings from ``argv`` and ``environ`` (flags win); a bad value ends the process with one line (status 2)."""
     args = build_parser().parse_args(argv)
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for flag, parse, default, _, _ in FLAGS:
         dest = flag.lstrip("-").replace("-", "_")
@@ -406,7 +407,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
         if isinstance(value, list):
             value = tuple(v for v in value if v != "")
         if value is None:
-            raw = environ.get(env_name(flag), "")
+            raw = env.get(env_name(flag), "")
             if raw:
                 try:
                     value = parse(raw)

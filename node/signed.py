@@ -12,7 +12,7 @@ travels with the adapter and none can be replaced.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from adapter_fabric.errors import BadSignature, TooManySigners
 from adapter_fabric.store import AdapterStore

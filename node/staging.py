@@ -5,18 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from functools import partial
-from typing import AsyncIterator
 
 from adapter_fabric.errors import Busy, InvalidArgument
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.observability.logs import event
 from adapter_fabric.store.digests import DIGEST_SCHEME, check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.store.upload import Upload
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.context import NodeContext
-from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
 from adapter_fabric.access.policy_file import PolicyFile
 from adapter_fabric.errors import FabricError
+from adapter_fabric.node.data_accept import listen_socket
+from adapter_fabric.node.settings import NodeSettings, fail
+from adapter_fabric.observability.endpoint import ProbeEndpoint
 from adapter_fabric.rpc.security import TlsFiles, read_token
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.trust.signing import TrustedSigners
-from adapter_fabric.observability.endpoint import ProbeEndpoint
-from adapter_fabric.node.data_accept import listen_socket
-from adapter_fabric.node.settings import NodeSettings, fail
 
 if TYPE_CHECKING:  # the model module loads torch: named for the type checker only
     from adapter_fabric.serving.multi_lora import MultiLoraModel

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from adapter_fabric.access.caller import caller
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.eviction import Evictor
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.hygiene import PARTIAL, UPLOAD
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.context import NodeContext
-from adapter_fabric.node.eviction import Evictor
-
 
 #: uploads, partials and damaged entries listed in one reply, each (the reply counts them all)
 MAX_LISTED = 100
@@ -49,7 +48,7 @@ class StoreReport:
             adapters=len(sound),
             expire_after_seconds=self.expire_after,
             evictions=self.evictor.evictions if self.evictor is not None else 0,
-            kept=self.store.kept_count() if readable is None else sum(1 for i in sound if self.store.is_kept(i)),
+            kept=self.store.kept_count() if readable is None else sum(self.store.is_kept(i) for i in sound),
             evicts=self.evictor is not None,
             damaged_total=len(damaged),
         )

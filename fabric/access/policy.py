@@ -30,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import tomllib
 from dataclasses import dataclass
+
+import tomllib
 
 from adapter_fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
 from adapter_fabric.store.ids import validate_adapter_id

@@ -12,8 +12,8 @@ from pathlib import Path
 from adapter_fabric.access.policy import Policy, parse_policy
 from adapter_fabric.errors import InvalidPolicy
 from adapter_fabric.observability.audit import audit
-from adapter_fabric.store.stamps import FileStamp, file_stamp
 from adapter_fabric.observability.metrics import POLICY_RELOADS
+from adapter_fabric.store.stamps import FileStamp, file_stamp
 
 #: the largest policy file read (a thousand principals with a hundred grants fit well within)
 MAX_POLICY_BYTES = 4 << 20

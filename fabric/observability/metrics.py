@@ -11,7 +11,8 @@ scrape by the node (``set_refresh``), so they are never stale.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterable, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics, generate_latest
 from prometheus_client.metrics import MetricWrapperBase

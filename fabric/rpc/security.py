@@ -18,14 +18,15 @@ from __future__ import annotations
 import collections
 import hmac
 import ssl
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 
 from adapter_fabric.errors import InvalidArgument, Unauthenticated
-from adapter_fabric.rpc.status import abort_with, refusing_handler
+from adapter_fabric.rpc.status import refusing_handler
 
 AUTH_METADATA_KEY = "authorization"
 _BEARER = "Bearer "

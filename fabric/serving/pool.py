@@ -23,17 +23,16 @@ the active slot) is guarded by one re-entrant lock.
 from __future__ import annotations
 
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument, SlotBusy
 from adapter_fabric.serving.host_copy import SINGLE_THREAD_COPY_BYTES, host_copy
-from adapter_fabric.serving.staging import RowLayout, RowStager
-from adapter_fabric.serving.slot_records import SlotInfo, SlotMeta, Span, StagedAdapter
 from adapter_fabric.serving.names import ACTIVE
 from adapter_fabric.serving.policy import SlotView, check_pin_limit, choose_victim
-
+from adapter_fabric.serving.slot_records import SlotInfo, SlotMeta, Span, StagedAdapter
+from adapter_fabric.serving.staging import RowLayout, RowStager
 
 
 class SlotPool:
@@ -202,12 +201,13 @@ class SlotPool:
             return slot, evicted
 
     def _write(self, slot: int, staged: StagedAdapter) -> None:
+        row, scaling = staged.buffers()
         try:
             if self.device.type == "cpu" and staged.nbytes < SINGLE_THREAD_COPY_BYTES:
-                host_copy(self.storage[slot], staged.row)  # one thread: no wait for torch's intra-op pool
+                host_copy(self.storage[slot], row)  # one thread: no wait for torch's intra-op pool
             else:
-                self.storage[slot].copy_(staged.row, non_blocking=True)
-            self.scaling[:, slot].copy_(staged.scaling, non_blocking=True)
+                self.storage[slot].copy_(row, non_blocking=True)
+            self.scaling[:, slot].copy_(scaling, non_blocking=True)
             if self.device.type == "cuda":
                 # The slot is marked ready only once the bytes are on the device.
                 torch.cuda.current_stream(self.device).synchronize()

@@ -11,8 +11,8 @@ It keeps a few spare rows for reuse behind its own lock.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 
@@ -34,7 +34,7 @@ class RowLayout:
     slot_numel: int
 
     @classmethod
-    def of(cls, modules: Mapping[str, tuple[int, int]], max_rank: int) -> "RowLayout":
+    def of(cls, modules: Mapping[str, tuple[int, int]], max_rank: int) -> RowLayout:
         """The layout of ``modules`` (name -> (in, out)) at ``max_rank``: each module's A then its B, in order."""
         spans: dict[str, Span] = {}
         offset = 0
@@ -93,7 +93,7 @@ class RowStager:
             if module not in scalings:
                 raise IncompatibleAdapter(f"module {module}: no scaling given")
         staged = self.blank_row({module: a.shape[0] for module, (a, _) in pairs.items()}, scalings)
-        row = staged.row
+        row, _ = staged.buffers()
         for module, (a, b) in pairs.items():
             span, rank, max_rank = self.layout.spans[module], a.shape[0], self.layout.max_rank
             host_copy(row[span.a_off : span.a_off + rank * span.in_features].view(rank, span.in_features), a)
@@ -144,7 +144,7 @@ class RowStager:
         """Hand a committed (or abandoned) staged adapter's buffers back for the next ``stage``; it cannot be committed again."""
         if staged.row is None:
             return
-        row, scaling = staged.row, staged.scaling
+        row, scaling = staged.buffers()
         staged.row = staged.scaling = None
         with self._lock:
             if len(self._spare) < SPARE_STAGING_ROWS:

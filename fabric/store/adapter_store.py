@@ -22,22 +22,21 @@ returns the same object.
 
 from __future__ import annotations
 
+import builtins
 import os
 import secrets
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.errors import AdapterNotFound, FabricError
 from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
 from adapter_fabric.store.catalog import Catalog, Listed
 from adapter_fabric.store.committer import Committer
-from adapter_fabric.store.durable import TempFiles
-from adapter_fabric.store.store_lock import StoreLock
+from adapter_fabric.store.durable import TempFiles, fsync_dir
 from adapter_fabric.store.export import ExportDir
-from adapter_fabric.store.durable import fsync_dir
 from adapter_fabric.store.format_marker import claim_format
 from adapter_fabric.store.hygiene import Leftover, expire_abandoned, leftovers
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest
@@ -50,6 +49,7 @@ from adapter_fabric.store.quota import Quota
 from adapter_fabric.store.recovery import GarbageCollector, recover
 from adapter_fabric.store.signatures import Signatures
 from adapter_fabric.store.staging import DirectoryStager
+from adapter_fabric.store.store_lock import StoreLock
 from adapter_fabric.store.tenants import TenantLimits, TenantQuotas, TenantUsage
 from adapter_fabric.store.upload import Upload, Uploads
 from adapter_fabric.trust.signing import Signed, TrustedSigners
@@ -180,7 +180,7 @@ class AdapterStore:
         """Bytes held: committed blobs, every partial at its full size, uploads written plus what open ones reserved."""
         return self._quota.usage()
 
-    def tenant_usage(self) -> list[TenantUsage]:
+    def tenant_usage(self) -> builtins.list[TenantUsage]:
         """Each per-tenant quota with what its prefix holds (committed and reserved); one entry per quota."""
         return self._tenants.usage()
 
@@ -198,14 +198,14 @@ class AdapterStore:
         """The committed manifest of a digest, under one of the ids referring to it; None if absent."""
         return self._catalog.by_digest(digest)
 
-    def list(self) -> list[Manifest]:
+    def list(self) -> builtins.list[Manifest]:
         """Every committed adapter whose manifest reads, sorted by id (partials and uploads are never listed).
 
         A damaged entry is left out here, never failing the whole list: ``damaged()`` names it.
         """
         return self._catalog.list()
 
-    def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> list[Listed]:
+    def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> builtins.list[Listed]:
         """Up to ``count`` staged ids sorted after ``after`` ("" = the first), each with its manifest or, when damaged, its problem.
 
         Reads only the page's entries: a paged listing stays bounded however many adapters the store holds.
@@ -240,11 +240,11 @@ class AdapterStore:
         """Each file's whole-file sha256 (hex, by file name), for comparing with a model hub's listing."""
         return self._integrity.file_sha256(manifest)
 
-    def damaged(self) -> list[DamagedEntry]:
+    def damaged(self) -> builtins.list[DamagedEntry]:
         """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
         return self._integrity.damaged()
 
-    def held(self) -> list[HeldAdapter]:
+    def held(self) -> builtins.list[HeldAdapter]:
         """Every staged id with its digest, that adapter's size, its last use and whether it is kept, sorted by id; damaged ones
         left out. Sizes come from per-digest summaries: no manifest is read per adapter (an eviction's candidates at 100,000)."""
         found = []
@@ -297,15 +297,15 @@ class AdapterStore:
         """How many ids an operator kept."""
         return self._kept.count()
 
-    def leftovers(self, now: float | None = None) -> list[Leftover]:
+    def leftovers(self, now: float | None = None) -> builtins.list[Leftover]:
         """The uploads and partial downloads kept on disk for a resume, oldest first (``adapter_fabric.store.hygiene``)."""
         return leftovers(self._layout, now)
 
-    def expire_abandoned(self, max_age_seconds: float, now: float | None = None) -> list[Leftover]:
+    def expire_abandoned(self, max_age_seconds: float, now: float | None = None) -> builtins.list[Leftover]:
         """Remove the uploads and partials untouched for ``max_age_seconds`` and held by no writer; what went."""
         return expire_abandoned(self._layout, self._lock, max_age_seconds, now)
 
-    def census(self) -> tuple[list[str], list[DamagedEntry]]:
+    def census(self) -> tuple[builtins.list[str], builtins.list[DamagedEntry]]:
         """Every id, in one pass: the sound ones and the damaged ones (``Integrity.census``)."""
         return self._integrity.census()
 

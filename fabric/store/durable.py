@@ -19,11 +19,14 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TypeVar
 
 from adapter_fabric.store.files import pwrite_all
+
+T = TypeVar("T")
 
 
 def fsync_dir(path: Path) -> None:
@@ -90,7 +93,7 @@ class TempFiles:
 SYNC_THREADS = 16
 
 
-def sync_all(pool: ThreadPoolExecutor, sync: Callable[[object], None], items: Iterable[object]) -> None:
+def sync_all(pool: ThreadPoolExecutor, sync: Callable[[T], object], items: Iterable[T]) -> None:
     """``sync(item)`` for every item, concurrently when there are several; the first error is raised after all ran."""
     items = list(items)
     if len(items) <= 1:
@@ -130,7 +133,7 @@ class DeferredSyncs:
         self.sync_files()
         self.place()
 
-    def sync_files(self, also: "DeferredSyncs | None" = None) -> None:
+    def sync_files(self, also: DeferredSyncs | None = None) -> None:
         """Sync the files written here (and in ``also``, in the same round: one journal commit for both)."""
         files = self._files + (also._files if also is not None else [])
         sync_all(self.pool, lambda item: os.fsync(item[0]), files)

@@ -32,13 +32,13 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.store.digests import FILE_NAMES
 from adapter_fabric.store.durable import fsync_dir
 from adapter_fabric.store.files import decode_id, encode_id
-from adapter_fabric.store.digests import FILE_NAMES
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import Manifest
 

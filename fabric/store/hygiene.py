@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapter_fabric.store.store_lock import StoreLock
 from adapter_fabric.store.files import remove_if_unheld, try_lock
 from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.store_lock import StoreLock
 
 UPLOAD = "upload"
 PARTIAL = "partial"

@@ -25,19 +25,19 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError
 from adapter_fabric.store.catalog import Catalog, is_digest
-from adapter_fabric.store.store_lock import StoreLock
-from adapter_fabric.store.export import ExportDir
 from adapter_fabric.store.durable import fsync_dir
+from adapter_fabric.store.export import ExportDir
 from adapter_fabric.store.files import COPY_BLOCK, check_header, pread_exact
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import FILE_NAMES, FileEntry, Manifest
 from adapter_fabric.store.stamps import FileStamp, file_stamp
+from adapter_fabric.store.store_lock import StoreLock
 
 #: told ``(adapter_id, digest, error)`` when an adapter's bytes at rest are found damaged (quarantined, or missing)
 DamageListener = Callable[[str, str, IntegrityError], None]
@@ -177,7 +177,7 @@ class Integrity:
         for adapter_id in sorted(self._withdrawn):
             digest = self.catalog.read_ref(adapter_id)
             manifest = self.catalog.complete(digest) if digest is not None and is_digest(digest) else None
-            if manifest is not None:
+            if manifest is not None and self.exports is not None:
                 self.exports.export(adapter_id, manifest)
             if digest is None or manifest is not None:  # unstaged, or back: nothing more to restore
                 self._withdrawn.discard(adapter_id)

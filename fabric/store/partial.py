@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
 from adapter_fabric.store.catalog import Catalog
@@ -14,11 +14,11 @@ from adapter_fabric.store.committer import Committer
 from adapter_fabric.store.digests import chunk_digest
 from adapter_fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
 from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.lock_watch import WatchedLock
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.quota import Quota
 from adapter_fabric.store.stamps import FileStamp
 from adapter_fabric.store.tenants import TenantQuotas, TenantReservation
-from adapter_fabric.store.lock_watch import WatchedLock
 
 
 class Partials:

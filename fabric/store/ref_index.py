@@ -22,8 +22,8 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.store.stamps import RACY_NS, DirStamp, dir_stamp
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 
 from adapter_fabric.errors import TooManySigners
-from adapter_fabric.store.durable import TempFiles
-from adapter_fabric.store.store_lock import StoreLock
-from adapter_fabric.store.durable import fsync_dir
+from adapter_fabric.store.durable import TempFiles, fsync_dir
 from adapter_fabric.store.ids import validate_digest
 from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.store_lock import StoreLock
 from adapter_fabric.trust.signing import MAX_SIGNERS, PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Signed, check_signed
 
 __all__ = ["MAX_SIGNERS", "Signatures"]  # MAX_SIGNERS: a Stage naming one more signer is refused (TooManySigners), a pull keeps the first

@@ -34,17 +34,24 @@ from adapter_fabric.errors import FabricError, QuotaExceeded
 from adapter_fabric.store.catalog import Catalog
 from adapter_fabric.store.files import decode_id
 from adapter_fabric.store.ids import validate_adapter_id
-from adapter_fabric.units import format_size
 from adapter_fabric.store.lock_watch import WatchedLock
+from adapter_fabric.units import format_size
+
 
 class TenantLimits(Protocol):
     """One tenant's quota as the store takes it (``adapter_fabric.access.policy.TenantQuota`` is one): plain values, no behaviour."""
 
-    #: the id prefix, lower-case, ending in ``/``
-    prefix: str
-    #: None: not limited
-    max_bytes: int | None
-    max_adapters: int | None
+    @property
+    def prefix(self) -> str:
+        """The id prefix, lower-case, ending in ``/``."""
+
+    @property
+    def max_bytes(self) -> int | None:
+        """None: not limited."""
+
+    @property
+    def max_adapters(self) -> int | None:
+        """None: not limited."""
 
 
 def covers(quota: TenantLimits, adapter_id: str) -> bool:
@@ -74,7 +81,7 @@ class _Held:
 class TenantReservation:
     """Bytes and ids held for one writer until ``release`` (idempotent); a context manager that releases on exit."""
 
-    def __init__(self, quotas: "TenantQuotas", key: int) -> None:
+    def __init__(self, quotas: TenantQuotas, key: int) -> None:
         self._quotas = quotas
         self._key: int | None = key
 
@@ -84,7 +91,7 @@ class TenantReservation:
             self._quotas.release(self._key)
             self._key = None
 
-    def __enter__(self) -> "TenantReservation":
+    def __enter__(self) -> TenantReservation:
         return self
 
     def __exit__(self, *exc: object) -> None:

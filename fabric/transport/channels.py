@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
 from adapter_fabric.rpc import security
+from adapter_fabric.store.lock_watch import check_no_store_lock
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.data_channel import DataChannels
-from adapter_fabric.store.lock_watch import check_no_store_lock
 
 
 class PeerChannels:

@@ -23,15 +23,16 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from adapter_fabric.errors import FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
 from adapter_fabric.observability.metrics import DATA_FALLBACKS
 from adapter_fabric.rpc.status import error_from_detail
+from adapter_fabric.store.lock_watch import check_no_store_lock
 from adapter_fabric.transport import data_frames, fetch_metadata
 from adapter_fabric.transport.discovery import split_host_port
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.store.lock_watch import check_no_store_lock
 
 __all__ = ["BUSY_RETRY_AFTER_S", "CONNECT_TIMEOUT_S", "DataCall", "DataChannelFailed", "DataChannels", "RETRY_AFTER_S"]
 

@@ -8,7 +8,8 @@ errors, so neither caller handles a status code of its own.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import grpc
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from adapter_fabric.errors import AdapterNotFound, FabricError
 from adapter_fabric.store import AdapterStore
@@ -35,8 +36,8 @@ from adapter_fabric.transport import peer_calls, swarm
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.pull_values import STALL_TIMEOUT_S, PullSettings, PullStats
 from adapter_fabric.transport.rate import TokenBucket
-from adapter_fabric.trust.signing import Signed
 from adapter_fabric.transport.swarm_pull import SwarmPull
+from adapter_fabric.trust.signing import Signed
 from adapter_fabric.v1 import fabric_pb2
 
 __all__ = ["ManifestCheck", "SinkFor", "PeerChannels", "PeerPuller", "PullSettings", "PullStats", "STALL_TIMEOUT_S"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from adapter_fabric.errors import BadSignature, InvalidArgument, Untrusted
 
@@ -169,7 +168,7 @@ class TrustedSigners:
         self.vouched.add(digest)
 
     @classmethod
-    def from_files(cls, paths: Iterable[Path | str]) -> "TrustedSigners":
+    def from_files(cls, paths: Iterable[Path | str]) -> TrustedSigners:
         keys = []
         for path in paths:
             try:
