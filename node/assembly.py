@@ -29,8 +29,8 @@ from adapter_fabric.node.eviction import Evictor, RefuseRoom
 from adapter_fabric.node.gate import AccessGate
 from adapter_fabric.node.handoff import HandOff
 from adapter_fabric.node.node import FABRIC_SERVICE, Node, Readiness
-from adapter_fabric.node.origin_fetch import build_origin_fetches
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
+from adapter_fabric.node.origin_fetch import build_origin_fetches
 from adapter_fabric.node.peer_reads import PeerReads
 from adapter_fabric.node.policy_reloads import PolicyReloads
 from adapter_fabric.node.promotes import Promotes
@@ -148,7 +148,7 @@ def build_node(settings: NodeSettings) -> Node:
         peer_reads=peer_reads,
         promotes=Promotes(context, signed, origins),
         slots=Slots(context, max_new_tokens=settings.max_new_tokens, engines=engines),
-        store_status=StoreReport(context, expire_after=settings.expire_abandoned_after, evictor=evictor),
+        store_status=StoreReport(context, expire_after=settings.expire_abandoned_after, evictor=evictor, origins=origins),
         policy=policy is not None,
     )
     wire.add_fabric_servicer_to_server(servicer, server)

@@ -23,7 +23,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from adapter_fabric.errors import FabricError, InvalidArgument
 from adapter_fabric.integrations.engine_models import EngineList, EngineLoRA, engine_label, read_models
@@ -129,7 +130,7 @@ class EngineRetarget:
 
     # ------------------------------------------------------------ the loop
 
-    async def watch(self, io: Callable[..., "asyncio.Future"], revalidate: Callable[[str], "asyncio.Future"]) -> None:
+    async def watch(self, io: Callable[..., Awaitable[Any]], revalidate: Callable[[str], Awaitable[Any]]) -> None:
         """A round now and every ``interval`` until cancelled; ``revalidate(id)`` resolves a due id (a move calls on_move)."""
         while True:
             started = time.monotonic()

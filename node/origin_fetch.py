@@ -28,10 +28,12 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, OriginUnavailable, PeerUnavailable, PermissionDenied, Untrusted
+from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.origins.base import FetchLimits, Origin, Revision
@@ -39,10 +41,9 @@ from adapter_fabric.origins.records import RevisionRecord, RevisionRecords
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.ids import split_pin
 from adapter_fabric.store.lock_watch import check_no_store_lock
-from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.transport.pull import PullStats
-from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 

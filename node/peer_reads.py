@@ -20,6 +20,7 @@ from aiolimiter import AsyncLimiter
 
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument, PeerUnavailable, QuotaExceeded
 from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.observability.metrics import SERVED_BYTES
 from adapter_fabric.store.digests import check_scheme
@@ -29,9 +30,6 @@ from adapter_fabric.transport import fetch_metadata, swarm, wire
 from adapter_fabric.transport.pull import PeerPuller
 from adapter_fabric.trust.signing import signatures_to_proto
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.context import NodeContext
-from adapter_fabric.node.origin_fetch import OriginFetches
-from adapter_fabric.node.signed import SignedAdapters
 
 #: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
 SENT_COUNTS_KEPT = 16

@@ -13,18 +13,16 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
 from adapter_fabric.access.caller import caller
+from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
 from adapter_fabric.format.peft_fields import check_agrees
 from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport.pull import PullStats, SinkFor
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.context import NodeContext
-from adapter_fabric.node.origin_fetch import OriginFetches
-from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 
@@ -97,7 +95,7 @@ class Promotes:
             source_peer=",".join(stats.source_peers),
             pull_seconds=stats.pull_seconds,
             joined=stats.shared,
-            **dict(zip(("origin", "revision"), await self._origin_of(adapter_id, manifest))),
+            **dict(zip(("origin", "revision"), await self._origin_of(adapter_id, manifest), strict=True)),
         )
 
     async def _verified(

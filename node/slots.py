@@ -9,8 +9,8 @@ from adapter_fabric.errors import DeadlineExceeded, InvalidArgument
 from adapter_fabric.format.peft_fields import peft_fields_of
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.engines import EngineViews
-from adapter_fabric.serving.names import ACTIVE
 from adapter_fabric.origins.records import RevisionRecord
+from adapter_fabric.serving.names import ACTIVE
 from adapter_fabric.store.catalog import Listed, is_digest
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.v1 import fabric_pb2

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from adapter_fabric.access.caller import caller
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.eviction import Evictor
+from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.hygiene import PARTIAL, UPLOAD
 from adapter_fabric.v1 import fabric_pb2
@@ -18,7 +19,9 @@ MAX_LISTED = 100
 class StoreReport:
     """The StoreStatus RPC: what the store holds, what it keeps aside, and when abandoned entries expire."""
 
-    def __init__(self, context: NodeContext, expire_after: float, evictor: Evictor | None = None) -> None:
+    def __init__(self, context: NodeContext, expire_after: float, evictor: Evictor | None = None, origins: OriginFetches | None = None) -> None:
+        #: the --origin list's states (answering or not, since when), reported per origin
+        self.origins = origins
         self.context = context
         #: the evicting policy, when this node evicts at its limit (its count is reported)
         self.evictor = evictor
@@ -59,7 +62,7 @@ class StoreReport:
                     bytes=tenant.bytes, adapters=tenant.adapters,
                 )
             )
-        origins = self.context.origins
+        origins = self.origins
         for state in origins.states.values() if origins is not None else ():  # one per --origin (at most 16)
             reply.origins.append(fabric_pb2.OriginState(origin=state.label, answering=state.answering, error=state.error, since=state.since))
         for entry in damaged[:MAX_LISTED]:  # ids listed apart from adapters: adapter_fabric.store.integrity

@@ -173,7 +173,7 @@ class Listing(_Result):
     device: str
 
     @classmethod
-    def from_proto(cls, pb: fabric_pb2.ListAdaptersResponse) -> "Listing":
+    def from_proto(cls, pb: fabric_pb2.ListAdaptersResponse) -> Listing:
         staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft), a.damaged, tuple(a.engines),
                                 a.origin, a.revision, a.checked_at) for a in pb.staged]
         slots = [SlotInfo(s.slot, s.name, s.content_id, s.ref_count, s.pinned, s.active, s.last_used, s.rank, s.digest) for s in pb.slots]

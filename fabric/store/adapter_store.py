@@ -277,7 +277,7 @@ class AdapterStore:
         """The digest ``adapter_id`` names now (its ref, no manifest read); None when it is not staged."""
         return self._catalog.read_ref(adapter_id)
 
-    def ids_of(self, digest: str) -> list[str]:
+    def ids_of(self, digest: str) -> builtins.list[str]:
         """Every staged id naming ``digest``, sorted (none when no id does)."""
         return sorted(i for i, d in self._catalog.refs().items() if d == digest)
 

@@ -23,6 +23,7 @@ recorded: only a node that trusts signers can tell whose it is (``attribute``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
