@@ -147,7 +147,7 @@ def build_node(settings: NodeSettings) -> Node:
         staging=Staging(context, signed, make_room=room.make_room),
         peer_reads=peer_reads,
         promotes=Promotes(context, signed, origins),
-        slots=Slots(context, max_new_tokens=settings.max_new_tokens, engines=engines),
+        slots=Slots(context, max_new_tokens=settings.max_new_tokens, engines=engines, origins=origins),
         store_status=StoreReport(context, expire_after=settings.expire_abandoned_after, evictor=evictor, origins=origins),
         policy=policy is not None,
     )
