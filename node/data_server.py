@@ -23,11 +23,11 @@ import logging
 import ssl
 from contextlib import aclosing
 
-from adapter_fabric.errors import FabricError, InvalidArgument, QuotaExceeded, Unauthenticated
+from adapter_fabric.errors import FabricError, InvalidArgument, PermissionDenied, QuotaExceeded, Unauthenticated
 from adapter_fabric.observability.metrics import DATA_STREAMS_SERVED
 from adapter_fabric.rpc import bounds
 from adapter_fabric.rpc.limits import PeerStreamLimit
-from adapter_fabric.rpc.security import BearerAuth
+from adapter_fabric.rpc.security import BEHALF_WITHOUT_POLICY, BearerAuth
 from adapter_fabric.rpc.status import error_detail, public_message
 from adapter_fabric.transport import data_frames
 from adapter_fabric.node.gate import AccessGate
@@ -103,9 +103,12 @@ class DataServer:
                 raise QuotaExceeded(f"this node's data channel holds {self.max_connections} connections already; fetch over gRPC or retry")
             hello = await asyncio.wait_for(self._hello(reader), HELLO_TIMEOUT_S)
             if isinstance(self.auth, AccessGate):
-                await self.auth.admit_data(hello.token, _sans(writer), hello.fetch)
-            elif self.auth is not None and self.auth.peer_reads and not self.auth.token_matches(hello.token):
-                raise Unauthenticated(f"the data channel needs this cluster's bearer token; the hello carried {'a wrong' if hello.token else 'no'} token")
+                await self.auth.admit_data(hello, _sans(writer))
+            elif self.auth is not None and self.auth.peer_reads:
+                if not self.auth.token_matches(hello.token):
+                    raise Unauthenticated(f"the data channel needs this cluster's bearer token; the hello carried {'a wrong' if hello.token else 'no'} token")
+                if hello.on_behalf_of:
+                    raise PermissionDenied(BEHALF_WITHOUT_POLICY)
             self.streams.enter(host)
             counted = True
             holder = (host.strip("[]"), hello.holder_port, hello.holder_bitmap) if 0 < hello.holder_port < 65536 and hello.holder_bitmap else None

@@ -26,12 +26,12 @@ from typing import Any, Awaitable, Callable, Sequence
 import grpc
 
 from adapter_fabric.access.caller import set_caller
-from adapter_fabric.access.policy import CLUSTER, Principal, canonical_id
+from adapter_fabric.access.policy import CLUSTER, Principal, canonical_id, on_behalf, token_sha256
 from adapter_fabric.access.policy_file import PolicyFile
 from adapter_fabric.errors import AdapterNotFound, FabricError, PermissionDenied, Unauthenticated
 from adapter_fabric.observability.audit import audit
 from adapter_fabric.observability.metrics import ACCESS_REFUSALS
-from adapter_fabric.rpc.security import AUTH_METADATA_KEY, OPEN_SERVICES
+from adapter_fabric.rpc.security import AUTH_METADATA_KEY, ON_BEHALF_OF_KEY, OPEN_SERVICES
 from adapter_fabric.rpc.status import FABRIC_PREFIX, abort_with
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.v1 import fabric_pb2
@@ -42,12 +42,18 @@ _BEARER = "Bearer "
 SAN_KEY = "x509_subject_alternative_name"
 
 
-def _bearer(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
+def _header(metadata: Sequence[tuple[str, Any]] | None, name: str) -> str | None:
     for key, value in metadata or ():
-        if key == AUTH_METADATA_KEY:
-            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-            return text[len(_BEARER):] if text.startswith(_BEARER) else ""
+        if key == name:
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     return None
+
+
+def _bearer(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
+    text = _header(metadata, AUTH_METADATA_KEY)
+    if text is None:
+        return None
+    return text[len(_BEARER):] if text.startswith(_BEARER) else ""
 
 
 def _sans(context: grpc.aio.ServicerContext) -> list[str]:
@@ -65,6 +71,7 @@ class AccessGate(grpc.aio.ServerInterceptor):
         self.policy = policy
         self.store = store
         self._cluster = (_BEARER + cluster_token).encode() if cluster_token else None
+        self._cluster_hash = token_sha256(cluster_token) if cluster_token else ""
 
     # ------------------------------------------------------------ who
 
@@ -81,6 +88,20 @@ class AccessGate(grpc.aio.ServerInterceptor):
         if found is None:
             raise Unauthenticated("this node's policy knows no principal for the call: send a bearer token, or a client certificate it names")
         return found
+
+    def acting(self, sender: Principal, behalf: str | None) -> Principal:
+        """The principal a call runs as: ``sender``, or, when a member names the caller it calls for
+        (``fabric-on-behalf-of``), what both may do. A caller this node's policy does not know is ``PermissionDenied``."""
+        if not behalf:
+            return sender
+        kind, _, value = behalf.partition(":")
+        if kind == "sha256" and self._cluster_hash and hmac.compare_digest(value.encode("utf-8", "replace"), self._cluster_hash.encode()):
+            caller = CLUSTER
+        else:
+            caller = self.policy.policy.by_identity(behalf)
+        if caller is None:
+            raise PermissionDenied(f"principal {sender.name!r} calls for a principal this node's policy does not know ({kind[:16]!r} identity)")
+        return on_behalf(sender, caller)
 
     # ------------------------------------------------------------ may it
 
@@ -103,22 +124,24 @@ class AccessGate(grpc.aio.ServerInterceptor):
             raise PermissionDenied(f"principal {principal.name!r} lacks {verb!r} on every prefix")
 
     def _ids_of(self, digest: str) -> list[str]:
-        """The ids referring to ``digest``: committed, or the one a download still arriving here is for."""
-        ids = [i for i, d in self.store.catalog.refs().items() if d == digest]
-        partial = self.store.partial_for(digest)
-        return ids + [partial.manifest.adapter_id] if partial is not None else ids
+        """The ids referring to ``digest``: committed, or the one a download of it (here, or left to resume) is for."""
+        return self.store.ids_of(digest)
 
-    async def admit_data(self, token: str, sans: Sequence[str], fetch: fabric_pb2.FetchRequest) -> Principal:
+    async def admit_data(self, hello: fabric_pb2.DataHello, sans: Sequence[str]) -> Principal:
         """The data channel's hello: the same principal and the same pull check as a gRPC Fetch."""
-        principal = self._who("Fetch", token or None, sans)
-        await self._check(principal, "Fetch", fetch)
+        principal = self._who("Fetch", hello.token or None, sans, hello.on_behalf_of or None)
+        await self._check(principal, "Fetch", hello.fetch)
         return principal
 
-    def _who(self, method: str, token: str | None, sans: Sequence[str]) -> Principal:
+    def _who(self, method: str, token: str | None, sans: Sequence[str], behalf: str | None = None) -> Principal:
         try:
-            return self.principal(token, sans)
+            return self.acting(self.principal(token, sans), behalf)
         except Unauthenticated as exc:
             audit(method, "-", "unauthenticated", detail=str(exc))
+            raise
+        except PermissionDenied as exc:
+            ACCESS_REFUSALS.labels("on-behalf").inc()
+            audit(method, "-", "refused", detail=str(exc))
             raise
 
     async def _check(self, principal: Principal, method: str, request: Any) -> None:
@@ -143,15 +166,16 @@ class AccessGate(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(OPEN_SERVICES) or not details.method.startswith(FABRIC_PREFIX):
             return handler
-        return self._wrap(handler, details.method[len(FABRIC_PREFIX):], _bearer(details.invocation_metadata))
+        metadata = details.invocation_metadata
+        return self._wrap(handler, details.method[len(FABRIC_PREFIX):], _bearer(metadata), _header(metadata, ON_BEHALF_OF_KEY))
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str, token: str | None) -> grpc.RpcMethodHandler:
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str, token: str | None, behalf: str | None = None) -> grpc.RpcMethodHandler:
         gate = self
         serializers = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
 
         async def admitted(request: Any, context: grpc.aio.ServicerContext, principal: Principal | None = None) -> Principal:
             try:
-                principal = principal or gate._who(method, token, _sans(context))
+                principal = principal or gate._who(method, token, _sans(context), behalf)
                 await gate._check(principal, method, request)
             except FabricError as exc:
                 await abort_with(context, exc)
@@ -162,7 +186,7 @@ class AccessGate(grpc.aio.ServerInterceptor):
 
             async def stream_unary(request_iterator, context):
                 try:
-                    principal = gate._who(method, token, _sans(context))  # before a byte of the stream is read
+                    principal = gate._who(method, token, _sans(context), behalf)  # before a byte of the stream is read
                 except FabricError as exc:
                     await abort_with(context, exc)
                 messages = request_iterator.__aiter__()

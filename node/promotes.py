@@ -13,8 +13,11 @@ import logging
 from pathlib import Path
 from typing import Callable
 
+from adapter_fabric.access.caller import caller
+from adapter_fabric.access.policy import Principal, identity_of
 from adapter_fabric.errors import IntegrityError, InvalidArgument
 from adapter_fabric.format.peft_fields import check_agrees
+from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport.pull import PullStats, SinkFor
@@ -136,12 +139,22 @@ class Promotes:
     async def _signed_pull(
         self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
     ) -> tuple[Manifest, PullStats]:
-        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
-        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for)
+        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves.
+
+        It runs with the calling principal's authority (``pull_authority``), read here, in the RPC's own context.
+        """
+        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for, **pull_authority(caller(), self.store))
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
-        """The named peer first, then every known one (unless the caller asked for the named one alone)."""
+        """The named peer first, then every known one (unless the caller asked for the named one alone).
+
+        A named peer that is not a member of this node's cluster is refused before it is dialled (``NotAMember``), unless the
+        node has no credential to withhold or pulls from such peers anonymously (``adapter_fabric.transport.membership``).
+        """
         _check_peer_address(request.peer)
+        members = self.signed.puller.channels.members
+        if members is not None:
+            members.check_named(request.peer)
         if request.named_peer_only:
             return [request.peer]
         return list(dict.fromkeys([request.peer, *await self.context.known_peers()]))  # the named peer may be a known one too
@@ -168,6 +181,21 @@ class Promotes:
             pull_seconds=stats.pull_seconds,
             joined=stats.shared,
         )
+
+
+def pull_authority(who: Principal, store: AdapterStore) -> dict:
+    """What a pull for ``who`` may take (``PeerPuller.pull``'s ``behalf`` and ``may_reuse``; docs/ARCHITECTURE.md, "Authority
+    travels with the request"):
+
+    - its peer calls name ``who`` (``identity_of``), so every holder gives only what ``who`` may pull there;
+    - bytes this node holds already go under the new id without moving only when ``who`` may pull an id that refers to them
+      here; otherwise the peers must send them again, each chunk verified, as a proof that they hold them.
+
+    The cluster principal (no policy, or the node's own --auth-token-file) pulls as the node itself, as before.
+    """
+    if who.may_everywhere("pull"):
+        return {"behalf": identity_of(who)}
+    return {"behalf": identity_of(who), "may_reuse": lambda digest: any(who.allows("pull", i) for i in store.ids_of(digest))}
 
 
 def _check_peer_address(address: str) -> None:

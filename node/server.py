@@ -34,12 +34,13 @@ from adapter_fabric.observability.endpoint import ProbeEndpoint
 from adapter_fabric.observability.logs import event
 from adapter_fabric.rpc.draining import DrainGate
 from adapter_fabric.rpc.limits import PeerStreamLimit
-from adapter_fabric.rpc.security import BearerAuth
+from adapter_fabric.rpc.security import BearerAuth, TlsFiles
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.hygiene import expire_abandoned
 from adapter_fabric.store.quota import RefuseWhenFull
 from adapter_fabric.transport import wire
-from adapter_fabric.transport.discovery import PeerSource
+from adapter_fabric.transport.discovery import PeerSource, resolve
+from adapter_fabric.transport.membership import Membership
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.data_channel import DataChannels
 from adapter_fabric.transport.fetch_metadata import announce_data_port
@@ -65,7 +66,7 @@ from adapter_fabric.node.settings import NodeSettings, fail
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.node.slots import Slots
 from adapter_fabric.node.staging import Staging
-from adapter_fabric.node.startup import bind, check_bindable, load_policy, load_security, open_store
+from adapter_fabric.node.startup import bind, check_bindable, load_peer_token, load_policy, load_security, open_store
 from adapter_fabric.node.store_status import StoreReport
 
 if TYPE_CHECKING:  # loaded in build_model, when the node has a model
@@ -161,6 +162,18 @@ def _expire(store: AdapterStore, max_age: float) -> None:
         metrics.EXPIRED_BYTES.inc(item.bytes)
         event(log, f"expired abandoned {item.kind}", kind=item.kind, adapter=item.adapter_id or None, digest=item.digest or None,
               bytes=item.bytes, age_s=round(item.age_seconds, 1))
+
+
+def membership(settings: NodeSettings, tls: TlsFiles, peer_token: str | None) -> Membership:
+    """Who gets this node's peer token and client certificate: --peers, what --peers-dns resolves to, and with --tls-ca and
+    --peer-tls-name any server whose certificate proves that name (``adapter_fabric.transport.membership``)."""
+    dns = settings.peers_dns
+    return Membership(
+        settings.peers, (lambda: resolve(dns)) if dns else None,
+        proven_by_certificate=tls.enabled and tls.ca is not None and bool(settings.peer_tls_name),
+        anonymous_non_members=settings.non_member_peers == "anonymous",
+        has_credential=peer_token is not None or tls.cert is not None,
+    )
 
 
 def load_trusted(settings: NodeSettings) -> TrustedSigners:
@@ -276,6 +289,7 @@ async def serve(settings: NodeSettings) -> None:
     tls, token = load_security(settings)
     trusted = load_trusted(settings)  # before the store: its export directory lists only what they signed
     policy = load_policy(settings)
+    peer_token = load_peer_token(settings, token, policy)  # the token sent to members: never the cluster token under a policy
     store = open_store(settings, trusted, policy)
     if policy is not None:
         policy.on_reload = lambda new: store.set_tenant_quotas(new.quotas)
@@ -297,11 +311,19 @@ async def serve(settings: NodeSettings) -> None:
     port = bind(server, settings, tls.server_credentials() if tls.enabled else None)
     host = settings.listen.rsplit(":", 1)[0]
 
-    # Pulls present this node's own certificate and token to its peers; the bound port tells peers that are this node.
+    # Pulls present this node's own certificate and peer token to its members only (transport.membership); the bound port
+    # tells peers that are this node.
     peer_source = PeerSource(static=settings.peers, dns=settings.peers_dns, me=f"{host}:{port}")
+    members = membership(settings, tls, peer_token)
     options = [*wire.CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", settings.peer_tls_name)] if settings.peer_tls_name else [])]
-    data_channels = DataChannels(tls.client_ssl_context() if tls.enabled else None, token=token, tls_name=settings.peer_tls_name)
-    channels = PeerChannels(options, credentials=tls.channel_credentials() if tls.enabled else None, token=token, data=data_channels)
+    data_channels = DataChannels(
+        tls.client_ssl_context() if tls.enabled else None, token=peer_token, tls_name=settings.peer_tls_name, members=members,
+        anonymous_tls=tls.client_ssl_context(anonymous=True) if tls.enabled else None,
+    )
+    channels = PeerChannels(
+        options, credentials=tls.channel_credentials() if tls.enabled else None, token=peer_token, data=data_channels, members=members,
+        anonymous_credentials=tls.channel_credentials(anonymous=True) if tls.enabled else None,
+    )
     puller = ObservedPuller(
         store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers,
         listen_port=port,

@@ -52,6 +52,8 @@ class NodeSettings:
     tls_key: Path | None = None
     tls_ca: Path | None = None
     auth_token_file: Path | None = None
+    peer_token_file: Path | None = None  # the token sent to members; None: --auth-token-file's without --policy, none under it
+    non_member_peers: str = "refuse"  # a Promote naming a non-member peer: refused, or dialled with no credential ("anonymous")
     auth_peer_reads: bool = False
     policy: Path | None = None  # the access policy (adapter_fabric.access): principals, their verbs on id prefixes, per-tenant quotas
     peer_tls_name: str = ""  # the name peers' certificates are verified against when dialled by IP; empty = the address dialled
@@ -269,7 +271,13 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
     ("--tls-ca", optional_path, None, "PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)", "security"),
-    ("--auth-token-file", optional_path, None, "file holding the cluster's bearer token: calls must carry it, and this node sends it to peers", "security"),
+    ("--auth-token-file", optional_path, None, "file holding the cluster's bearer token: calls must carry it (under --policy it is the "
+     "all-powerful cluster-token principal); without --policy or --peer-token-file this node also sends it to its peers", "security"),
+    ("--peer-token-file", optional_path, None, "file holding the bearer token this node sends to its peers, members only (--peers, "
+     "--peers-dns); under --policy it must not be --auth-token-file's (without it a policy node pulls with no token)", "security"),
+    ("--non-member-peers", choice("refuse", "anonymous"), "refuse", "a Promote naming a peer that is not a member (--peers, --peers-dns; "
+     "any address a certificate proves with --tls-ca and --peer-tls-name): 'refuse' it by name before dialling, or dial it "
+     "'anonymous' (no token, no client certificate)", "security"),
     ("--peer-tls-name", str, "", "with TLS: the name every peer's certificate must carry, checked instead of the address dialled "
      "(peers found through --peers-dns are dialled by pod IP; give the nodes one certificate naming e.g. the headless Service)", "security"),
     ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),

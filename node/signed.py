@@ -73,16 +73,18 @@ class SignedAdapters:
             self.trusted.check(manifest.digest, signatures, f"adapter {manifest.adapter_id!r}")
 
     def pull(
-        self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None] | None = None, sink_for: SinkFor | None = None
+        self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None] | None = None, sink_for: SinkFor | None = None,
+        **authority,
     ) -> tuple[Manifest, PullStats]:
         """``puller.pull`` with the trust check of the manifest's signature, the signature kept once the pull commits.
 
+        ``authority``: the caller's (``PeerPuller.pull``'s ``behalf`` and ``may_reuse``; none: the node pulls as itself).
         Blocking (run it on an I/O thread): the keeping in ``finally`` then runs whatever happens to the caller.
         """
         seen: list[str] = []
         committed = False
         try:
-            result = self.puller.pull(peers, adapter_id, self._signed_pull_check(adapter_id, check, seen), sink_for)
+            result = self.puller.pull(peers, adapter_id, self._signed_pull_check(adapter_id, check, seen), sink_for, **authority)
             committed = True
             return result
         finally:

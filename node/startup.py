@@ -8,6 +8,7 @@ never a traceback, and leaves no state behind.
 from __future__ import annotations
 
 import errno
+import hmac
 import socket
 from pathlib import Path
 
@@ -51,6 +52,31 @@ def load_security(settings: NodeSettings) -> tuple[TlsFiles, str | None]:
     except FabricError as exc:
         fail(str(exc))
     return tls, token
+
+
+def load_peer_token(settings: NodeSettings, token: str | None, policy: PolicyFile | None) -> str | None:
+    """The token this node sends its members (``--peer-token-file``); without it, ``--auth-token-file``'s where no policy is set.
+
+    Under ``--policy`` the peer token never grants admin here: it may not be the cluster token, nor one the policy gives
+    ``admin`` (a member that learnt it would hold every verb on this node). Each is one line at start.
+    """
+    try:
+        peer_token = read_token(settings.peer_token_file) if settings.peer_token_file else None
+    except FabricError as exc:
+        fail(f"--peer-token-file: {exc}")
+    if policy is None:
+        return peer_token if peer_token is not None else token
+    if peer_token is None:
+        return None
+    if token is not None and hmac.compare_digest(peer_token.encode(), token.encode()):
+        fail("--peer-token-file holds the same token as --auth-token-file: under --policy that token is the all-powerful "
+             "cluster-token principal, and a node's peer token must not be; give the nodes a peer token of their own "
+             "(a principal with read and pull, like the README's 'peers')")
+    found = policy.policy.by_token(peer_token)
+    if found is not None and found.may_anywhere("admin"):
+        fail(f"--peer-token-file: the token is principal {found.name!r}'s, which this node's --policy grants admin; a peer token "
+             f"must not grant admin (give it read and pull)")
+    return peer_token
 
 
 def load_policy(settings: NodeSettings) -> PolicyFile | None:

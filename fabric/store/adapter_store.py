@@ -284,6 +284,13 @@ class AdapterStore:
         """The download of ``digest`` open in this store object, if any."""
         return self.partials.find(digest)
 
+    def ids_of(self, digest: str) -> list[str]:
+        """The ids referring to ``digest`` here: committed ones, and the one a download of it (open, or left to resume) is for."""
+        ids = [i for i, d in self.catalog.refs().items() if d == digest]
+        partial = self.partials.find(digest)
+        arriving = partial.manifest.adapter_id if partial is not None else self.partials.left_for(digest)
+        return ids + [arriving] if arriving and arriving not in ids else ids
+
     def upload_offset(self, adapter_id: str, blake3: str) -> int:
         """Bytes of an interrupted upload of (id, whole-file BLAKE3) kept here; 0 when none."""
         return self.uploads.offset(adapter_id, blake3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import threading
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
-from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.catalog import Catalog, is_digest
 from adapter_fabric.store.committer import Committer
 from adapter_fabric.store.digests import chunk_digest
 from adapter_fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
@@ -80,6 +81,15 @@ class Partials:
         out (scripts/bench_cache.py found it). One dict read is atomic.
         """
         return self._open.get(digest)
+
+    def left_for(self, digest: str) -> str:
+        """The id a download of ``digest`` left in the store to resume is for (its ``manifest.json``); "" when none."""
+        if not is_digest(digest):
+            return ""
+        try:
+            return str(json.loads((self.committer.layout.partials / digest / "manifest.json").read_bytes()).get("adapter_id", ""))
+        except (OSError, ValueError, AttributeError):
+            return ""
 
     def _forget(self, digest: str) -> None:
         with self._lock:

@@ -117,7 +117,7 @@ def fetch(
     this node when it serves what it pulls (``fetch_metadata.holder``).
     """
     if channels.data is not None:
-        call = channels.data.open(peer, request, holder, chunk_size)
+        call = channels.data.open(peer, request, holder, chunk_size, behalf=channels.behalf)
         if call is not None:
             FETCH_STREAMS.labels("data").inc()
             return call

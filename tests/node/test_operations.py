@@ -166,7 +166,7 @@ def test_json_logs_have_one_line_per_rpc_and_pull_and_never_the_token(tmp_path, 
     token_file = tmp_path / "token"
     token_file.write_text(token)
     with LocalNode(tmp_path / "a", token_file=token_file, extra_args=[*SMALL_CHUNK, "--log-format", "json"]) as a:
-        with LocalNode(tmp_path / "b", model="none", token_file=token_file, extra_args=[*SMALL_CHUNK, "--log-format", "json"]) as b:
+        with LocalNode(tmp_path / "b", model="none", token_file=token_file, peers=[a.address], extra_args=[*SMALL_CHUNK, "--log-format", "json"]) as b:
             with a.client() as client:
                 client.stage(adapters["alpha"], "alpha")
             with b.client() as client:
@@ -368,7 +368,8 @@ def test_peers_dialled_by_ip_are_verified_against_the_peer_tls_name(tmp_path, ad
             seed.stage(adapters["alpha"], "alpha")
         by_ip = "127.0.0.2:" + a.address.rsplit(":", 1)[1]
         named = LocalNode(tmp_path / "b", model="none", host="0.0.0.0", tls=tls, extra_args=[*SMALL_CHUNK, "--peer-tls-name", "fabric-peers"])
-        unnamed = LocalNode(tmp_path / "c", model="none", host="0.0.0.0", tls=tls, extra_args=SMALL_CHUNK)
+        # with --peer-tls-name a peer's certificate proves it a member (transport.membership); without it, only --peers are members
+        unnamed = LocalNode(tmp_path / "c", model="none", host="0.0.0.0", tls=tls, peers=[by_ip], extra_args=SMALL_CHUNK)
         with named as b, unnamed as c:
             with b.client() as client:
                 assert client.promote("alpha", peer=by_ip, stage_only=True).bytes_transferred > 0
