@@ -45,7 +45,7 @@ class Partials:
                 return current
             # The tenant's quota before the store's (which may evict), even for a reference to bytes already here: one more id.
             what = f"downloading {manifest.adapter_id!r}"
-            tenant = self.tenants.reserve(manifest.adapter_id, {f.root: f.size for f in manifest.files}, what)
+            tenant = self.tenants.reserve(manifest.adapter_id, {f.root: f.size for f in manifest.files}, what, writes=manifest.digest)
             try:
                 return self._open_reserved(manifest, tenant, what)
             except BaseException:
