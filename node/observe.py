@@ -222,8 +222,12 @@ class ObservedPuller(PeerPuller):
         return manifest, stats
 
 
-def refresh_gauges(store: AdapterStore, model: MultiLoraModel | None) -> Callable[[], None]:
-    """A scrape hook setting the slot and store gauges from their current state."""
+def refresh_gauges(store: AdapterStore, model: MultiLoraModel | None, adapter_labels: bool = False) -> Callable[[], None]:
+    """A scrape hook setting the slot and store gauges from their current state.
+
+    ``adapter_labels`` (--metrics-adapter-labels): name each resident adapter by id. Off, its ``adapter`` label is empty:
+    /metrics answers anyone who reaches the port, and an id would tell one tenant what another has resident.
+    """
 
     def refresh() -> None:
         metrics.STORE_USED.set(store.usage())
@@ -236,6 +240,7 @@ def refresh_gauges(store: AdapterStore, model: MultiLoraModel | None) -> Callabl
         metrics.SLOTS_BUSY.set(sum(1 for s in slots if s["ref_count"] > 0))
         for s in slots:
             if s["name"] is not None:
-                metrics.RESIDENT.labels(str(s["slot"]), s["name"], f"{s['content_id']:x}" if isinstance(s["content_id"], int) else str(s["content_id"])).set(1)
+                name = s["name"] if adapter_labels else ""
+                metrics.RESIDENT.labels(str(s["slot"]), name, f"{s['content_id']:x}" if isinstance(s["content_id"], int) else str(s["content_id"])).set(1)
 
     return refresh

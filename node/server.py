@@ -333,7 +333,7 @@ async def serve(settings: NodeSettings) -> None:
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    metrics.set_refresh(refresh_gauges(store, model))
+    metrics.set_refresh(refresh_gauges(store, model, adapter_labels=settings.metrics_adapter_labels))
     data_server, data_port = await start_data_channel(settings, node, streams, auth, tls.server_ssl_context() if tls.enabled else None)
 
     await server.start()

@@ -74,6 +74,7 @@ class NodeSettings:
     # operations
     metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
     metrics_read_timeout: float = 10.0  # seconds a metrics-port connection may stay silent before it is closed
+    metrics_adapter_labels: bool = False  # /metrics names resident adapters by id (else: slot and content id only)
     log_format: str = "text"
     drain_timeout: float = 10.0  # seconds in-flight calls get after SIGTERM before they are cut
     expire_abandoned_after: float = 24 * 3600.0  # seconds; 0 = never
@@ -301,11 +302,14 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
     ("--metrics-read-timeout", positive_duration, 10.0, "seconds a --metrics-listen connection may send nothing (mid-request or "
      "between requests) before the node closes it", "operations"),
+    ("--metrics-adapter-labels", boolean, False, "label fabric_resident_adapter_info with each resident adapter's id (the "
+     "unauthenticated /metrics then names every tenant's resident adapters); off: its adapter label is empty, the slot and "
+     "content id remain", "operations"),
     ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
     ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR", "operations"),
     ("--drain-timeout", positive_duration, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
 ]
-_BOOLEAN_FLAGS = {"--auth-peer-reads"}
+_BOOLEAN_FLAGS = {"--auth-peer-reads", "--metrics-adapter-labels"}
 _MANY_FLAGS = {"--trusted-signers"}  # one or more values after the flag
 
 

@@ -7,6 +7,8 @@ import logging
 import time
 from typing import AsyncIterator
 
+from adapter_fabric.access.caller import caller
+from adapter_fabric.access.policy import Principal
 from adapter_fabric.errors import Busy, InvalidArgument
 from adapter_fabric.store.digests import DIGEST_SCHEME, check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
@@ -43,6 +45,7 @@ class Staging:
                         raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
                     begin = message.begin
                     signed_digest, signed = await io(self.signed.check_stage_begin, begin)  # before any byte moves
+                    prior = await io(self.store.catalog.read_ref, validate_adapter_id(begin.adapter_id))
                     upload, waited = await self._open_upload(begin)
                     if begin.offset > upload.offset and (waited or not upload.offset):
                         # What the client resumes from is gone: the stream it waited for (or one before) committed
@@ -78,8 +81,16 @@ class Staging:
             digest=manifest.digest,
             content_id=manifest.content_id,
             bytes_received=received,
-            already_staged=upload.already_staged,
+            already_staged=upload.already_staged and await io(self._may_know_held, caller(), manifest.adapter_id, manifest.digest, prior),
         )
+
+    def _may_know_held(self, who: Principal, adapter_id: str, digest: str, prior: str | None) -> bool:
+        """Whether ``who`` may learn that ``digest`` was here before its Stage: it held it under this id, or may read another
+        id that holds it. Otherwise the bytes were taken as new (deduplicated silently), and ``already_staged`` says false:
+        another tenant's holdings are not the caller's to learn."""
+        if prior == digest or who.may_everywhere("read"):
+            return True
+        return any(i != adapter_id and who.allows("read", i) for i in self.store.ids_of(digest))
 
     async def _open_upload(self, begin: fabric_pb2.StageBegin) -> tuple[Upload, bool]:
         """Open ``begin``'s upload, waiting a little for an earlier stream of it to let go: a client that crashed

@@ -106,6 +106,14 @@ class Principal:
         """Whether some grant gives ``verb`` on every id (``"*"``): such a caller needs no per-id look-up."""
         return any((verb in g.verbs or "admin" in g.verbs) and EVERYTHING in g.prefixes for g in self.grants)
 
+    def holds_prefix(self, verb: str, prefix: str) -> bool:
+        """Whether ``verb`` is granted on every id under ``prefix`` (ending in ``/``): a grant on ``*`` or on a prefix of it.
+
+        What a tenant's quota line needs (its usage is every id under the prefix): ``read`` on a part of it is not enough.
+        """
+        canonical = prefix.lower()
+        return any((verb in g.verbs or "admin" in g.verbs) and any(p == EVERYTHING or canonical.startswith(p) for p in g.prefixes) for g in self.grants)
+
     def check(self, verb: str, adapter_id: str) -> None:
         """Raise ``PermissionDenied`` naming the verb and the id's top prefix unless allowed.
 
@@ -138,6 +146,9 @@ class OnBehalf(Principal):
 
     def may_everywhere(self, verb: str) -> bool:
         return super().may_everywhere(verb) and (self.sender is None or self.sender.may_everywhere(verb))
+
+    def holds_prefix(self, verb: str, prefix: str) -> bool:
+        return super().holds_prefix(verb, prefix) and (self.sender is None or self.sender.holds_prefix(verb, prefix))
 
 
 def on_behalf(sender: Principal, caller: Principal) -> Principal:

@@ -66,7 +66,7 @@ def wait_for(predicate, what: str, timeout: float = WAIT_S):
 @pytest.mark.slow
 def test_metrics_move_after_a_stage_a_promote_from_a_peer_and_a_generate(tmp_path, adapters) -> None:
     with LocalNode(tmp_path / "a", model="none", extra_args=[*SMALL_CHUNK, *METRICS]) as a:  # the seeder needs no model
-        with LocalNode(tmp_path / "b", peers=[a.address], extra_args=[*SMALL_CHUNK, *METRICS]) as b:
+        with LocalNode(tmp_path / "b", peers=[a.address], extra_args=[*SMALL_CHUNK, *METRICS, "--metrics-adapter-labels"]) as b:
             assert http_get(b.metrics_address, "/healthz")[0] == 200
             assert http_get(b.metrics_address, "/readyz")[0] == 200
             before = scrape(b)
