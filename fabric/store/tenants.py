@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -43,6 +42,7 @@ from adapter_fabric.store.files import decode_id
 from adapter_fabric.store.hygiene import LeftBytes, left_bytes
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.units import format_size
+from adapter_fabric.store.lock_watch import WatchedLock
 
 class TenantLimits(Protocol):
     """One tenant's quota as the store takes it (``adapter_fabric.access.policy.TenantQuota`` is one): plain values, no behaviour."""
@@ -111,7 +111,7 @@ class TenantQuotas:
         self.catalog = catalog
         self._quotas = tuple(quotas)
         self._left_behind = left_behind or (lambda: left_bytes(catalog.layout))
-        self._lock = threading.Lock()  # one check-and-reserve at a time: two writers cannot both take the last room
+        self._lock = WatchedLock("tenant quotas")  # one check-and-reserve at a time: two writers cannot both take the last room
         # key -> (id, its files' roots -> sizes, the upload or partial directory it writes, "" for none)
         self._reserved: dict[int, tuple[str, dict[str, int], str]] = {}
         self._keys = itertools.count(1)

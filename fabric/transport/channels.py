@@ -17,6 +17,7 @@ import grpc
 from adapter_fabric.rpc import security
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.data_channel import DataChannels
+from adapter_fabric.store.lock_watch import check_no_store_lock
 from adapter_fabric.transport.membership import Membership
 
 
@@ -62,6 +63,9 @@ class PeerChannels:
         return self.members is None or self.members.admits(address)
 
     def get(self, address: str) -> grpc.Channel:
+        """The channel to ``address`` (made once; with credentials for a member only): every peer call takes it here, so here
+        it is checked that no store lock is held."""
+        check_no_store_lock(f"a call to peer {address}")
         member = self.admits(address)
         with self._pool.lock:
             channel = self._pool.channels.get((address, member))

@@ -29,6 +29,7 @@ from adapter_fabric.transport import data_frames, fetch_metadata
 from adapter_fabric.transport.discovery import split_host_port
 from adapter_fabric.transport.membership import Membership
 from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.store.lock_watch import check_no_store_lock
 
 __all__ = ["CONNECT_TIMEOUT_S", "DataCall", "DataChannelFailed", "DataChannels", "RETRY_AFTER_S"]
 
@@ -109,6 +110,7 @@ class DataChannels:
         tls = self._tls if member else self._anonymous_tls
         if holder is not None:
             hello.holder_port, hello.holder_bitmap = holder
+        check_no_store_lock(f"a data channel stream from {peer}")
         try:
             sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:
