@@ -102,8 +102,9 @@ class DataServer:
             if self.connections > self.max_connections:
                 raise QuotaExceeded(f"this node's data channel holds {self.max_connections} connections already; fetch over gRPC or retry")
             hello = await asyncio.wait_for(self._hello(reader), HELLO_TIMEOUT_S)
+            still = None
             if isinstance(self.auth, AccessGate):
-                await self.auth.admit_data(hello, _sans(writer))
+                still = await self.auth.admit_data(hello, _sans(writer))
             elif self.auth is not None and self.auth.peer_reads:
                 if not self.auth.token_matches(hello.token):
                     raise Unauthenticated(f"the data channel needs this cluster's bearer token; the hello carried {'a wrong' if hello.token else 'no'} token")
@@ -114,6 +115,8 @@ class DataServer:
             holder = (host.strip("[]"), hello.holder_port, hello.holder_bitmap) if 0 < hello.holder_port < 65536 and hello.holder_bitmap else None
             async with aclosing(self.reads.pieces(hello.fetch, holder)) as pieces:
                 async for piece in pieces:
+                    if still is not None:
+                        await still.check()  # a policy reload since: the next chunk goes only if it still allows the stream
                     await self._send(writer, piece)
             DATA_STREAMS_SERVED.labels("ok").inc()
             clean = True

@@ -127,11 +127,12 @@ class AccessGate(grpc.aio.ServerInterceptor):
         """The ids referring to ``digest``: committed, or the one a download of it (here, or left to resume) is for."""
         return self.store.ids_of(digest)
 
-    async def admit_data(self, hello: fabric_pb2.DataHello, sans: Sequence[str]) -> Principal:
-        """The data channel's hello: the same principal and the same pull check as a gRPC Fetch."""
+    async def admit_data(self, hello: fabric_pb2.DataHello, sans: Sequence[str]) -> StillAdmitted:
+        """The data channel's hello: the same principal and the same pull check as a gRPC Fetch; what the stream asks again
+        before each chunk (``StillAdmitted``)."""
         principal = self._who("Fetch", hello.token or None, sans, hello.on_behalf_of or None)
         await self._check(principal, "Fetch", hello.fetch)
-        return principal
+        return StillAdmitted(self, "Fetch", hello.token or None, sans, hello.on_behalf_of or None, hello.fetch)
 
     def _who(self, method: str, token: str | None, sans: Sequence[str], behalf: str | None = None) -> Principal:
         try:
@@ -207,8 +208,13 @@ class AccessGate(grpc.aio.ServerInterceptor):
 
             async def unary_stream(request, context):
                 await admitted(request, context)
+                still = StillAdmitted(gate, method, token, _sans(context), behalf, request)
                 async with aclosing(inner_gen(request, context)) as items:
                     async for item in items:
+                        try:
+                            await still.check()  # a policy reload since: the next chunk goes only if it still allows the stream
+                        except FabricError as exc:
+                            await abort_with(context, exc)
                         yield item
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, **serializers)
@@ -243,3 +249,21 @@ class AccessGate(grpc.aio.ServerInterceptor):
             return self.store.get(adapter_id).digest
         except (FabricError, OSError):
             return ""
+
+
+class StillAdmitted:
+    """A running Fetch stream's admission, made again before each chunk once the policy changed (a SIGHUP, an edited file):
+    a revoked principal's stream ends at its next chunk, ``PERMISSION_DENIED`` (``UNAUTHENTICATED`` once its token is gone)."""
+
+    def __init__(self, gate: AccessGate, method: str, token: str | None, sans: Sequence[str], behalf: str | None, request: Any) -> None:
+        self._gate = gate
+        self._call = (method, token, tuple(sans), behalf, request)
+        self._generation = gate.policy.generation
+
+    async def check(self) -> None:
+        """Nothing while the policy admitted under is in force (one comparison); else the call's admission again."""
+        if self._gate.policy.generation == self._generation:
+            return
+        self._generation = self._gate.policy.generation
+        method, token, sans, behalf, request = self._call
+        await self._gate._check(self._gate._who(method, token, sans, behalf), method, request)

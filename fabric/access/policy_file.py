@@ -58,6 +58,8 @@ class PolicyFile:
         self.on_reload: Callable[[Policy], None] | None = None
         self._stamp = _stamp(self.path)
         self.policy = read_policy(self.path)
+        #: counts the policies put in force: a running stream re-checks its admission when it moved (``node.gate.StillAdmitted``)
+        self.generation = 0
 
     def reload(self, why: str) -> bool:
         """Read the file again; on any problem keep the policy in force. Whether the new one took effect."""
@@ -69,6 +71,7 @@ class PolicyFile:
             audit("policy-reload", "node", "refused", detail=f"{why}: kept the previous policy: {exc}")
             return False
         self.policy = policy
+        self.generation += 1
         if self.on_reload is not None:
             self.on_reload(policy)
         POLICY_RELOADS.labels("ok").inc()
