@@ -130,7 +130,8 @@ class Promotes:
 
         It runs with the calling principal's authority (``pull_authority``), read here, in the RPC's own context.
         """
-        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for, **pull_authority(caller(), self.store))
+        who = caller()
+        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for, who, **pull_authority(who, self.store))
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone).

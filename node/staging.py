@@ -38,6 +38,7 @@ class Staging:
     async def stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest]) -> fabric_pb2.StageResponse:
         """Receive one upload: a StageBegin first, then data; commit it when the stream ends."""
         io = self.context.io
+        who = caller()  # the principal the gate admitted: its signer places, what it may learn of held bytes
         upload = None
         received = 0
         signed_digest, signed = "", None
@@ -48,7 +49,7 @@ class Staging:
                     if upload is not None:
                         raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
                     begin = message.begin
-                    signed_digest, signed = await io(self.signed.check_stage_begin, begin)  # before any byte moves
+                    signed_digest, signed = await io(self.signed.check_stage_begin, begin, who)  # before any byte moves
                     prior = await io(self.store.catalog.read_ref, validate_adapter_id(begin.adapter_id))
                     upload, waited = await self._open_upload(begin)
                     if begin.offset > upload.offset and (waited or not upload.offset):
@@ -72,7 +73,7 @@ class Staging:
             # A stream that ends early leaves its verified prefix in the upload area for a resume.
             manifest = await io(upload.commit)
             if signed is not None and manifest.digest == signed_digest:  # the signature travels with the manifest from here
-                await io(self.store.add_signature, manifest.digest, signed)
+                await io(self.signed.keep_staged, manifest.digest, signed, manifest.adapter_id, who)
         except BaseException:
             if upload is not None:
                 # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume
@@ -85,7 +86,7 @@ class Staging:
             digest=manifest.digest,
             content_id=manifest.content_id,
             bytes_received=received,
-            already_staged=upload.already_staged and await io(self._may_know_held, caller(), manifest.adapter_id, manifest.digest, prior),
+            already_staged=upload.already_staged and await io(self._may_know_held, who, manifest.adapter_id, manifest.digest, prior),
         )
 
     def _may_know_held(self, who: Principal, adapter_id: str, digest: str, prior: str | None) -> bool:

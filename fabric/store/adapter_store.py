@@ -123,7 +123,8 @@ class AdapterStore:
         self.catalog = Catalog(self.layout)
         self.quota = Quota(self.layout, max_bytes, max_adapter_bytes, max_header_bytes)
         self._collector = collector = GarbageCollector(self.layout, self.catalog)
-        self.signatures = Signatures(self.layout, self.lock, TempFiles(self.layout.tmp))  # before the exports: a trusting one reads them
+        # before the exports (a trusting one reads them); a place holds while an id that brought it names its digest
+        self.signatures = Signatures(self.layout, self.lock, TempFiles(self.layout.tmp), ref_of=self.catalog.read_ref)
         with self.lock.held():
             recover(self.layout, collector, collect=collect_at_open)
             #: the export directory, when the store keeps one
@@ -319,12 +320,16 @@ class AdapterStore:
         """Every signature kept for ``digest`` (none when unsigned), each verified under its signer's key."""
         return self.signatures.get(digest)
 
-    def add_signature(self, digest: str, signed: Signed) -> bool:
+    def add_signature(
+        self, digest: str, signed: Signed, *, adapter_id: str = "", principal: str | None = None, trusted: Callable[[Signed], bool] | None = None
+    ) -> bool:
         """Keep one signer's signature of ``digest`` once it verifies (``BadSignature``, ``TooManySigners``); True when new.
 
+        ``adapter_id`` brought it (its place goes with the last such id), ``principal`` took the place (bounded per principal;
+        None: not bounded), ``trusted`` says which signatures always get a place (``adapter_fabric.store.signatures``).
         A new signature may admit the digest's ids to the export directory (a trusting store's): they are exported now.
         """
-        added = self.signatures.add(digest, signed)
+        added = self.signatures.add(digest, signed, adapter_id=adapter_id, principal=principal, trusted=trusted)
         if added and self.exports is not None:
             with self.lock.held():
                 manifest = self.catalog.complete(digest)
