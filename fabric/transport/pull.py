@@ -224,8 +224,11 @@ class PeerPuller:
     ) -> tuple[Manifest, PullStats]:
         """``peers[0]`` served the manifest, so it holds every chunk; the others say what they hold."""
         stats = PullStats(digest=manifest.digest)
-        prove = may_reuse is not None and not may_reuse(manifest.digest)
-        if not prove and self.store.by_digest(manifest.digest) is not None:
+        held = self.store.by_digest(manifest.digest) is not None
+        # Asked only when bytes of the digest are here (committed, or partly downloaded): else there is nothing to reuse.
+        here = held or self.store.partial_for(manifest.digest) is not None or bool(self.store.partials.left_for(manifest.digest))
+        prove = may_reuse is not None and here and not may_reuse(manifest.digest)
+        if not prove and held:
             # The bytes are here already (another id, or an earlier pull), and the caller may have them: only the reference is new.
             return self._commit_existing(manifest), stats
         started = time.monotonic()
