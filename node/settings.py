@@ -15,12 +15,14 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from adapter_fabric.errors import InvalidArgument
 from adapter_fabric.exit_codes import EXIT_USAGE
 from adapter_fabric.integrations.engine_models import check_engine_url
+from adapter_fabric.origins.uri import origin_list as origin_uris
 from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
 from adapter_fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
@@ -71,6 +73,11 @@ class NodeSettings:
     engine_url: tuple[str, ...] = ()  # engines whose registered adapters (GET /v1/models) are held and shown (node.engines)
     sglang_url: str = ""  # an SGLang server the node drives: it loads what the export dir holds (node.engine_drive); "" = none
     sglang_sync_interval: float = 10.0  # seconds between two reconciles of the driven SGLang (and after each store change)
+    # origins (adapter_fabric.origins, node.origin_fetch): where a miss the cluster cannot serve is fetched from, in order
+    origin: tuple[str, ...] = ()
+    origin_ttl: float = 300.0  # seconds an id fetched from an origin is served before a request revalidates it
+    origin_timeout: float = 60.0  # seconds one fetch from an origin may take (both files, retries included)
+    origin_concurrency: int = 4  # origin fetches this node runs at once
     # operations
     metrics_listen: str = ""  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
     metrics_read_timeout: float = 10.0  # seconds a metrics-port connection may stay silent before it is closed
@@ -102,8 +109,9 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def chunk_size(text: str) -> int:
-    return parse_chunk_size(text)
+chunk_size = parse_chunk_size
+positive_duration = partial(parse_duration, allow_zero=False)
+positive_size = partial(parse_size, allow_zero=False)
 
 
 def duration(text: str) -> float:
@@ -111,17 +119,9 @@ def duration(text: str) -> float:
     return parse_duration(text)
 
 
-def positive_duration(text: str) -> float:
-    return parse_duration(text, allow_zero=False)
-
-
 def size(text: str) -> int:
     """Bytes (adapter_fabric.units): ``4096``, ``64MiB``, ``18GiB``; 0 where the flag says so."""
     return parse_size(text)
-
-
-def positive_size(text: str) -> int:
-    return parse_size(text, allow_zero=False)
 
 
 def data_port(text: str) -> int:
@@ -166,8 +166,7 @@ def host_port(text: str, *, allow_zero: bool = True) -> str:
     return text
 
 
-def peer_host_port(text: str) -> str:
-    return host_port(text, allow_zero=False)
+peer_host_port = partial(host_port, allow_zero=False)
 
 
 def csv(text: str) -> tuple[str, ...]:
@@ -265,6 +264,13 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--sglang-url", sglang_url, "", "base URL of an SGLang server this node drives (e.g. http://127.0.0.1:30000; needs --export-dir): "
      "it loads every exported adapter under its export name and unloads those the node no longer holds (before evicting them)", ""),
     ("--sglang-sync-interval", sync_interval, 10.0, "with --sglang-url: how often the node brings SGLang in step (1s to 1h; also right after each store change)", ""),
+    ("--origin", origin_uris, (), "where adapters live, tried in order after the node's peers on a miss (repeat the flag; "
+     "space-separated in the variable): s3://bucket/prefix, hf:// or hf://ORG, https://host/prefix, http://, file:///path; "
+     "options after '#': trusted (a --trusted-signers node takes its content unsigned), timeout=DURATION", "origins"),
+    ("--origin-ttl", duration, 300.0, "how long an id fetched from an origin is served before the next request revalidates it "
+     "(a conditional request; a changed origin moves the id to the new digest); 0 = every request", "origins"),
+    ("--origin-timeout", positive_duration, 60.0, "bound on one fetch from an origin, both files and retries included (a slow drip is refused at it)", "origins"),
+    ("--origin-concurrency", positive_int, 4, "origin fetches this node runs at once (requests for one id always share one)", "origins"),
     ("--data-port", data_port, 0, "port of the data channel that carries chunk bytes to peers beside gRPC, on --listen's host "
      "(same TLS and token as gRPC; 0 = a free port, announced to peers; off = peers fetch over gRPC)", ""),
     ("--stall-timeout", positive_duration, 10.0, "seconds without a byte before a peer's stream is dropped and the pull fails over "
@@ -272,13 +278,10 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
     ("--tls-ca", optional_path, None, "PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)", "security"),
-    ("--auth-token-file", optional_path, None, "file holding the cluster's bearer token: calls must carry it (under --policy it is the "
-     "all-powerful cluster-token principal); without --policy or --peer-token-file this node also sends it to its peers", "security"),
-    ("--peer-token-file", optional_path, None, "file holding the bearer token this node sends to its peers, members only (--peers, "
-     "--peers-dns); under --policy it must not be --auth-token-file's (without it a policy node pulls with no token)", "security"),
-    ("--non-member-peers", choice("refuse", "anonymous"), "refuse", "a Promote naming a peer that is not a member (--peers, --peers-dns; "
-     "any address a certificate proves with --tls-ca and --peer-tls-name): 'refuse' it by name before dialling, or dial it "
-     "'anonymous' (no token, no client certificate)", "security"),
+    ("--auth-token-file", optional_path, None, "file holding the cluster's bearer token: calls must carry it; without --policy it is also what this node sends its peers", "security"),
+    ("--peer-token-file", optional_path, None, "file holding the token this node sends its members (--peers, --peers-dns); never --auth-token-file's under --policy", "security"),
+    ("--non-member-peers", choice("refuse", "anonymous"), "refuse", "a Promote naming a peer that is not a member (--peers, --peers-dns, "
+     "or a certificate proving --peer-tls-name): 'refuse' it before dialling, or dial it 'anonymous' (no token, no certificate)", "security"),
     ("--peer-tls-name", str, "", "with TLS: the name every peer's certificate must carry, checked instead of the address dialled "
      "(peers found through --peers-dns are dialled by pod IP; give the nodes one certificate naming e.g. the headless Service)", "security"),
     ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),
@@ -302,15 +305,14 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
     ("--metrics-read-timeout", positive_duration, 10.0, "seconds a --metrics-listen connection may send nothing (mid-request or "
      "between requests) before the node closes it", "operations"),
-    ("--metrics-adapter-labels", boolean, False, "label fabric_resident_adapter_info with each resident adapter's id (the "
-     "unauthenticated /metrics then names every tenant's resident adapters); off: its adapter label is empty, the slot and "
-     "content id remain", "operations"),
+    ("--metrics-adapter-labels", boolean, False, "name each resident adapter's id in fabric_resident_adapter_info (/metrics is unauthenticated)", "operations"),
     ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
     ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR", "operations"),
     ("--drain-timeout", positive_duration, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
 ]
 _BOOLEAN_FLAGS = {"--auth-peer-reads", "--metrics-adapter-labels"}
 _MANY_FLAGS = {"--trusted-signers"}  # one or more values after the flag
+_REPEATED_FLAGS = {"--origin"}  # the flag given again for each value
 
 
 def env_name(flag: str) -> str:
@@ -378,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = f"{text} (default: {_shown(default, parse)}) [{env_name(flag)}]"
         if flag in _BOOLEAN_FLAGS:
             where.add_argument(flag, action="store_const", const=True, default=None, help=help_text)
+        elif flag in _REPEATED_FLAGS:
+            where.add_argument(flag, action="append", type=_argparse_type(flag, lambda t: origin_uris(t)[0] if t.split() else ""), default=None,
+                               metavar="URI", help=help_text)  # fmt: skip
         elif flag in _MANY_FLAGS:
             where.add_argument(flag, nargs="+", type=_argparse_type(flag, path), default=None, metavar="FILE", help=help_text)
         else:
@@ -394,7 +399,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
         dest = flag.lstrip("-").replace("-", "_")
         value = getattr(args, dest)
         if isinstance(value, list):
-            value = tuple(value)
+            value = tuple(v for v in value if v != "")
         if value is None:
             raw = environ.get(env_name(flag), "")
             if raw:
@@ -405,6 +410,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
             else:
                 value = default
         values[dest] = value
+    if len(values["origin"]) > 16:
+        usage_error(f"--origin: at most 16 origins, got {len(values['origin'])}")
     if values["sglang_url"] and values["export_dir"] is None:
         usage_error("--sglang-url needs --export-dir: SGLang loads the adapters from the node's export directory")
     return NodeSettings(**values)
