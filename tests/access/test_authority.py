@@ -165,6 +165,22 @@ def test_read_never_becomes_pull_across_two_nodes(world) -> None:
         fetch_bytes(n2, TOKENS["cluster"], digest=world["digest"])
 
 
+def test_a_digest_pin_never_turns_held_bytes_into_the_callers(world) -> None:
+    """A pull naming no peer, of ``ID@DIGEST`` (issue 31's pins): the digest is shared/cat's, which team-a may read (its
+    manifest says the digest) but not pull. Node 1 holds it; it must not put team-a's id on it without the bytes coming
+    from somewhere team-a may take them."""
+    n1, digest = world["n1"], world["digest"]
+    pinned = f"team-a/pinned@{digest}"
+    with as_team_a(n1) as team_a:
+        with pytest.raises(FabricError):
+            team_a.pull(pinned)
+        for adapter_id in (pinned, "team-a/pinned"):
+            with pytest.raises(AdapterNotFound):
+                fetch_bytes(n1, TOKENS["team-a"], adapter_id=adapter_id)
+    with n1.client() as admin:
+        assert not [a for a in admin.list().staged if a.adapter_id.startswith("team-a/pinned")]
+
+
 def test_a_delegated_call_is_admitted_only_where_both_principals_may(world) -> None:
     n1, digest = world["n1"], world["digest"]
     peer = TOKENS["peers"]
