@@ -45,9 +45,11 @@ from adapter_fabric.node.startup import (
     bind,
     build_model,
     listen_data_channel,
+    load_peer_token,
     load_policy,
     load_security,
     load_trusted,
+    membership,
     open_store,
     start_endpoint,
 )
@@ -75,6 +77,7 @@ def build_node(settings: NodeSettings) -> Node:
     tls, token = load_security(settings)
     trusted = load_trusted(settings)  # before the store: its export directory lists only what they signed
     policy = load_policy(settings)
+    peer_token = load_peer_token(settings, token, policy)  # the token sent to members: never the cluster token under a policy
     export_dir = str(settings.export_dir) if settings.export_dir else None
     #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction; the driven
     #: SGLang (--sglang-url; it needs --export-dir) is read by its drive through the same view, shown, holding nothing
@@ -105,11 +108,19 @@ def build_node(settings: NodeSettings) -> Node:
     data_port = data_socket.getsockname()[1] if data_socket is not None else 0
     host = settings.listen.rsplit(":", 1)[0]
 
-    # Pulls present this node's own certificate and token to its peers; the bound port tells peers that are this node.
+    # Pulls present this node's own certificate and peer token to its members only (transport.membership); the bound port
+    # tells peers that are this node.
     peer_source = PeerSource(static=settings.peers, dns=settings.peers_dns, me=f"{host}:{port}")
+    members = membership(settings, tls, peer_token)
     options = [*wire.CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", settings.peer_tls_name)] if settings.peer_tls_name else [])]
-    data_channels = DataChannels(tls.client_ssl_context() if tls.enabled else None, token=token, tls_name=settings.peer_tls_name)
-    channels = PeerChannels(options, credentials=tls.channel_credentials() if tls.enabled else None, token=token, data=data_channels)
+    data_channels = DataChannels(
+        tls.client_ssl_context() if tls.enabled else None, token=peer_token, tls_name=settings.peer_tls_name, members=members,
+        anonymous_tls=tls.client_ssl_context(anonymous=True) if tls.enabled else None,
+    )
+    channels = PeerChannels(
+        options, credentials=tls.channel_credentials() if tls.enabled else None, token=peer_token, data=data_channels, members=members,
+        anonymous_credentials=tls.channel_credentials(anonymous=True) if tls.enabled else None,
+    )
 
     context = NodeContext(store, model, peer_source)
     # At --max-store-bytes the store refuses a writer; the evictor makes room outside its locks (--when-full evict: cold
@@ -155,7 +166,7 @@ def build_node(settings: NodeSettings) -> Node:
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((FABRIC_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    metrics.set_refresh(refresh_gauges(store, model))
+    metrics.set_refresh(refresh_gauges(store, model, adapter_labels=settings.metrics_adapter_labels))
     data_server = (
         DataServer(peer_reads, streams, auth=auth, tls=tls.server_ssl_context() if tls.enabled else None, write_stall=settings.stall_timeout)
         if data_socket is not None

@@ -16,6 +16,7 @@ from pathlib import Path
 from adapter_fabric.access.caller import caller
 from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
 from adapter_fabric.format.peft_fields import check_agrees
+from adapter_fabric.node.authority import pull_authority
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.signed import SignedAdapters
@@ -127,12 +128,23 @@ class Promotes:
     async def _signed_pull(
         self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
     ) -> tuple[Manifest, PullStats]:
-        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
-        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for)
+        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves.
+
+        It runs with the calling principal's authority (``pull_authority``), read here, in the RPC's own context.
+        """
+        who = caller()
+        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for, who, **pull_authority(who, self.store))
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
-        """The named peer first, then every known one (unless the caller asked for the named one alone)."""
+        """The named peer first, then every known one (unless the caller asked for the named one alone).
+
+        A named peer that is not a member of this node's cluster is refused before it is dialled (``NotAMember``), unless the
+        node has no credential to withhold or pulls from such peers anonymously (``adapter_fabric.transport.membership``).
+        """
         _check_peer_address(request.peer)
+        members = self.signed.puller.channels.members
+        if members is not None:
+            members.check_named(request.peer)
         if request.named_peer_only:
             return [request.peer]
         return list(dict.fromkeys([request.peer, *await self.context.known_peers()]))  # the named peer may be a known one too
@@ -178,7 +190,9 @@ class Promotes:
             check = (lambda m: _check_base(request, m)) if request.base_model else None
             # The caller's own grants decide whether bytes are brought for it, from a peer or an origin (invariant 18).
             who = caller()
-            resolved = await self.origins.resolve(adapter_id, check, flight=request.base_model, may_fetch=lambda: who.check("pull", adapter_id))
+            resolved = await self.origins.resolve(
+                adapter_id, check, flight=request.base_model, may_fetch=lambda: who.check("pull", adapter_id), who=who
+            )
             manifest, stats = resolved.manifest, resolved.stats
         self.signed.check_stored(manifest)
         _check_base(request, manifest)

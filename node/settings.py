@@ -79,6 +79,8 @@ class NodeSettings:
     tls_key: Path | None
     tls_ca: Path | None
     auth_token_file: Path | None
+    peer_token_file: Path | None  # the token sent to members; None: --auth-token-file's without --policy, none under it
+    non_member_peers: str  # a Promote naming a non-member peer: refused, or dialled with no credential ("anonymous")
     auth_peer_reads: bool
     policy: Path | None  # the access policy (adapter_fabric.access): principals, their verbs on id prefixes, per-tenant quotas
     peer_tls_name: str  # the name peers' certificates are verified against when dialled by IP; empty = the address dialled
@@ -104,6 +106,7 @@ class NodeSettings:
     # operations
     metrics_listen: str  # HOST:PORT of the plain-HTTP /metrics, /healthz, /readyz listener; empty = off
     metrics_read_timeout: float  # seconds a metrics-port connection may stay silent before it is closed
+    metrics_adapter_labels: bool  # /metrics names resident adapters by id (else: slot and content id only)
     log_format: str
     drain_timeout: float  # seconds in-flight calls get after SIGTERM before they are cut
     expire_abandoned_after: float  # seconds; 0 = never
@@ -156,7 +159,10 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--tls-cert", optional_path, None, "PEM certificate chain this node serves with and presents to peers; with --tls-key turns TLS on", "security"),
     ("--tls-key", optional_path, None, "PEM private key of --tls-cert", "security"),
     ("--tls-ca", optional_path, None, "PEM CA bundle: verifies peers' servers, and clients must present a certificate it signed (mutual TLS)", "security"),
-    ("--auth-token-file", optional_path, None, "file holding the cluster's bearer token: calls must carry it, and this node sends it to peers", "security"),
+    ("--auth-token-file", optional_path, None, "file holding the cluster's bearer token: calls must carry it; without --policy it is also what this node sends its peers", "security"),
+    ("--peer-token-file", optional_path, None, "file holding the token this node sends its members (--peers, --peers-dns); never --auth-token-file's under --policy", "security"),
+    ("--non-member-peers", choice("refuse", "anonymous"), "refuse", "a Promote naming a peer that is not a member (--peers, --peers-dns, "
+     "or a certificate proving --peer-tls-name): 'refuse' it before dialling, or dial it 'anonymous' (no token, no certificate)", "security"),
     ("--peer-tls-name", str, "", "with TLS: the name every peer's certificate must carry, checked instead of the address dialled "
      "(peers found through --peers-dns are dialled by pod IP; give the nodes one certificate naming e.g. the headless Service)", "security"),
     ("--auth-peer-reads", boolean, False, "also require the token for Fetch, GetManifest, Availability and Locate (else open to any peer)", "security"),
@@ -180,11 +186,12 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
     ("--metrics-read-timeout", positive_duration, 10.0, "seconds a --metrics-listen connection may send nothing (mid-request or "
      "between requests) before the node closes it", "operations"),
+    ("--metrics-adapter-labels", boolean, False, "name each resident adapter's id in fabric_resident_adapter_info (/metrics is unauthenticated)", "operations"),
     ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
     ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR", "operations"),
     ("--drain-timeout", positive_duration, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
 ]
-_BOOLEAN_FLAGS = {"--auth-peer-reads"}
+_BOOLEAN_FLAGS = {"--auth-peer-reads", "--metrics-adapter-labels"}
 _MANY_FLAGS = {"--trusted-signers"}  # one or more values after the flag
 _REPEATED_FLAGS = {"--origin"}  # the flag given again for each value
 

@@ -8,6 +8,7 @@ never a traceback, and leaves no state behind.
 from __future__ import annotations
 
 import errno
+import hmac
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,8 @@ from adapter_fabric.node.settings import NodeSettings, fail
 from adapter_fabric.observability.endpoint import ProbeEndpoint
 from adapter_fabric.rpc.security import TlsFiles, read_token
 from adapter_fabric.store import AdapterStore
+from adapter_fabric.transport.discovery import resolve
+from adapter_fabric.transport.membership import Membership
 from adapter_fabric.trust.signing import TrustedSigners
 
 if TYPE_CHECKING:  # the model module loads torch: named for the type checker only
@@ -58,6 +61,44 @@ def load_security(settings: NodeSettings) -> tuple[TlsFiles, str | None]:
     except FabricError as exc:
         fail(str(exc))
     return tls, token
+
+
+def load_peer_token(settings: NodeSettings, token: str | None, policy: PolicyFile | None) -> str | None:
+    """The token this node sends its members (``--peer-token-file``); without it, ``--auth-token-file``'s where no policy is set.
+
+    Under ``--policy`` the peer token never grants admin here: it may not be the cluster token, nor one the policy gives
+    ``admin`` (a member that learnt it would hold every verb on this node). Each is one line at start.
+    """
+    try:
+        peer_token = read_token(settings.peer_token_file) if settings.peer_token_file else None
+    except FabricError as exc:
+        fail(f"--peer-token-file: {exc}")
+    if policy is None:
+        return peer_token if peer_token is not None else token
+    if peer_token is None:
+        return None
+    if token is not None and hmac.compare_digest(peer_token.encode(), token.encode()):
+        fail("--peer-token-file holds the same token as --auth-token-file: under --policy that token is the all-powerful "
+             "cluster-token principal, and a node's peer token must not be; give the nodes a peer token of their own "
+             "(a principal with read and pull, like the README's 'peers')")
+    found = policy.policy.by_token(peer_token)
+    if found is not None and found.may_anywhere("admin"):
+        fail(f"--peer-token-file: the token is principal {found.name!r}'s, which this node's --policy grants admin; a peer token "
+             f"must not grant admin (give it read and pull)")
+    return peer_token
+
+
+def membership(settings: NodeSettings, tls: TlsFiles, peer_token: str | None) -> Membership:
+    """Who gets this node's peer token and client certificate: --peers, what --peers-dns resolves to, and with --tls-ca and
+    --peer-tls-name any server whose certificate proves that name (``adapter_fabric.transport.membership``)."""
+    dns = settings.peers_dns
+    return Membership(
+        settings.peers,
+        (lambda: resolve(dns)) if dns else None,
+        proven_by_certificate=tls.enabled and tls.ca is not None and bool(settings.peer_tls_name),
+        anonymous_non_members=settings.non_member_peers == "anonymous",
+        has_credential=peer_token is not None or tls.cert is not None,
+    )
 
 
 def load_policy(settings: NodeSettings) -> PolicyFile | None:

@@ -32,14 +32,16 @@ class StoreReport:
     async def report(self) -> fabric_pb2.StoreStatusResponse:
         """Usage, quota, damaged entries, and the uploads and partials left in the store (read off the event loop).
 
-        A caller that may not read every id (``--policy``) sees the ids it may read and their counts only; the
-        node's own figures (bytes used, the limit, evictions) stay whole, as ``/metrics`` shows them.
+        A caller that may not read every id (``--policy``) sees the ids it may read and their counts only, and the
+        quota lines of the tenants whose every id it may read (a line is the usage of all of them); the node's own
+        figures (bytes used, the limit, evictions) stay whole, as ``/metrics`` shows them.
         """
         who = caller()
-        readable = None if who.may_everywhere("read") else (lambda adapter_id: who.allows("read", adapter_id))
-        return await self.context.io(self._collect, readable)
+        if who.may_everywhere("read"):
+            return await self.context.io(self._collect, None, None)
+        return await self.context.io(self._collect, lambda adapter_id: who.allows("read", adapter_id), lambda prefix: who.holds_prefix("read", prefix))
 
-    def _collect(self, readable: Callable[[str], bool] | None) -> fabric_pb2.StoreStatusResponse:
+    def _collect(self, readable: Callable[[str], bool] | None, tenant_shown: Callable[[str], bool] | None) -> fabric_pb2.StoreStatusResponse:
         shown = readable or (lambda adapter_id: True)
         sound, damaged = self.store.census()  # one pass over the ids: no manifest listing beside the damage check
         if readable is not None:
@@ -56,6 +58,8 @@ class StoreReport:
             damaged_total=len(damaged),
         )
         for tenant in self.store.tenant_usage():  # one per quota: bounded by the policy's MAX_QUOTAS
+            if tenant_shown is not None and not tenant_shown(tenant.prefix):
+                continue  # another tenant's ids and bytes, which move as it stages
             reply.tenants.append(
                 fabric_pb2.TenantUsage(
                     prefix=tenant.prefix, max_bytes=tenant.max_bytes or 0, max_adapters=tenant.max_adapters or 0,

@@ -54,6 +54,8 @@ class PolicyFile:
         self.path = Path(path)
         self._stamp = _stamp(self.path)
         self.policy = read_policy(self.path)
+        #: counts the policies put in force: a running stream re-checks its admission when it moved (``node.gate.StillAdmitted``)
+        self.generation = 0
 
     def reload(self, why: str) -> bool:
         """Read the file again; on any problem keep the policy in force. Whether the new one took effect."""
@@ -65,6 +67,7 @@ class PolicyFile:
             audit("policy-reload", "node", "refused", detail=f"{why}: kept the previous policy: {exc}")
             return False
         self.policy = policy
+        self.generation += 1
         POLICY_RELOADS.labels("ok").inc()
         audit("policy-reload", "node", "ok", detail=f"{why}: {len(policy.principals)} principals")
         return True

@@ -132,7 +132,8 @@ class AdapterStore:
         self._catalog = Catalog(self._layout)
         self._quota = Quota(self._layout, max_bytes, max_adapter_bytes, max_header_bytes)
         self._collector = collector = GarbageCollector(self._layout, self._catalog)
-        self._signatures = Signatures(self._layout, self._lock, TempFiles(self._layout.tmp))  # before the exports: a trusting one reads them
+        # before the exports (a trusting one reads them); a place holds while an id that brought it names its digest
+        self._signatures = Signatures(self._layout, self._lock, TempFiles(self._layout.tmp), ref_of=self._catalog.read_ref)
         with self._lock.held():
             recover(self._layout, collector, collect=collect_at_open)
             #: the export directory, when the store keeps one
@@ -277,10 +278,6 @@ class AdapterStore:
         """The digest ``adapter_id`` names now (its ref, no manifest read); None when it is not staged."""
         return self._catalog.read_ref(adapter_id)
 
-    def ids_of(self, digest: str) -> builtins.list[str]:
-        """Every staged id naming ``digest``, sorted (none when no id does)."""
-        return sorted(i for i, d in self._catalog.refs().items() if d == digest)
-
     def touch(self, adapter_id: str) -> None:
         """``adapter_id`` was used now (promoted, pulled, served): an eviction keeps it longer. Survives restarts (its ref's mtime)."""
         self._recency.touch(adapter_id)
@@ -362,6 +359,18 @@ class AdapterStore:
         """The download of ``digest`` open in this store object, if any."""
         return self._partials.find(digest)
 
+    def arriving(self, digest: str) -> bool:
+        """Whether bytes of a download of ``digest`` are here: one open now, or one left to resume."""
+        return self._partials.find(digest) is not None or bool(self._partials.left_for(digest))
+
+    def ids_of(self, digest: str) -> builtins.list[str]:
+        """The ids referring to ``digest`` here: committed ones (sorted), then the one a download of it (open, or left to
+        resume) is for."""
+        ids = sorted(i for i, d in self._catalog.refs().items() if d == digest)
+        partial = self._partials.find(digest)
+        arriving = partial.manifest.adapter_id if partial is not None else self._partials.left_for(digest)
+        return ids + [arriving] if arriving and arriving not in ids else ids
+
     def upload_offset(self, adapter_id: str, blake3: str) -> int:
         """Bytes of an interrupted upload of (id, whole-file BLAKE3) kept here; 0 when none."""
         return self._uploads.offset(adapter_id, blake3)
@@ -374,12 +383,20 @@ class AdapterStore:
         """Every signature kept for ``digest`` (none when unsigned), each verified under its signer's key."""
         return self._signatures.get(digest)
 
-    def add_signature(self, digest: str, signed: Signed) -> bool:
+    def signer_places(self, digest: str, principal: str) -> int:
+        """The signer places of ``digest`` that ``principal`` holds now (``store.signatures``)."""
+        return self._signatures.held_by(digest, principal)
+
+    def add_signature(
+        self, digest: str, signed: Signed, *, adapter_id: str = "", principal: str | None = None, trusted: Callable[[Signed], bool] | None = None
+    ) -> bool:
         """Keep one signer's signature of ``digest`` once it verifies (``BadSignature``, ``TooManySigners``); True when new.
 
+        ``adapter_id`` brought it (its place goes with the last such id), ``principal`` took the place (bounded per principal;
+        None: not bounded), ``trusted`` says which signatures always get a place (``adapter_fabric.store.signatures``).
         A new signature may admit the digest's ids to the export directory (a trusting store's): they are exported now.
         """
-        added = self._signatures.add(digest, signed)
+        added = self._signatures.add(digest, signed, adapter_id=adapter_id, principal=principal, trusted=trusted)
         if added and self._exports is not None:
             with self._lock.held():
                 manifest = self._catalog.complete(digest)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
-from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.catalog import Catalog, is_digest
 from adapter_fabric.store.committer import Committer
 from adapter_fabric.store.digests import chunk_digest
 from adapter_fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
@@ -45,7 +46,7 @@ class Partials:
                 return current
             # The tenant's quota before the store's (which may evict), even for a reference to bytes already here: one more id.
             what = f"downloading {manifest.adapter_id!r}"
-            tenant = self.tenants.reserve(manifest.adapter_id, {f.root: f.size for f in manifest.files}, what)
+            tenant = self.tenants.reserve(manifest.adapter_id, {f.root: f.size for f in manifest.files}, what, writes=manifest.digest)
             try:
                 return self._open_reserved(manifest, tenant, what)
             except BaseException:
@@ -92,6 +93,15 @@ class Partials:
         One dict read (atomic): Availability answers from the event loop and never waits on an ``open``'s disk work.
         """
         return self._open.get(digest)
+
+    def left_for(self, digest: str) -> str:
+        """The id a download of ``digest`` left in the store to resume is for (its ``manifest.json``); "" when none."""
+        if not is_digest(digest):
+            return ""
+        try:
+            return str(json.loads((self.committer.layout.partials / digest / "manifest.json").read_bytes()).get("adapter_id", ""))
+        except (OSError, ValueError, AttributeError):
+            return ""
 
     def _forget(self, digest: str) -> None:
         with self._lock:

@@ -95,7 +95,7 @@ class Uploads:
             blob = self.committer.layout.blob
             reserved = (0 if blob(weights_root).is_file() else size) + (0 if blob(config_root).is_file() else len(config_json))
             # The tenant's quota before the store's (which may evict): held, like the store's, until the upload ends.
-            tenant = self.tenants.reserve(adapter_id, {config_root: len(config_json), weights_root: size}, f"uploading {adapter_id!r}")
+            tenant = self.tenants.reserve(adapter_id, {config_root: len(config_json), weights_root: size}, f"uploading {adapter_id!r}", writes=key)
             try:
                 # What a resumed upload holds on disk is counted already.
                 self.quota.check_room(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")

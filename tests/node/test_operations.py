@@ -58,7 +58,7 @@ def value(samples: dict, name: str, **labels: str) -> float:
 @pytest.mark.slow
 def test_metrics_move_after_a_stage_a_promote_from_a_peer_and_a_generate(tmp_path, adapters) -> None:
     with LocalNode(tmp_path / "a", model="none", extra_args=[*SMALL_CHUNK, *METRICS]) as a:  # the seeder needs no model
-        with LocalNode(tmp_path / "b", peers=[a.address], extra_args=[*SMALL_CHUNK, *METRICS]) as b:
+        with LocalNode(tmp_path / "b", peers=[a.address], extra_args=[*SMALL_CHUNK, *METRICS, "--metrics-adapter-labels"]) as b:
             assert http_get(b.metrics_address, "/healthz")[0] == 200
             assert http_get(b.metrics_address, "/readyz")[0] == 200
             before = scrape(b)
@@ -151,7 +151,7 @@ def test_json_logs_have_one_line_per_rpc_and_pull_and_never_the_token(tmp_path, 
     token_file = tmp_path / "token"
     token_file.write_text(token)
     with LocalNode(tmp_path / "a", token_file=token_file, extra_args=[*SMALL_CHUNK, "--log-format", "json"]) as a:
-        with LocalNode(tmp_path / "b", model="none", token_file=token_file, extra_args=[*SMALL_CHUNK, "--log-format", "json"]) as b:
+        with LocalNode(tmp_path / "b", model="none", token_file=token_file, peers=[a.address], extra_args=[*SMALL_CHUNK, "--log-format", "json"]) as b:
             with a.client() as client:
                 client.stage(adapters["alpha"], "alpha")
             with b.client() as client:
@@ -352,7 +352,8 @@ def test_peers_dialled_by_ip_are_verified_against_the_peer_tls_name(tmp_path, ad
             seed.stage(adapters["alpha"], "alpha")
         by_ip = "127.0.0.2:" + a.address.rsplit(":", 1)[1]
         named = LocalNode(tmp_path / "b", model="none", host="0.0.0.0", tls=tls, extra_args=[*SMALL_CHUNK, "--peer-tls-name", "fabric-peers"])
-        unnamed = LocalNode(tmp_path / "c", model="none", host="0.0.0.0", tls=tls, extra_args=SMALL_CHUNK)
+        # with --peer-tls-name a peer's certificate proves it a member (transport.membership); without it, only --peers are members
+        unnamed = LocalNode(tmp_path / "c", model="none", host="0.0.0.0", tls=tls, peers=[by_ip], extra_args=SMALL_CHUNK)
         with named as b, unnamed as c:
             with b.client() as client:
                 assert client.promote("alpha", peer=by_ip, stage_only=True).bytes_transferred > 0

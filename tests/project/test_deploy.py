@@ -212,3 +212,25 @@ def test_the_readmes_kubernetes_names_are_the_manifests() -> None:
         assert (ROOT / path).is_file(), path
     assert ("Deployment", "vllm-engine") in names and "deploy/vllm-sidecar.yaml" in readme
     assert ("Deployment", "sglang-engine") in names and "deploy/sglang-sidecar.yaml" in readme
+
+
+def test_every_node_runs_the_policy_with_a_peer_token_that_is_not_its_admin_token() -> None:
+    """Issue 28: the manifests serve nothing without a principal, and the token a node sends its peers grants read and pull."""
+    from adapter_fabric.access.policy import parse_policy
+
+    secret, config_map = _kind("Secret"), _kind("ConfigMap")
+    policy = parse_policy(config_map["data"]["policy.toml"])
+    [peers] = [p for p in policy.principals if p.name == "peers"]
+    assert not peers.may_anywhere("admin") and {v for g in peers.grants for v in g.verbs} == {"read", "pull"}
+    pods = [_kind("StatefulSet")["spec"]["template"]] + [_engine_pod(name)[0] for name in ("vllm-engine", "sglang-engine")]
+    for pod in pods:
+        node = (pod["spec"].get("initContainers") or pod["spec"]["containers"])[0]
+        settings = parse_settings(node.get("args", []), _env(node))
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        policy_volume, policy_file = _mounted(node, settings.policy)
+        assert volumes[policy_volume]["configMap"]["name"] == config_map["metadata"]["name"] and policy_file.as_posix() in config_map["data"]
+        for path in (settings.auth_token_file, settings.peer_token_file):
+            name, key = _mounted(node, path)
+            assert volumes[name]["secret"]["secretName"] == secret["metadata"]["name"] and key.as_posix() in secret["stringData"]
+        assert settings.peer_token_file.name != settings.auth_token_file.name
+    assert secret["stringData"]["peer-token"] != secret["stringData"]["token"]
