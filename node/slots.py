@@ -6,7 +6,6 @@ import grpc
 
 from adapter_fabric.access.caller import caller
 from adapter_fabric.errors import DeadlineExceeded, InvalidArgument
-from adapter_fabric.format.peft_fields import peft_fields_of
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.origin_fetch import OriginFetches
@@ -25,16 +24,17 @@ MAX_PAGE_SIZE = 5000
 
 def _staged(entry: Listed, engines: list[str], record: RevisionRecord | None = None) -> fabric_pb2.StagedAdapter:
     """A listed id on the wire; a damaged one carries its problem (adapter_fabric.store.integrity) instead of failing the list."""
-    m = entry.manifest
-    if m is None:
+    s = entry.summary
+    if s is None:
         return fabric_pb2.StagedAdapter(
             adapter_id=entry.adapter_id, digest=entry.digest if is_digest(entry.digest) else "", damaged=entry.problem, engines=engines,
         )
-    return fabric_pb2.StagedAdapter(
-        adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config),
-        damaged=entry.problem, engines=engines,
+    staged = fabric_pb2.StagedAdapter(
+        adapter_id=entry.adapter_id, digest=entry.digest, content_id=s.content_id, size=s.total_size, damaged=entry.problem, engines=engines,
         **({"origin": record.revision.origin, "revision": record.revision.revision, "checked_at": record.checked_at} if record is not None else {}),
     )
+    staged.peft.MergeFromString(s.peft)  # serialized once per config (adapter_fabric.store.summaries)
+    return staged
 
 
 class Slots:

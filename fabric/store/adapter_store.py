@@ -34,6 +34,8 @@ from pathlib import Path
 from adapter_fabric.errors import AdapterNotFound, FabricError
 from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
 from adapter_fabric.store.catalog import Catalog, Listed
+from adapter_fabric.store.census import Census
+from adapter_fabric.store.commit_events import CommitEvents
 from adapter_fabric.store.committer import Committer
 from adapter_fabric.store.durable import TempFiles, fsync_dir
 from adapter_fabric.store.export import ExportDir
@@ -53,34 +55,6 @@ from adapter_fabric.store.store_lock import StoreLock
 from adapter_fabric.store.tenants import TenantLimits, TenantQuotas, TenantUsage
 from adapter_fabric.store.upload import Upload, Uploads
 from adapter_fabric.trust.signing import Signed, TrustedSigners
-
-
-class _CommitEvents:
-    """What follows a commit: integrity stamps, the export directory and the listing's sorted ids kept in step (called under the store's lock)."""
-
-    def __init__(self, catalog: Catalog, integrity: Integrity, exports: ExportDir | None, recency: Recency) -> None:
-        self._catalog = catalog
-        self._integrity = integrity
-        self._exports = exports
-        self._recency = recency
-
-    def blob_committed(self, root: str) -> None:
-        self._integrity.blob_committed(root)
-
-    def ref_set(self, adapter_id: str, digest: str) -> None:
-        self._catalog.index.ref_set(adapter_id)
-        self._recency.touch(adapter_id)  # its stamp, past every other (the file's own mtime is the wall clock's)
-        if self._exports is None:
-            return  # no manifest read on a commit that exports nothing
-        manifest = self._catalog.load_manifest(digest)
-        if manifest is not None:  # every commit path (stage, upload, pull) ends here
-            self._exports.export(adapter_id, manifest)
-        self._integrity.restore_exports()  # a commit may have brought a quarantined blob back
-
-    def ref_removed(self, adapter_id: str) -> None:
-        self._catalog.index.ref_removed(adapter_id)
-        if self._exports is not None:
-            self._exports.remove(adapter_id)
 
 
 @dataclass(frozen=True)
@@ -148,9 +122,11 @@ class AdapterStore:
                 self._exports.sync(m for m in self._catalog.each() if self._catalog.complete(m.digest) is not None)
         #: when each id was last used (its ref's stamp, ``adapter_fabric.store.keeping``)
         self._recency = Recency(self._layout)
+        #: the sound and damaged ids, kept between StoreStatus calls (``adapter_fabric.store.census``)
+        self._census = Census(self._layout, self._catalog, collector.live.generation)
         self._committer = Committer(
             self._layout, self._lock, TempFiles(self._layout.tmp), self._catalog, collector, self._quota,
-            _CommitEvents(self._catalog, self._integrity, self._exports, self._recency),
+            CommitEvents(self._catalog, self._integrity, self._exports, self._recency, self._census),
         )
         #: per-tenant quotas and the room open writers reserved of them
         self._tenants = TenantQuotas(self._catalog, tuple(tenant_quotas))
@@ -243,7 +219,7 @@ class AdapterStore:
 
     def damaged(self) -> builtins.list[DamagedEntry]:
         """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
-        return self._integrity.damaged()
+        return self.census()[1]
 
     def held(self) -> builtins.list[HeldAdapter]:
         """Every staged id with its digest, that adapter's size, its last use and whether it is kept, sorted by id; damaged ones
@@ -303,8 +279,9 @@ class AdapterStore:
         return expire_abandoned(self._layout, self._lock, max_age_seconds, now)
 
     def census(self) -> tuple[builtins.list[str], builtins.list[DamagedEntry]]:
-        """Every id, in one pass: the sound ones and the damaged ones (``Integrity.census``)."""
-        return self._integrity.census()
+        """Every id: the sound ones and the damaged ones, each sorted by id (kept between calls: ``adapter_fabric.store.census``)."""
+        sound, damaged = self._census.read()
+        return sound, [DamagedEntry(*entry) for entry in damaged]
 
     def scrub(self, rate: int = 0, stop: threading.Event | None = None, on_damage=None) -> int:
         """Re-read and verify every committed blob at most ``rate`` bytes/s; the count of damaged adapters (``Integrity.scrub``)."""

@@ -18,15 +18,16 @@ from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.manifest_cache import ManifestCache
 from adapter_fabric.store.ref_index import RefIndex
+from adapter_fabric.store.summaries import Summary, SummaryReader
 
 
 @dataclass(frozen=True)
 class Listed:
-    """A staged id in a page of the listing: its manifest (None when unreadable) and, when damaged, the problem ("" else)."""
+    """A staged id in a page of the listing: its digest's summary (None when unreadable) and, when damaged, the problem ("" else)."""
 
     adapter_id: str
     digest: str
-    manifest: Manifest | None
+    summary: Summary | None
     problem: str
 
 
@@ -47,22 +48,16 @@ def is_digest(value: str) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Summary:
-    """What a scan of the whole store needs of a manifest: its size and its blobs."""
-
-    total_size: int
-    roots: tuple[str, ...]
-
-
 class Catalog:
     """Committed refs and manifests of one store, read through a per-digest manifest cache."""
 
     def __init__(self, layout: StoreLayout) -> None:
         self.layout = layout
         self._manifests = ManifestCache()
-        # digest -> its size and blob roots: what scans of the whole store need, kept for every digest read (~0.2 KB each)
+        # digest -> what scans of the whole store need (size, blob roots, content id, PEFT fields), kept for every digest
+        # read (~0.3 KB each): a listing or a census reads no manifest twice, and builds none (adapter_fabric.store.summaries)
         self._summaries: dict[str, Summary] = {}
+        self._reader = SummaryReader()
         self._manifests_dir = os.fspath(layout.manifests)
         #: the staged ids, sorted, for pages of a listing (kept in step by the committer's listener)
         self.index = RefIndex(layout.refs, self._scan_ids)
@@ -121,26 +116,29 @@ class Catalog:
         """The size and blob roots of ``digest`` without holding its manifest; None if absent; errors as ``load_manifest``."""
         if not is_digest(digest):
             raise IntegrityError(f"{digest[:80]!r} is not a digest")
+        path = os.path.join(self._manifests_dir, f"{digest}.json")
         summary = self._summaries.get(digest)
-        if summary is not None and os.path.isfile(os.path.join(self._manifests_dir, f"{digest}.json")):
+        if summary is not None and os.path.isfile(path):
             return summary
-        return self._summarize(self.load_manifest(digest))
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            self.forget(digest)
+            return None
+        summary = self._summaries[digest] = self._reader.read(digest, data)
+        return summary
 
     def remember(self, manifest: Manifest) -> None:
         """The committer wrote ``manifest``'s file (or it was read): no need to read it back."""
         self._manifests.put(manifest)
-        self._summarize(manifest)
+        if manifest.digest not in self._summaries:
+            self._summaries[manifest.digest] = self._reader.of_manifest(manifest)
 
     def forget(self, digest: str) -> None:
         """The committer removed ``digest``'s manifest file."""
         self._manifests.drop(digest)
         self._summaries.pop(digest, None)
-
-    def _summarize(self, manifest: Manifest | None) -> Summary | None:
-        if manifest is None:
-            return None
-        summary = self._summaries[manifest.digest] = Summary(manifest.total_size, tuple(f.root for f in manifest.files))
-        return summary
 
     def complete(self, digest: str) -> Manifest | None:
         """The manifest of ``digest`` when it and every blob it names are here; None when any is absent or damaged."""
@@ -166,8 +164,9 @@ class Catalog:
             raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
         try:
             manifest = self.load_manifest(digest)
-        except FabricError:
-            raise IntegrityError(f"adapter {adapter_id!r} is damaged in this store: {self.problem(digest)}; unstage it, or promote it from a peer") from None
+        except FabricError as exc:
+            problem = self.problem(digest) or f"its manifest is damaged: {str(exc)[:200]}"  # a claim only the whole manifest checks
+            raise IntegrityError(f"adapter {adapter_id!r} is damaged in this store: {problem}; unstage it, or promote it from a peer") from None
         if manifest is None:
             raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
         return manifest.with_id(adapter_id)
@@ -206,7 +205,8 @@ class Catalog:
 
         ``keep``: only ids it answers true for are listed (a caller's readable ids), chosen before the page is cut.
 
-        Only the page's entries and manifests are read: the ids come from the sorted index (``adapter_fabric.store.ref_index``).
+        Only the page's entries are read, each digest's manifest once (its summary, ``adapter_fabric.store.summaries``): the ids
+        come from the sorted index (``adapter_fabric.store.ref_index``).
         """
         try:
             ids = self.index.page(after, count, keep)
@@ -218,13 +218,10 @@ class Catalog:
             if digest is None:
                 continue  # unstaged while we listed
             problem = self.problem(digest)
-            try:
-                manifest = self.load_manifest(digest) if is_digest(digest) else None
-            except FabricError:
-                manifest = None  # the problem says why
-            if manifest is None and not problem:
+            summary = self._summaries.get(digest) if is_digest(digest) else None  # read by ``problem`` when it reads
+            if summary is None and not problem:
                 continue  # collected while we listed
-            listed.append(Listed(adapter_id, digest, manifest.with_id(adapter_id) if manifest is not None else None, problem))
+            listed.append(Listed(adapter_id, digest, summary, problem))
         return listed
 
     # ------------------------------------------------------------ damage

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -45,7 +47,13 @@ MAX_BATCH = 256
 
 
 class CommitListener(Protocol):
-    """Told of each change the committer makes, under the store's lock."""
+    """Told of each change the committer makes, under the store's lock: ``changing``, the changes, then ``changed``."""
+
+    def changing(self) -> None:
+        """The committer holds the store's lock and is about to change it."""
+
+    def changed(self, whole: bool) -> None:
+        """The committer is done with this hold of the lock (``whole`` False: a change failed part way)."""
 
     def blob_committed(self, root: str) -> None:
         """The verified bytes of ``root`` were just renamed into ``blobs/``."""
@@ -126,7 +134,7 @@ class Committer:
     def _lead(self, batch: list[_Pending]) -> None:
         """Commit ``batch`` under the lock; whatever happens, every caller in it is woken with its outcome."""
         try:
-            with self.lock.held():
+            with self.lock.held(), self._telling():
                 self._commit_batch(batch)
         except BaseException as exc:
             self._collector.live.invalidate()  # refs may be half written: the next collection reads them all
@@ -202,7 +210,7 @@ class Committer:
 
     def commit_ref(self, manifest: Manifest) -> bool:
         """Point ``manifest.adapter_id`` at its digest when every byte of it is committed already; False when it is not."""
-        with self.lock.held():
+        with self.lock.held(), self._telling():
             complete = self.catalog.complete(manifest.digest)
             if complete is None:
                 return False
@@ -222,7 +230,7 @@ class Committer:
         ``only_digest``: unstage it only while it still refers to that digest (an eviction must not drop a version
         restaged since it chose its victim); None when it refers to another.
         """
-        with self.lock.held():
+        with self.lock.held(), self._telling():
             digest = self.catalog.read_ref(adapter_id)
             if digest is None or (only_digest is not None and digest != only_digest):
                 return None
@@ -233,6 +241,17 @@ class Committer:
             self._listener.ref_removed(adapter_id)
             self._collector.collect_digests({digest})
             return digest
+
+    @contextmanager
+    def _telling(self) -> Iterator[None]:
+        """The listener hears ``changing`` before this hold's changes and ``changed`` after them (under the store's lock)."""
+        self._listener.changing()
+        try:
+            yield
+        except BaseException:
+            self._listener.changed(False)
+            raise
+        self._listener.changed(True)
 
     def _install_blob(self, root: str, source: Path, syncs: DeferredSyncs) -> None:
         """Rename verified bytes into ``blobs/``; ``syncs.flush`` syncs the directories changed."""

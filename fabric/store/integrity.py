@@ -204,22 +204,6 @@ class Integrity:
 
     # ------------------------------------------------------------ damage
 
-    def damaged(self) -> list[DamagedEntry]:
-        """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
-        return self.census()[1]
-
-    def census(self) -> tuple[list[str], list[DamagedEntry]]:
-        """One pass over every id: the sound ones and the damaged ones, each sorted by id."""
-        sound: list[str] = []
-        damaged: list[DamagedEntry] = []
-        for adapter_id, digest in sorted(self.catalog.refs().items()):
-            problem = self.catalog.problem(digest)
-            if problem:
-                damaged.append(DamagedEntry(adapter_id, digest if is_digest(digest) else "", problem))
-            else:
-                sound.append(adapter_id)
-        return sound, damaged
-
     # ------------------------------------------------------------ scrub
 
     def scrub(self, rate: int = 0, stop: threading.Event | None = None, on_damage: DamageListener | None = None) -> int:

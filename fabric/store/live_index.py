@@ -96,6 +96,10 @@ class LiveIndex:
 
     # ------------------------------------------------------------ the counter
 
+    def generation(self) -> int:
+        """The store's ref generation now (-1 when its file is damaged)."""
+        return self._read_generation()
+
     def _read_generation(self) -> int:
         try:
             return int(self.generation_file.read_bytes() or b"0")
