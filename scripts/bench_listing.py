@@ -37,7 +37,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ from typing import Callable
 
 from adapter_fabric.format.safetensors_index import read_index
 from adapter_fabric.harness.adapter_sets import adapter_id as set_id
+from adapter_fabric.harness.baseline import baseline_env
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.store import AdapterStore
@@ -145,19 +145,6 @@ def in_process(args: argparse.Namespace, adapter: Path, tmp: Path) -> None:
 # ---------------------------------------------------------------- node processes
 
 
-def baseline_env(rev: str, into: Path) -> dict[str, str]:
-    """The environment that makes a node import the package of git revision ``rev`` (exported under ``into``) first."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "fabric", "node"], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    package = into / "path" / "adapter_fabric"  # the install's layout: fabric/ is the package, node/ its subpackage
-    package.mkdir(parents=True)
-    for entry in (into / "fabric").iterdir():
-        (package / entry.name).symlink_to(entry)
-    (package / "node").symlink_to(into / "node")
-    return {"PYTHONPATH": str(into / "path")}
-
-
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -172,6 +159,7 @@ def timed(call: Callable[[], object]) -> float:
 
 
 def measure_node(store: Path, count: int, env: dict[str, str] | None, log: Path, page: int, reps: int) -> dict[str, float]:
+    log.unlink(missing_ok=True)  # the node appends: an earlier run's line must not count
     node = LocalNode(store, model="none", extra_args=["--log-level", "INFO"], env=env, log_path=log)
     start = time.perf_counter()
     node.start()
@@ -239,7 +227,8 @@ def nodes(args: argparse.Namespace, adapter: Path, tmp: Path) -> None:
         fill_distinct(store, adapter, args.nodes)
         (work / f"FILLED-{args.nodes}").write_text(str(args.nodes))
         print(f"{args.nodes} adapters written in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-    trees = [(f"baseline ({args.baseline})", baseline_env(args.baseline, tmp / "baseline")), ("this tree", None)]
+    trees = [(f"baseline ({args.baseline})", baseline_env(ROOT, args.baseline, tmp / "baseline"))] if args.baseline else []
+    trees.append(("this tree", None))
     rows: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
     for n in range(args.rounds):
         for label, env in trees:
@@ -248,12 +237,14 @@ def nodes(args: argparse.Namespace, adapter: Path, tmp: Path) -> None:
             rows[label].append(row)
             print(f"round {n + 1} {label}: {json.dumps(row)}", file=sys.stderr, flush=True)
     medians = {label: {key: statistics.median(r[key] for r in found) for key in found[0]} for label, found in rows.items()}
-    (base, before), (_, after) = medians.items()
     print(f"{args.nodes:,} adapters, store-only node processes, medians of {args.rounds} round(s); pages of {args.page}")
-    print(f"| figure | {base} | this tree | this / baseline |\n|---|---:|---:|---:|")
+    columns = list(medians.values())
+    print(f"| figure | {' | '.join(medians)} |{' this / baseline |' if len(columns) == 2 else ''}")
+    print("|---|" + "---:|" * (len(columns) + (len(columns) == 2)))
     for name, key, scale, unit in ROWS:
-        ratio = after[key] / before[key] if before[key] else float("nan")
-        print(f"| {name} | {before[key] * scale:,.1f} {unit} | {after[key] * scale:,.1f} {unit} | {ratio:.2f}x |")
+        cells = " | ".join(f"{c[key] * scale:,.1f} {unit}" for c in columns)
+        ratio = f" {columns[1][key] / columns[0][key]:.2f}x |" if len(columns) == 2 and columns[0][key] else ""
+        print(f"| {name} | {cells} |{ratio}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -262,7 +253,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,20000", help="in-process: comma-separated store sizes (ids)")
     parser.add_argument("--nodes", type=int, default=0, help="node processes on a store of this many distinct adapters (0: in-process)")
-    parser.add_argument("--baseline", default="HEAD", help="with --nodes: the git revision whose node is measured beside this tree's")
+    parser.add_argument("--baseline", default="HEAD", help="with --nodes: the git revision whose node is measured beside this tree's ('': this tree alone)")
     parser.add_argument("--rounds", type=int, default=1, help="with --nodes: baseline and this tree measured this many times each, in turn")
     parser.add_argument("--work", default="/dev/shm/fabric-bench-listing", help="with --nodes: where the store is written (tmpfs: no disk in the figures)")
     parser.add_argument("--keep", action="store_true", help="with --nodes: keep the store for the next run")

@@ -2,6 +2,7 @@
 """Publishing many small adapters through a node's Stage RPC: one at a time against the bulk path, side by side.
 
     python scripts/bench_stage.py --adapters 500 --workers 16
+    python scripts/bench_stage.py --adapters 10000 --workers 32 --baseline t30 --rounds 2   # before/after, bulk only
 
 Real store-only node processes on loopback (``adapter_fabric.harness.cluster``), a
 fresh store each: the first stages every adapter one after another
@@ -17,13 +18,16 @@ stores are checked to list every adapter after their node restarts.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
+from adapter_fabric.harness.baseline import baseline_env  # noqa: E402
 from adapter_fabric.harness.bench import make_small_adapters  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode  # noqa: E402
 
@@ -32,9 +36,11 @@ MAX_ADAPTERS = 20_000
 MAX_WORKERS = 64
 
 
-def run(root: Path, name: str, dirs: list[Path], workers: int) -> float:
-    """Adapters per second staging ``dirs`` into a fresh node (one at a time when ``workers`` is 0); checks they survive a restart."""
-    node = LocalNode(root / name, model="none").start()
+def run(root: Path, name: str, dirs: list[Path], workers: int, env: dict[str, str] | None = None) -> float:
+    """Adapters per second staging ``dirs`` into a fresh node (one at a time when ``workers`` is 0); checks they survive a restart.
+
+    ``env``: the node's environment (``adapter_fabric.harness.baseline``: another revision's package)."""
+    node = LocalNode(root / name, model="none", env=env).start()
     try:
         with node.client() as client:
             items = [(d, f"bench/{d.name}") for d in dirs]
@@ -65,6 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adapters", type=int, default=500, help=f"small adapters to stage (1 to {MAX_ADAPTERS})")
     parser.add_argument("--workers", type=int, default=16, help=f"concurrent Stage calls of the bulk path (1 to {MAX_WORKERS})")
     parser.add_argument("--dir", type=Path, default=None, help="where the adapters and stores go (default: a temp directory, removed after)")
+    parser.add_argument("--baseline", default="", help="a git revision: its node's bulk path measured beside this tree's, in turn")
+    parser.add_argument("--rounds", type=int, default=1, help="with --baseline: each bulk run this many times, in turn (medians)")
+    parser.add_argument("--bulk-only", action="store_true", help="leave out the one-at-a-time row (slow at thousands)")
     args = parser.parse_args(argv)
     if not 1 <= args.adapters <= MAX_ADAPTERS or not 1 <= args.workers <= MAX_WORKERS:
         parser.error(f"--adapters takes 1 to {MAX_ADAPTERS}, --workers 1 to {MAX_WORKERS}")
@@ -72,12 +81,28 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(tmp)
         (root / "adapters").mkdir()
         dirs = make_small_adapters(root / "adapters", args.adapters)
-        one = run(root, "one-at-a-time", dirs, 0)
+        if args.baseline:
+            env = baseline_env(ROOT, args.baseline, root / "baseline")
+            rates: dict[str, list[float]] = {args.baseline: [], "this tree": []}
+            for n in range(args.rounds):
+                for label, tree_env in ((args.baseline, env), ("this tree", None)):
+                    rates[label].append(run(root, f"bulk-{label.replace(' ', '-')}-{n}", dirs, args.workers, tree_env))
+                    print(f"round {n + 1} {label}: {rates[label][-1]:.1f} adapters/s", file=sys.stderr, flush=True)
+            before, after = (statistics.median(r) for r in rates.values())
+            print(f"bulk (stage_many, {args.workers} workers), {args.adapters} adapters, medians of {args.rounds}")
+            print(f"| tree | adapters/s | {args.adapters:,} adapters in |\n|---|---:|---:|")
+            for label, rate in ((f"baseline ({args.baseline})", before), ("this tree", after)):
+                print(f"| {label} | {rate:.1f} | {args.adapters / rate:.1f} s |")
+            print(f"this tree / baseline: {after / before:.2f}x; 10,000 adapters would take {10_000 / after:.0f} s (baseline {10_000 / before:.0f} s)")
+            return
+        one = 0.0 if args.bulk_only else run(root, "one-at-a-time", dirs, 0)
         bulk = run(root, "bulk", dirs, args.workers)
     print(f"{'path':<34}{'adapters':>9}{'adapters/s':>12}")
-    print(f"{'one at a time (NodeClient.stage)':<34}{args.adapters:>9}{one:>12.1f}")
+    if one:
+        print(f"{'one at a time (NodeClient.stage)':<34}{args.adapters:>9}{one:>12.1f}")
     print(f"{f'bulk (stage_many, {args.workers} workers)':<34}{args.adapters:>9}{bulk:>12.1f}")
-    print(f"bulk / one at a time: {bulk / one:.1f}x; 10,000 adapters would take {10_000 / bulk:.0f} s in bulk, {10_000 / one:.0f} s one at a time")
+    if one:
+        print(f"bulk / one at a time: {bulk / one:.1f}x; 10,000 adapters would take {10_000 / bulk:.0f} s in bulk, {10_000 / one:.0f} s one at a time")
 
 
 if __name__ == "__main__":

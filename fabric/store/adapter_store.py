@@ -235,10 +235,11 @@ class AdapterStore:
         return found
 
     def collect_garbage(self) -> None:
-        """Remove what no ref reaches (a crash's orphans) and build the index later collections use, then read every ref's
-        recency stamp (outside the lock: a clock stepped back since they were written); O(adapters)."""
+        """Remove what no ref reaches (a crash's orphans) and build the index later collections use and the census StoreStatus
+        reads, then read every ref's recency stamp (outside the lock: a clock stepped back since they were written); O(adapters)."""
         with self._lock.held():
-            self._collector.collect()
+            refs = self._collector.collect()
+            self._census.take(refs)  # from the refs just read, each digest's summary kept by the collection: stats only
         self._recency.warm()
 
     def damaged_at(self, adapter_id: str, digest: str) -> bool:

@@ -93,8 +93,11 @@ class Catalog:
 
     # ------------------------------------------------------------ manifests
 
-    def load_manifest(self, digest: str) -> Manifest | None:
-        """The manifest of ``digest``; None if absent; ``IntegrityError``/``InvalidAdapter`` if its file is damaged."""
+    def load_manifest(self, digest: str, *, keep: bool = True) -> Manifest | None:
+        """The manifest of ``digest``; None if absent; ``IntegrityError``/``InvalidAdapter`` if its file is damaged.
+
+        ``keep`` False: a scan of every manifest (the scrub) reads it without pushing the ones in use out of the cache.
+        """
         if not is_digest(digest):
             raise IntegrityError(f"{digest[:80]!r} is not a digest")
         path = self.layout.manifest(digest)
@@ -109,7 +112,8 @@ class Catalog:
         manifest = Manifest.from_json(data)
         if manifest.digest != digest:
             raise IntegrityError(f"{path} holds the manifest of digest {manifest.digest}")
-        self.remember(manifest)
+        if keep:
+            self.remember(manifest)
         return manifest
 
     def summary(self, digest: str) -> Summary | None:
@@ -127,6 +131,14 @@ class Catalog:
             self.forget(digest)
             return None
         summary = self._summaries[digest] = self._reader.read(digest, data)
+        return summary
+
+    def summarize(self, digest: str, data: bytes) -> Summary | None:
+        """The summary of ``digest`` from its manifest file's bytes, kept; None when they are damaged (``problem`` says why)."""
+        try:
+            summary = self._summaries[digest] = self._reader.read(digest, data)
+        except FabricError:
+            return None
         return summary
 
     def remember(self, manifest: Manifest) -> None:
@@ -186,11 +198,11 @@ class Catalog:
         """Every committed adapter whose manifest reads, sorted by id; a damaged entry is left out (``problem`` names it)."""
         return list(self.each())
 
-    def each(self) -> Iterator[Manifest]:
-        """``list``, one manifest at a time: a scan of 100,000 adapters holds one, not all (~8 KB each)."""
+    def each(self, *, keep: bool = True) -> Iterator[Manifest]:
+        """``list``, one manifest at a time: a scan of 100,000 adapters holds one, not all (~8 KB each); ``keep`` as ``load_manifest``."""
         for adapter_id, digest in sorted(self.refs().items()):
             try:
-                manifest = self.load_manifest(digest)
+                manifest = self.load_manifest(digest, keep=keep)
             except FabricError:
                 continue
             if manifest is not None:  # else unstaged while we listed

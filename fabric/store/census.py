@@ -78,14 +78,25 @@ class Census:
         sound = [i for i in ids if i not in found]
         return sound, [(i, *found[i]) for i in sorted(found)]
 
+    def take(self, refs: dict[str, str]) -> None:
+        """Take the census whole from ``refs``, every ref of the store read a moment ago under the store's lock, still held
+        (the start-up collection's): no ref is read again, and no commit runs meanwhile."""
+        with self._taking, self._lock:
+            stamp, started = self._take_stamp(), time.time_ns()
+            self._damaged = self._damage_of(refs)
+            self._stamp, self._settled = stamp, started - max(stamp[1:]) >= RACY_NS
+
     def _current(self) -> bool:
         if self._damaged is None or self._take_stamp() != self._stamp:
             return False
         return self._settled or time.time_ns() - max(self._stamp[1:]) < RACY_NS  # our own change's tick: trusted while recent
 
     def _take(self) -> dict[str, Damage]:
+        return self._damage_of(self.catalog.refs())
+
+    def _damage_of(self, refs: dict[str, str]) -> dict[str, Damage]:
         damaged: dict[str, Damage] = {}
-        for adapter_id, digest in self.catalog.refs().items():
+        for adapter_id, digest in refs.items():
             problem = self.catalog.problem(digest)
             if problem:
                 damaged[adapter_id] = (digest if is_digest(digest) else "", problem)

@@ -74,6 +74,7 @@ class _Pending:
     sources: dict[str, Path]
     check_room: bool
     manifest_json: bytes | None
+    unsynced: frozenset[str] = frozenset()
     existed: bool = False
     error: BaseException | None = None
     done: bool = False
@@ -105,16 +106,19 @@ class Committer:
         self._syncs = ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="store-sync")
 
     def commit(
-        self, manifest: Manifest, adapter_id: str, sources: dict[str, Path], *, check_room: bool = False, manifest_json: bytes | None = None
+        self, manifest: Manifest, adapter_id: str, sources: dict[str, Path], *, check_room: bool = False, manifest_json: bytes | None = None,
+        unsynced: frozenset[str] = frozenset(),
     ) -> bool:
         """Install blobs (renaming ``sources``: root -> temp file), manifest, then ref. True if the digest was already here.
 
         ``manifest_json``: ``manifest.to_json()`` when the caller has it already (~5 ms for Llama-3-8B shapes).
         ``check_room``: re-check the store's limit under the lock; partials and uploads reserved their bytes
         when they opened, so only staging from a directory asks (another writer may have taken the room).
+        ``unsynced``: the roots whose source files' bytes are not synced yet: the batch syncs them in its file round, with
+        the manifests and refs (a bulk publish of small adapters pays no sync of its own per adapter).
         Returns once this commit is durable; concurrent calls share the syncs (group commit, module docstring).
         """
-        job = _Pending(manifest, adapter_id, sources, check_room, manifest_json)
+        job = _Pending(manifest, adapter_id, sources, check_room, manifest_json, unsynced)
         with self._group:
             self._waiting.append(job)
         while True:
@@ -204,7 +208,7 @@ class Committer:
         if job.check_room:
             self.quota.check_room(self.catalog.missing_bytes(manifest), f"staging {job.adapter_id!r}")
         for entry in manifest.files:
-            self._install_blob(entry.root, job.sources[entry.root], files)
+            self._install_blob(entry.root, job.sources[entry.root], files, synced=entry.root not in job.unsynced)
         files.write(self.layout.manifest(manifest.digest), job.manifest_json or manifest.to_json())
         self.catalog.remember(manifest)
 
@@ -253,8 +257,8 @@ class Committer:
             raise
         self._listener.changed(True)
 
-    def _install_blob(self, root: str, source: Path, syncs: DeferredSyncs) -> None:
-        """Rename verified bytes into ``blobs/``; ``syncs.flush`` syncs the directories changed."""
+    def _install_blob(self, root: str, source: Path, syncs: DeferredSyncs, *, synced: bool = True) -> None:
+        """Rename verified bytes into ``blobs/``; ``syncs.flush`` syncs the directories changed (and the bytes, not ``synced``)."""
         dest = self.layout.blob(root)
         if dest.is_file():
             return  # same bytes already committed (another adapter shares this file)
@@ -263,7 +267,10 @@ class Committer:
             syncs.changed(dest.parent.parent)
         os.chmod(source, 0o444)  # a hard link in a view must not let a loader change the blob
         os.rename(source, dest)
-        syncs.changed(dest.parent)
+        if synced:
+            syncs.changed(dest.parent)
+        else:
+            syncs.placed(dest)  # synced in the batch's file round, before its manifest or ref is placed
         self._listener.blob_committed(root)  # verified as it was received or copied
 
     def _set_ref(self, adapter_id: str, complete: Manifest) -> None:

@@ -75,12 +75,14 @@ class TempFiles:
         finally:
             os.close(fd)
 
-    def blob(self, data: bytes) -> Path:
-        """A synced temp file holding ``data``, for the caller to rename into place (or unlink)."""
+    def blob(self, data: bytes, *, sync: bool = True) -> Path:
+        """A temp file holding ``data``, synced unless ``sync`` is False (a commit's batch syncs it), for the caller to
+        rename into place (or unlink)."""
         fd, path = self.new()
         try:
             pwrite_all(fd, data, 0)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
@@ -111,6 +113,7 @@ class DeferredSyncs:
         self.temps = temps
         self.pool = pool
         self._files: list[tuple[int, Path, Path]] = []  # (fd of the temp file, its path, where it goes)
+        self._placed: list[Path] = []  # files renamed into place already whose bytes are not synced yet
         self._dirs: dict[Path, None] = {}
 
     def write(self, dest: Path, data: bytes) -> None:
@@ -124,6 +127,12 @@ class DeferredSyncs:
             raise
         self._files.append((fd, path, dest))
 
+    def placed(self, path: Path) -> None:
+        """``path`` was renamed into place with its bytes not synced: the batch's file round syncs them (``sync_files``),
+        before any ref names them; its directory is synced with the others."""
+        self._placed.append(path)
+        self._dirs[path.parent] = None
+
     def changed(self, directory: Path) -> None:
         """An entry of ``directory`` was created or renamed already: ``flush`` syncs the directory."""
         self._dirs[directory] = None
@@ -136,7 +145,8 @@ class DeferredSyncs:
     def sync_files(self, also: DeferredSyncs | None = None) -> None:
         """Sync the files written here (and in ``also``, in the same round: one journal commit for both)."""
         files = self._files + (also._files if also is not None else [])
-        sync_all(self.pool, lambda item: os.fsync(item[0]), files)
+        sync_all(self.pool, lambda item: os.fsync(item[0]) if isinstance(item, tuple) else _fsync_path(item), [*files, *self._placed])
+        self._placed = []
 
     def place(self) -> None:
         """Rename the (synced) files into place, then sync every directory changed; nothing is pending after."""
@@ -153,9 +163,21 @@ class DeferredSyncs:
         sync_all(self.pool, fsync_dir, dirs)
 
     def discard(self) -> None:
-        """Drop what was written and not flushed (a batch that failed before its flush)."""
+        """Drop what was written and not flushed (a batch that failed before its flush), and the files placed whose bytes
+        were not synced: a later commit of the same bytes must not find them in place and take them as durable."""
+        placed, self._placed = self._placed, []
+        for path in placed:
+            path.unlink(missing_ok=True)
         files, self._files = self._files, []
         for fd, path, _ in files:
             os.close(fd)
             path.unlink(missing_ok=True)
         self._dirs = {}
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -222,7 +222,7 @@ class Integrity:
                     (stop.wait if stop is not None else time.sleep)(ahead)
 
         bad = 0
-        for manifest in self.catalog.each():  # one at a time: the scrub holds one manifest, not the store's
+        for manifest in self.catalog.each(keep=False):  # one at a time, not cached: the scrub holds one manifest, not 4,096
             for entry in manifest.files:
                 if stop is not None and stop.is_set():
                     return bad

@@ -26,8 +26,8 @@ class LiveIndex:
         self.generation_file = generation_file
         self._seen: int | None = None  # None: never built, or given up on (a failed commit): collect whole
         self._digest_of: dict[str, str] = {}
-        self._ids_of: dict[str, set[str]] = {}
-        self._roots_of: dict[str, list[str]] = {}
+        self._ids_of: dict[str, str | set[str]] = {}  # one id as itself (most digests have one): a set each is ~20 MB at 100,000
+        self._roots_of: dict[str, tuple[str, ...]] = {}
         self._root_users: Counter[str] = Counter()
 
     # ------------------------------------------------------------ trust
@@ -49,7 +49,7 @@ class LiveIndex:
 
     # ------------------------------------------------------------ building and changes
 
-    def rebuild(self, refs: dict[str, str], roots_of: dict[str, list[str] | None], trustworthy: bool) -> None:
+    def rebuild(self, refs: dict[str, str], roots_of: dict[str, tuple[str, ...] | None], trustworthy: bool) -> None:
         """From a full collection: every ref, and the blob roots of each live manifest (None: unreadable).
 
         ``trustworthy`` False (a damaged ref or manifest): collections stay whole until the damage is gone.
@@ -57,7 +57,7 @@ class LiveIndex:
         self._digest_of = dict(refs)
         self._ids_of = {}
         for adapter_id, digest in refs.items():
-            self._ids_of.setdefault(digest, set()).add(adapter_id)
+            self._add(digest, adapter_id)
         self._roots_of = {digest: roots for digest, roots in roots_of.items() if roots is not None}
         self._root_users = Counter(root for roots in self._roots_of.values() for root in set(roots))
         self._seen = self._read_generation() if trustworthy else None
@@ -66,17 +66,33 @@ class LiveIndex:
         """``adapter_id`` now refers to ``digest``, whose manifest names ``roots``."""
         previous = self._digest_of.get(adapter_id)
         if previous is not None and previous != digest:
-            self._ids_of.get(previous, set()).discard(adapter_id)
+            self._discard(previous, adapter_id)
         self._digest_of[adapter_id] = digest
-        self._ids_of.setdefault(digest, set()).add(adapter_id)
+        self._add(digest, adapter_id)
         if digest not in self._roots_of:
-            self._roots_of[digest] = list(roots)
+            self._roots_of[digest] = tuple(roots)
             self._root_users.update(set(roots))
 
     def ref_removed(self, adapter_id: str) -> None:
         digest = self._digest_of.pop(adapter_id, None)
         if digest is not None:
-            self._ids_of.get(digest, set()).discard(adapter_id)
+            self._discard(digest, adapter_id)
+
+    def _add(self, digest: str, adapter_id: str) -> None:
+        ids = self._ids_of.get(digest)
+        if ids is None or ids == adapter_id:
+            self._ids_of[digest] = adapter_id
+        elif isinstance(ids, str):
+            self._ids_of[digest] = {ids, adapter_id}
+        else:
+            ids.add(adapter_id)
+
+    def _discard(self, digest: str, adapter_id: str) -> None:
+        ids = self._ids_of.get(digest)
+        if ids == adapter_id:
+            del self._ids_of[digest]
+        elif isinstance(ids, set):
+            ids.discard(adapter_id)
 
     def unreferenced(self, digest: str) -> bool:
         """No id refers to ``digest`` (its bytes may go)."""

@@ -36,8 +36,8 @@ class GarbageCollector:
         self.catalog = catalog
         self.live = LiveIndex(layout.root / REF_GENERATION_FILE)
 
-    def collect(self) -> None:
-        """Remove what no ref reaches (under the lock), and rebuild the live index from what it read.
+    def collect(self) -> dict[str, str]:
+        """Remove what no ref reaches (under the lock), and rebuild the live index from what it read; every ref read.
 
         Damage makes it keep more, never less: while an id entry does not hold
         a digest, nothing is collected (it may point at any manifest); while a
@@ -45,20 +45,22 @@ class GarbageCollector:
         """
         layout = self.layout
         refs = self.catalog.refs()
-        live = set(refs.values())
+        live = {digest: digest for digest in refs.values()}  # one string per digest, kept by every index built below
+        refs = {adapter_id: live[digest] for adapter_id, digest in refs.items()}
         sound_refs = all(_DIGEST.fullmatch(d) for d in live)
         keep: set[str] = set()
-        roots_of: dict[str, list[str] | None] = {}
+        roots_of: dict[str, tuple[str, ...] | None] = {}
         blobs_known = sound_refs
         for entry in os.scandir(layout.manifests):
-            digest = entry.name.removesuffix(".json")
-            if digest in live:
+            name = entry.name.removesuffix(".json")
+            digest = live.get(name)
+            if digest is not None:
                 roots = roots_of[digest] = self._blob_roots(digest)
                 blobs_known &= roots is not None
                 keep.update(roots or ())
             elif sound_refs:
                 os.unlink(entry.path)
-                self.catalog.forget(digest)
+                self.catalog.forget(name)
         blobs_known &= all(layout.manifest(d).is_file() for d in live) if sound_refs else False
         self.live.rebuild(refs, roots_of, sound_refs and blobs_known)
         for top in (layout.signatures, layout.signers):
@@ -78,6 +80,7 @@ class GarbageCollector:
                     if blob.name not in keep:
                         os.unlink(blob.path)
         fsync_dir(layout.manifests)
+        return refs
 
     def collect_digests(self, digests: set[str]) -> None:
         """Remove what these digests alone reached, if no ref reaches them now (under the lock); a full ``collect``
@@ -112,13 +115,22 @@ class GarbageCollector:
             except FileNotFoundError:
                 pass
 
-    def _blob_roots(self, digest: str) -> list[str] | None:
-        """The blob names (file roots) a manifest lists; None when its file cannot be read as one."""
-        # Raw JSON, not Manifest.from_json: collection must not depend on a manifest still validating.
+    def _blob_roots(self, digest: str) -> tuple[str, ...] | None:
+        """The blob names (file roots) a manifest lists; None when its file cannot be read as one.
+
+        A manifest that reads whole leaves its summary in the catalog (a listing and a census then read no manifest).
+        """
         try:
-            raw = json.loads(self.layout.manifest(digest).read_bytes())
-            roots = [f["root"] for f in raw["files"]]
-        except (OSError, ValueError, KeyError, TypeError):
+            data = self.layout.manifest(digest).read_bytes()
+        except OSError:
+            return None
+        summary = self.catalog.summarize(digest, data)
+        if summary is not None:
+            return summary.roots
+        # Raw JSON, not the manifest's checks: collection must not depend on a manifest still validating.
+        try:
+            roots = tuple(f["root"] for f in json.loads(data)["files"])
+        except (ValueError, KeyError, TypeError):
             return None
         return roots if all(isinstance(r, str) for r in roots) else None
 

@@ -47,10 +47,11 @@ class DirectoryStager:
             if self.committer.commit_ref(manifest):
                 return manifest  # the same bytes are committed already: only the ref is new
             self.quota.check_room(self.catalog.missing_bytes(manifest), what)
-            sources = {manifest.files[0].root: self.committer.temps.blob(manifest.config_json)}
+            sources = {manifest.files[0].root: self.committer.temps.blob(manifest.config_json, sync=False)}
             try:
                 sources[manifest.weights.root] = self._copy_weights(weights_path, manifest)
-                self.committer.commit(manifest, adapter_id, sources, check_room=True)
+                # synced by the commit's batch, in one round with every other commit of it
+                self.committer.commit(manifest, adapter_id, sources, check_room=True, unsynced=frozenset(sources))
             finally:
                 for path in sources.values():
                     path.unlink(missing_ok=True)
@@ -67,7 +68,6 @@ class DirectoryStager:
                     pwrite_all(fd, block, hasher.size - len(block))
             if hasher.entry(WEIGHTS_FILE) != manifest.weights:
                 raise IntegrityError(f"{source} changed while being staged (its chunk digests or size differ from the checked file)")
-            os.fsync(fd)
         except BaseException:
             path.unlink(missing_ok=True)
             raise

@@ -203,7 +203,10 @@ class Upload:
                     self._close_locked(remove=True)  # nothing to resume: the same bytes would be refused again
                     raise InvalidHeader(f"the weights of {self.adapter_id!r}: {exc}") from None
             pwrite_all(self._fd, data, offset)
-            os.fdatasync(self._fd)
+            if offset + len(data) < self.size:
+                # The bytes a resume keeps are synced as they come; the last piece's are synced by the commit's batch with
+                # every other commit of it (a power cut before that commit restarts the upload: commit verifies every byte).
+                os.fdatasync(self._fd)
             self._written_stamp = write_stamp(self._fd)
             self._hasher.update(data)
             self._offset += len(data)
@@ -232,7 +235,6 @@ class Upload:
                 raise InvalidArgument(f"upload of {self.adapter_id!r} holds {self._offset} of {self.size} bytes: send the rest first")
             data_path = self._directory / "data"
             try:
-                os.fdatasync(self._fd)  # its bytes and size (each append synced its own already: usually nothing left)
                 if write_stamp(self._fd) != self._written_stamp:  # written by someone else since: hash what is on disk
                     self._hasher = self._hash_kept(self.size)
                 weights = self._hasher.entry(WEIGHTS_FILE)
@@ -243,10 +245,11 @@ class Upload:
                     )
                 index = read_index(data_path, max_header_bytes=self._max_header_bytes, name=f"the weights of {self.adapter_id!r}")
                 manifest = manifest_of(self.adapter_id, self.config_json, weights, index)
-                config_blob = self._committer.temps.blob(self.config_json)
+                config_blob = self._committer.temps.blob(self.config_json, sync=False)
                 try:
                     sources = {manifest.files[0].root: config_blob, manifest.weights.root: data_path}
-                    self.already_staged = self._committer.commit(manifest, self.adapter_id, sources)
+                    # Neither file is synced yet: the commit's batch syncs them in one round with the other commits' files.
+                    self.already_staged = self._committer.commit(manifest, self.adapter_id, sources, unsynced=frozenset(sources))
                 finally:
                     config_blob.unlink(missing_ok=True)
             except (InvalidAdapter, IntegrityError):
