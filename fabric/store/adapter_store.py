@@ -238,8 +238,8 @@ class AdapterStore:
         """Remove what no ref reaches (a crash's orphans) and build the index later collections use and the census StoreStatus
         reads, then read every ref's recency stamp (outside the lock: a clock stepped back since they were written); O(adapters)."""
         with self._lock.held():
-            refs = self._collector.collect()
-            self._census.take(refs)  # from the refs just read, each digest's summary kept by the collection: stats only
+            collected = self._collector.collect()
+            self._census.take(collected.refs, collected.whole)  # from what the collection read: no file read again
         self._recency.warm()
 
     def damaged_at(self, adapter_id: str, digest: str) -> bool:

@@ -78,12 +78,13 @@ class Census:
         sound = [i for i in ids if i not in found]
         return sound, [(i, *found[i]) for i in sorted(found)]
 
-    def take(self, refs: dict[str, str]) -> None:
+    def take(self, refs: dict[str, str], whole: set[str] | None) -> None:
         """Take the census whole from ``refs``, every ref of the store read a moment ago under the store's lock, still held
-        (the start-up collection's): no ref is read again, and no commit runs meanwhile."""
+        (the start-up collection's): no ref is read again, and no commit runs meanwhile. ``whole``: the digests found whole
+        then (their manifest read, every blob listed): not checked again."""
         with self._taking, self._lock:
             stamp, started = self._take_stamp(), time.time_ns()
-            self._damaged = self._damage_of(refs)
+            self._damaged = self._damage_of(refs, whole or set())
             self._stamp, self._settled = stamp, started - max(stamp[1:]) >= RACY_NS
 
     def _current(self) -> bool:
@@ -94,10 +95,10 @@ class Census:
     def _take(self) -> dict[str, Damage]:
         return self._damage_of(self.catalog.refs())
 
-    def _damage_of(self, refs: dict[str, str]) -> dict[str, Damage]:
+    def _damage_of(self, refs: dict[str, str], whole: set[str] | frozenset[str] = frozenset()) -> dict[str, Damage]:
         damaged: dict[str, Damage] = {}
         for adapter_id, digest in refs.items():
-            problem = self.catalog.problem(digest)
+            problem = "" if digest in whole else self.catalog.problem(digest)
             if problem:
                 damaged[adapter_id] = (digest if is_digest(digest) else "", problem)
         return damaged

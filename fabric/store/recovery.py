@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 from adapter_fabric.store.catalog import Catalog
 from adapter_fabric.store.durable import fsync_dir
@@ -18,6 +19,14 @@ from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.live_index import REF_GENERATION_FILE, LiveIndex
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+class Collected(NamedTuple):
+    """What a full collection read: every ref, and the digests whose manifest reads whole and whose every blob is in
+    place (None when the blobs were not listed: damage kept the collection from them)."""
+
+    refs: dict[str, str]
+    whole: set[str] | None
 
 
 class GarbageCollector:
@@ -36,8 +45,8 @@ class GarbageCollector:
         self.catalog = catalog
         self.live = LiveIndex(layout.root / REF_GENERATION_FILE)
 
-    def collect(self) -> dict[str, str]:
-        """Remove what no ref reaches (under the lock), and rebuild the live index from what it read; every ref read.
+    def collect(self) -> Collected:
+        """Remove what no ref reaches (under the lock), and rebuild the live index from what it read; what it read.
 
         Damage makes it keep more, never less: while an id entry does not hold
         a digest, nothing is collected (it may point at any manifest); while a
@@ -50,18 +59,19 @@ class GarbageCollector:
         sound_refs = all(_DIGEST.fullmatch(d) for d in live)
         keep: set[str] = set()
         roots_of: dict[str, tuple[str, ...] | None] = {}
+        summarized: set[str] = set()
         blobs_known = sound_refs
         for entry in os.scandir(layout.manifests):
             name = entry.name.removesuffix(".json")
             digest = live.get(name)
             if digest is not None:
-                roots = roots_of[digest] = self._blob_roots(digest)
+                roots = roots_of[digest] = self._blob_roots(digest, entry.path, summarized)
                 blobs_known &= roots is not None
                 keep.update(roots or ())
             elif sound_refs:
                 os.unlink(entry.path)
                 self.catalog.forget(name)
-        blobs_known &= all(layout.manifest(d).is_file() for d in live) if sound_refs else False
+        blobs_known &= sound_refs and len(roots_of) == len(live)  # every live digest's manifest was among those read
         self.live.rebuild(refs, roots_of, sound_refs and blobs_known)
         for top in (layout.signatures, layout.signers):
             for entry in os.scandir(top):
@@ -74,13 +84,18 @@ class GarbageCollector:
         for entry in os.scandir(layout.views):
             if entry.name not in live and sound_refs:
                 shutil.rmtree(entry.path, ignore_errors=True)
+        whole = None
         if blobs_known:
+            present: set[str] = set()
             for bucket in os.scandir(layout.blobs):
                 for blob in os.scandir(bucket.path):
                     if blob.name not in keep:
                         os.unlink(blob.path)
+                    else:
+                        present.add(blob.name)
+            whole = {d for d in summarized if all(root in present for root in roots_of[d] or ("",))}
         fsync_dir(layout.manifests)
-        return refs
+        return Collected(refs, whole)
 
     def collect_digests(self, digests: set[str]) -> None:
         """Remove what these digests alone reached, if no ref reaches them now (under the lock); a full ``collect``
@@ -115,17 +130,20 @@ class GarbageCollector:
             except FileNotFoundError:
                 pass
 
-    def _blob_roots(self, digest: str) -> tuple[str, ...] | None:
-        """The blob names (file roots) a manifest lists; None when its file cannot be read as one.
+    def _blob_roots(self, digest: str, path: str, summarized: set[str]) -> tuple[str, ...] | None:
+        """The blob names (file roots) the manifest at ``path`` lists; None when its file cannot be read as one.
 
-        A manifest that reads whole leaves its summary in the catalog (a listing and a census then read no manifest).
+        A manifest that reads whole leaves its summary in the catalog (a listing and a census then read no manifest),
+        and its digest in ``summarized``.
         """
         try:
-            data = self.layout.manifest(digest).read_bytes()
+            with open(path, "rb") as f:
+                data = f.read()
         except OSError:
             return None
         summary = self.catalog.summarize(digest, data)
         if summary is not None:
+            summarized.add(digest)
             return summary.roots
         # Raw JSON, not the manifest's checks: collection must not depend on a manifest still validating.
         try:
