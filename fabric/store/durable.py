@@ -17,6 +17,7 @@ depends on them is written).
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import secrets
 from collections.abc import Callable, Iterable
@@ -145,7 +146,9 @@ class DeferredSyncs:
     def sync_files(self, also: DeferredSyncs | None = None) -> None:
         """Sync the files written here (and in ``also``, in the same round: one journal commit for both)."""
         files = self._files + (also._files if also is not None else [])
-        sync_all(self.pool, lambda item: os.fsync(item[0]) if isinstance(item, tuple) else _fsync_path(item), [*files, *self._placed])
+        syncs: list[Callable[[], None]] = [functools.partial(os.fsync, fd) for fd, _, _ in files]
+        syncs += [functools.partial(_fsync_path, path) for path in self._placed]
+        sync_all(self.pool, lambda sync: sync(), syncs)
         self._placed = []
 
     def place(self) -> None:

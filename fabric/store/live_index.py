@@ -101,7 +101,7 @@ class LiveIndex:
     def forget(self, digest: str) -> list[str]:
         """``digest`` is being removed: the blob roots no other live manifest names (they may go too)."""
         self._ids_of.pop(digest, None)
-        roots = self._roots_of.pop(digest, [])
+        roots: tuple[str, ...] = self._roots_of.pop(digest, ())
         unused = []
         for root in set(roots):
             self._root_users[root] -= 1
