@@ -183,11 +183,6 @@ class PartialDownload:
         return self._fd
 
     @property
-    def _open_lock_fd(self) -> int:
-        assert self._lock_fd is not None
-        return self._lock_fd
-
-    @property
     def _open_directory(self) -> Path:
         """The partial's directory; only called before the commit moved its bytes into blobs/ (then it is None)."""
         assert self._directory is not None
@@ -409,8 +404,9 @@ class PartialDownload:
     def _close_locked(self, remove: bool, committed: bool = True) -> None:
         if remove:
             shutil.rmtree(self._open_directory, ignore_errors=True)
+        assert self._lock_fd is not None  # held from open to here
         os.close(self._open_fd)
-        os.close(self._open_lock_fd)
+        os.close(self._lock_fd)
         self._fd = self._lock_fd = None
         if committed:
             self._directory = None  # from now on reads come from the blob
