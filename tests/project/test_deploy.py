@@ -81,7 +81,7 @@ def test_the_statefulset_agrees_with_the_node_flags_service_probes_and_volumes()
 
 def test_the_dockerfile_installs_through_the_project_and_copies_what_exists() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    assert "ARG BASE_IMAGE=python:3.11-slim" in text and "pip install ." in text and 'ENTRYPOINT ["fabric-node"]' in text
+    assert "ARG BASE_IMAGE=python:3.11-slim" in text and 'pip install ".[k8s]"' in text and 'ENTRYPOINT ["fabric-node"]' in text
     for source in re.findall(r"^COPY (\S+)", text, flags=re.M):
         assert (ROOT / source).exists(), source
     statefulset_port = {p["name"]: p["containerPort"] for p in _kind("StatefulSet")["spec"]["template"]["spec"]["containers"][0]["ports"]}
