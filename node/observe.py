@@ -196,10 +196,10 @@ class ObservedPuller(PeerPuller):
         super().__init__(*args, **kwargs)
         self.known_peers = known_peers
 
-    def pull(self, peers: Sequence[str], adapter_id: str, check=None, sink_for=None) -> tuple[Any, PullStats]:
+    def pull(self, peers: Sequence[str], adapter_id: str, check=None, sink_for=None, **kwargs: Any) -> tuple[Any, PullStats]:
         started = time.monotonic()
         try:
-            manifest, stats = super().pull(peers, adapter_id, check, sink_for)
+            manifest, stats = super().pull(peers, adapter_id, check, sink_for, **kwargs)
         except BaseException as exc:
             elapsed = time.monotonic() - started
             metrics.PULLS.labels(outcome_of(exc)).inc()

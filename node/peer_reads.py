@@ -27,6 +27,7 @@ from adapter_fabric.transport.pull import PeerPuller
 from adapter_fabric.trust.signing import signatures_to_proto
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.signed import SignedAdapters
 
 #: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
@@ -74,8 +75,15 @@ Piece = Union[FilePiece, BytesPiece, Picked, Holds]
 class PeerReads:
     """GetManifest, Locate, Fetch and Availability; owns the upload rate limit and the super-seeding counts."""
 
-    def __init__(self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False) -> None:
+    def __init__(
+        self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False,
+        homes: Homes | None = None, streams_open: Callable[[], int] = lambda: 0,
+    ) -> None:  # fmt: skip
+        """``homes``: this node's part in the fleet (answers a Locate at_home, keeps announcements); ``streams_open``: the
+        Fetch streams it serves now, said in every Availability reply (a puller prefers a holder that is not busy)."""
         self.context = context
+        self.homes = homes
+        self.streams_open = streams_open
         #: this node never evicts (--when-full refuse): said in every Availability reply, so peers hand it their last copies
         self.durable = durable
         self.store = context.store
@@ -118,7 +126,10 @@ class PeerReads:
         return reply
 
     async def locate(self, request: fabric_pb2.LocateRequest) -> fabric_pb2.LocateResponse:
-        """Which known peers hold the adapter, fully or in part (this node itself is not listed)."""
+        """Which known peers hold the adapter, fully or in part (this node itself is not listed); ``at_home``: what this
+        node holds and the holders that told it, asking nobody (``node.homes``)."""
+        if request.at_home and self.homes is not None:
+            return await self.context.io(self.homes.answer, request.adapter_id, request.digest)
         peers = await self.context.known_peers()
         digest = request.digest
         if not digest:
@@ -301,16 +312,24 @@ class PeerReads:
         Every reply says whether this node is durable; one for no digest says only that.
         """
         if not request.digest:
-            return fabric_pb2.AvailabilityResponse(durable=self.durable)
+            return fabric_pb2.AvailabilityResponse(durable=self.durable, streams=self.streams_open())
         manifest = self.store.by_digest(request.digest)
         if manifest is not None:
             count = manifest.weights.chunk_count
             return fabric_pb2.AvailabilityResponse(
-                complete=True, chunk_count=count, verified_bitmap=swarm.chunks_to_bitmap(range(count), count), durable=self.durable
+                complete=True, chunk_count=count, verified_bitmap=swarm.chunks_to_bitmap(range(count), count), durable=self.durable,
+                streams=self.streams_open(),
             )
         partial = self.store.partial_for(request.digest)
         if partial is None:
             raise AdapterNotFound(f"no adapter with digest {request.digest} is staged or arriving here")
         return fabric_pb2.AvailabilityResponse(
-            complete=False, chunk_count=partial.manifest.weights.chunk_count, verified_bitmap=partial.verified_bitmap, durable=self.durable
+            complete=False, chunk_count=partial.manifest.weights.chunk_count, verified_bitmap=partial.verified_bitmap, durable=self.durable,
+            streams=self.streams_open(),
         )
+
+    def holder_announced(self, request: fabric_pb2.AnnounceRequest) -> fabric_pb2.AnnounceResponse:
+        """A holder of one of this node's ids says so (``node.homes``); a node without placement takes no announcement."""
+        if self.homes is None:
+            raise InvalidArgument("this node keeps no holders (started with --homes 0): announce to the id's homes")
+        return self.homes.told(request)

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
-from adapter_fabric.errors import IntegrityError, InvalidArgument
+from adapter_fabric.errors import AdapterNotFound, IntegrityError, InvalidArgument
 from adapter_fabric.format.peft_fields import check_agrees
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport.pull import PullStats, SinkFor
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
@@ -28,7 +29,10 @@ log = logging.getLogger("fabric.node")
 class Promotes:
     """Promote (into a slot, or ``stage_only`` into the store)."""
 
-    def __init__(self, context: NodeContext, signed: SignedAdapters) -> None:
+    def __init__(self, context: NodeContext, signed: SignedAdapters, homes: Homes | None = None) -> None:
+        """``homes``: this node's part in the fleet: a request naming no peer for an adapter not held here asks the id's
+        homes where it is (``node.homes``); a pull tells the homes this node holds it now."""
+        self.homes = homes
         self.context = context
         self.store = context.store
         self.signed = signed
@@ -108,9 +112,7 @@ class Promotes:
             if request.peer:
                 manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check, sink_for)
             else:
-                manifest = await self.context.io(self.store.get, adapter_id)
-                self.signed.check_stored(manifest)
-                check(manifest)
+                manifest, stats = await self._held_or_found(adapter_id, check, sink_for)
             return manifest, stats, await self.context.io(self.store.verified_weights, manifest)
         except IntegrityError as exc:
             peers = await self._pull_peers(request) if request.peer else await self.context.known_peers()
@@ -121,10 +123,36 @@ class Promotes:
             return manifest, stats, await self.context.io(self.store.verified_weights, manifest)
 
     async def _signed_pull(
-        self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
+        self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None, complete: Collection[str] = ()
     ) -> tuple[Manifest, PullStats]:
-        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
-        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for)
+        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves; the id's
+        homes are told this node holds it now. ``complete``: peers a lookup found holding the whole adapter."""
+        manifest, stats = await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for, complete=complete)
+        if self.homes is not None and stats.bytes_transferred:
+            self.homes.announce(adapter_id, manifest.digest)
+        return manifest, stats
+
+    async def _held_or_found(
+        self, adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
+    ) -> tuple[Manifest, PullStats]:
+        """The adapter held here, else pulled from where its homes say it is (``Homes.find``); AdapterNotFound naming
+        the homes asked when none names a holder."""
+        try:
+            manifest = await self.context.io(self.store.get, adapter_id)
+        except AdapterNotFound:
+            if self.homes is None:
+                raise
+            found = await self.context.io(self.homes.find, adapter_id, None, True)  # no origin to fall back on: fan out if need be
+            if not found.sources:
+                homes = ", ".join(self.homes.homes_of(adapter_id)) or "none: this node knows no members"
+                raise AdapterNotFound(
+                    f"adapter {adapter_id!r} is not staged here, and neither its homes ({homes}) nor {found.fanned_out} other members "
+                    f"asked hold it" + (f" ({len(found.unreachable)} did not answer)" if found.unreachable else "") + ": stage it, or name a peer that has it"
+                ) from None
+            return await self._signed_pull(found.sources, adapter_id, check, sink_for, complete=found.complete)
+        self.signed.check_stored(manifest)
+        check(manifest)
+        return manifest, PullStats()
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone)."""
@@ -138,12 +166,11 @@ class Promotes:
         adapter_id = validate_adapter_id(request.adapter_id)
         requested = request.peft if request.HasField("peft") else None
         stats = PullStats()
+        agrees: Callable[[Manifest], None] = lambda m: check_agrees(requested, m.config, adapter_id)
         if request.peer:
-            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
+            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, agrees)
         else:
-            manifest = await self.context.io(self.store.get, adapter_id)
-            self.signed.check_stored(manifest)
-            check_agrees(requested, manifest.config, adapter_id)
+            manifest, stats = await self._held_or_found(adapter_id, agrees)
         await self.context.io(self.store.verified_weights, manifest)
         log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
         return fabric_pb2.PromoteResponse(

@@ -36,9 +36,11 @@ from adapter_fabric.rpc.draining import DrainGate
 from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.rpc.security import BearerAuth
 from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.eviction import Candidate
 from adapter_fabric.store.hygiene import expire_abandoned
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.discovery import PeerSource
+from adapter_fabric.transport.members import MemberView
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.data_channel import DataChannels
 from adapter_fabric.transport.fetch_metadata import announce_data_port
@@ -51,6 +53,7 @@ from adapter_fabric.node.engine_drive import SGLangDrive
 from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.eviction import Evictor, RefuseRoom
 from adapter_fabric.node.handoff import HandOff
+from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 
 from adapter_fabric.node.gate import AccessGate
@@ -175,9 +178,18 @@ class Node:
 
     def __init__(
         self, settings: NodeSettings, store: AdapterStore, model: MultiLoraModel | None, channels: PeerChannels, peer_source: PeerSource,
-        trusted: TrustedSigners, port: int,
+        trusted: TrustedSigners, port: int, streams: PeerStreamLimit | None = None,
     ) -> None:
         self.context = NodeContext(store, model, peer_source)
+        #: the fleet and each adapter's homes (--homes; members from --peers, --peers-dns, --peers-k8s): node.homes
+        self.homes = (
+            Homes(
+                MemberView(peer_source.me, settings.peers), settings.homes, channels, store,
+                (lambda: streams.streams_open) if streams is not None else (lambda: 0), dns=settings.peers_dns, k8s=settings.peers_k8s,
+            )
+            if settings.homes > 0
+            else None
+        )
         #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction; the driven
         #: SGLang (--sglang-url; it needs --export-dir) is read by its drive through the same view, shown, holding nothing
         export_dir = str(settings.export_dir) if settings.export_dir else None
@@ -192,9 +204,13 @@ class Node:
         self.evictor = (
             Evictor(
                 store,
-                Candidates(store, self.context.in_use, model.resident_digests if model is not None else set, self.engines),
-                CopiesElsewhere(channels, peer_source.peers),
-                hand_off=HandOff(channels, peer_source.peers, peer_source.me),
+                Candidates(
+                    store, self.context.in_use, model.resident_digests if model is not None else set, self.engines,
+                    home_ids=self.homes.home_ids if self.homes is not None else None,
+                ),
+                CopiesElsewhere(channels, peer_source.peers, homes=self.homes),
+                hand_off=HandOff(channels, peer_source.peers, peer_source.me, homes=self._live_homes if self.homes is not None else None),
+                hands_to="a home" if self.homes is not None else "a durable peer",
                 low_water=settings.evict_to,
                 engines=self.engines,
                 drive=self.drive,
@@ -208,10 +224,13 @@ class Node:
             listen_port=port, make_room=room.make_room,
         )
         signed = SignedAdapters(store, self.puller, trusted)
-        promotes = Promotes(self.context, signed)
-        self.peer_reads = PeerReads(self.context, self.puller, signed, upload_rate=settings.upload_rate, durable=settings.durable)
+        promotes = Promotes(self.context, signed, homes=self.homes)
+        self.peer_reads = PeerReads(
+            self.context, self.puller, signed, upload_rate=settings.upload_rate, durable=settings.durable, homes=self.homes,
+            streams_open=(lambda: streams.streams_open) if streams is not None else (lambda: 0),
+        )
         self.servicer = FabricServicer(
-            staging=Staging(self.context, signed, make_room=room.make_room),
+            staging=Staging(self.context, signed, make_room=room.make_room, on_staged=self.homes.published if self.homes is not None else None),
             peer_reads=self.peer_reads,
             promotes=promotes,
             slots=Slots(self.context, max_new_tokens=settings.max_new_tokens, engines=self.engines),
@@ -224,9 +243,18 @@ class Node:
         self.scrubber = Scrubber(store, self.repairs, rate=settings.scrub_rate)
         if self.evictor is not None:
             self.evictor.start()
+        if self.homes is not None:
+            self.homes.start()
+
+    def _live_homes(self, victim: Candidate) -> list[str]:
+        """A last copy's live homes but this node, first home first: who a hand-off asks to take it."""
+        assert self.homes is not None
+        return self.homes.view.live(dict.fromkeys(h for i in victim.ids for h in self.homes.homes_of(i)))
 
     def close(self) -> None:
         """After the server stopped: the scrub told to stop, the model worker's jobs finished, the peer channels closed."""
+        if self.homes is not None:
+            self.homes.close()
         self.scrubber.stop()
         if self.evictor is not None:
             self.evictor.close()
@@ -313,7 +341,7 @@ async def serve(settings: NodeSettings) -> None:
     options = [*wire.CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", settings.peer_tls_name)] if settings.peer_tls_name else [])]
     data_channels = DataChannels(tls.client_ssl_context() if tls.enabled else None, token=token, tls_name=settings.peer_tls_name)
     channels = PeerChannels(options, credentials=tls.channel_credentials() if tls.enabled else None, token=token, data=data_channels)
-    node = Node(settings, store, model, channels, peer_source, trusted, port)
+    node = Node(settings, store, model, channels, peer_source, trusted, port, streams)
     wire.add_fabric_servicer_to_server(node.servicer, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -338,6 +366,7 @@ async def serve(settings: NodeSettings) -> None:
     hygiene = asyncio.create_task(_expire_periodically(store, settings.expire_abandoned_after)) if settings.expire_abandoned_after > 0 else None
     watch_engines = asyncio.create_task(node.engines.watch(node.context.io)) if node.engines is not None else None
     drive_sglang = asyncio.create_task(node.drive.watch(node.context.io)) if node.drive is not None else None
+    watch_members = asyncio.create_task(node.homes.watch(node.context.io)) if node.homes is not None else None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -357,7 +386,7 @@ async def serve(settings: NodeSettings) -> None:
     streams.close(refusal)
     node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
-    for task in (collecting, hygiene, poll_policy, watch_engines, drive_sglang):
+    for task in (collecting, hygiene, poll_policy, watch_engines, drive_sglang, watch_members):
         if task is not None:
             task.cancel()
     # Listening on while peers' Fetch streams run: a receiver's next request hears the refusal above, not "connection refused".

@@ -23,6 +23,7 @@ from adapter_fabric.exit_codes import EXIT_USAGE
 from adapter_fabric.integrations.engine_models import check_engine_url
 from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
+from adapter_fabric.transport.endpoint_slices import parse_target
 from adapter_fabric.units import format_duration, format_size, parse_chunk_size, parse_duration, parse_size
 
 STORE_ONLY = "none"
@@ -47,6 +48,8 @@ class NodeSettings:
     stall_timeout: float = 10.0
     download_rate: int = 0  # bytes/s this node pulls from peers in all; 0 = unlimited
     peers_dns: str = ""  # NAME:PORT resolving to many peers (a headless service), re-resolved per pull
+    peers_k8s: str = ""  # [NAMESPACE/]SERVICE:PORT whose ready EndpointSlice addresses are members (watched); "" = none
+    homes: int = 3  # homes per adapter id among the members (rendezvous hashing, node.homes); 0 = no placement
     # security: TLS files (a CA makes it mutual TLS) and the bearer token
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -175,6 +178,19 @@ def peer_list(text: str) -> tuple[str, ...]:
     return tuple(peer_host_port(item) for item in csv(text))
 
 
+def k8s_target(text: str) -> str:
+    try:  # checked now; the namespace is read from the pod when it runs
+        return parse_target(text, default_namespace=lambda: "default") and text if text else ""
+    except InvalidArgument as exc:
+        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+
+
+def homes_count(text: str) -> int:
+    if not _DIGITS.fullmatch(text) or int(text) > 64:
+        raise ValueError("expected a whole number from 0 (no placement) to 64")
+    return int(text)
+
+
 def choice(*options: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in options:
@@ -256,6 +272,10 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--upload-rate", size, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
     ("--download-rate", size, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
+    ("--peers-k8s", k8s_target, "", "[NAMESPACE/]SERVICE:PORT: the Service's ready EndpointSlice addresses are members too, watched through the "
+     "Kubernetes API (needs get, list, watch on endpointslices: deploy/rbac.yaml; the namespace defaults to the pod's own)", ""),
+    ("--homes", homes_count, 3, "homes per adapter id among the members (rendezvous hashing): a Stage's node pushes it there, a pull "
+     "naming no peer asks them first, eviction keeps their copies last; 0 = no placement (every peer is asked)", ""),
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
     ("--engine-url", engine_urls, (), "comma-separated base URLs of inference engines beside this node (e.g. http://127.0.0.1:8000): "
      "what each lists in GET /v1/models is shown by fabric ls and never evicted from the export directory", ""),

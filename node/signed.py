@@ -12,7 +12,7 @@ travels with the adapter and none can be replaced.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Collection
 
 from adapter_fabric.errors import BadSignature, TooManySigners
 from adapter_fabric.store import AdapterStore
@@ -73,7 +73,8 @@ class SignedAdapters:
             self.trusted.check(manifest.digest, signatures, f"adapter {manifest.adapter_id!r}")
 
     def pull(
-        self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None] | None = None, sink_for: SinkFor | None = None
+        self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None] | None = None, sink_for: SinkFor | None = None,
+        *, complete: Collection[str] = (),
     ) -> tuple[Manifest, PullStats]:
         """``puller.pull`` with the trust check of the manifest's signature, the signature kept once the pull commits.
 
@@ -82,7 +83,7 @@ class SignedAdapters:
         seen: list[str] = []
         committed = False
         try:
-            result = self.puller.pull(peers, adapter_id, self._signed_pull_check(adapter_id, check, seen), sink_for)
+            result = self.puller.pull(peers, adapter_id, self._signed_pull_check(adapter_id, check, seen), sink_for, complete=complete)
             committed = True
             return result
         finally:

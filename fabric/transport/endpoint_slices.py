@@ -120,6 +120,8 @@ class SliceWatch:
         self._watch: Any = None
         self._thread = threading.Thread(target=self._run, name="endpoint-slices", daemon=True)
         self.table = SliceTable(target.port)
+        #: set once the first list answered (a node waits for it, bounded, before it serves)
+        self.listed = threading.Event()
 
     def start(self) -> SliceWatch:
         self._thread.start()
@@ -161,6 +163,7 @@ class SliceWatch:
         listed = api.list_namespaced_endpoint_slice(target.namespace, label_selector=selector)
         self.table.replace(listed.items)
         self.on_members(self.table.members())
+        self.listed.set()
         version = listed.metadata.resource_version
         while not self._stopped.is_set():
             self._watch = watch.Watch()

@@ -7,9 +7,10 @@ this policy:
 1. Ask the id's homes in rank order (``placement.Fleet.homes``), skipping members marked down, until one names a
    holder; a home answers from what it holds and from the holders that told it (``HolderDirectory``), asking
    nobody itself.
-2. Among the holders, prefer a complete one that is not busy: each holder's own report of the streams it is
-   serving (a home reports its own in its answer; others are probed, within the budget), so a hot adapter's
-   home is not its only seed. Ties go to a random one (``rng``): pullers starting together spread out.
+2. Among the holders, prefer a complete one that is not busy (each holder's own report of the streams it is
+   serving: a home reports its own in its answer; others are probed, within the budget), then one that is no
+   home of the id: a hot adapter's homes are not its only seeds, and keep room for their other ids. Ties go to
+   a random one (``rng``): pullers starting together spread out.
 3. Only when no home names a holder and a home could not be asked (down, or it did not answer), or the caller has
    nothing else to try (``fan_out``: no origin): ask up to ``max_fanout`` further members (the next ranks after the
    homes first: a former home keeps its copy after a join), and say so (``Found.fanned_out``): the caller counts
@@ -120,7 +121,7 @@ def find_sources(
             if asked(member):
                 break
     if probe is not None:
-        unknown = [h for h in rank_holders(holders.values(), rng) if h.complete and h.streams < 0][:probes]
+        unknown = [h for h in rank_holders(holders.values(), rng, homes) if h.complete and h.streams < 0][:probes]
         for holder in unknown:
             found.probes += 1
             try:
@@ -128,20 +129,21 @@ def find_sources(
             except Unreachable:
                 found.unreachable.append(holder.address)
                 del holders[holder.address]
-    ranked = rank_holders(holders.values(), rng)[:max_sources]
+    ranked = rank_holders(holders.values(), rng, homes)[:max_sources]
     found.sources = [h.address for h in ranked]
     found.complete = {h.address for h in ranked if h.complete}
     return found
 
 
-def rank_holders(holders: Iterable[Holder], rng: random.Random | None = None) -> list[Holder]:
-    """Complete before partial; not busy before busy; fewer streams first (an unsaid count between idle and busy);
-    ties in a random order (``rng``), else as given."""
+def rank_holders(holders: Iterable[Holder], rng: random.Random | None = None, homes: Iterable[str] = ()) -> list[Holder]:
+    """Complete before partial; not busy before busy; non-homes before ``homes``; fewer streams first (an unsaid
+    count between idle and busy); ties in a random order (``rng``), else as given."""
     listed = list(holders)
+    home = set(homes)
     order = {h.address: rng.random() if rng is not None else i for i, h in enumerate(listed)}
 
     def key(h: Holder) -> tuple:
         streams = h.streams if h.streams >= 0 else BUSY_STREAMS / 2
-        return (not h.complete, streams >= BUSY_STREAMS, streams, order[h.address])
+        return (not h.complete, streams >= BUSY_STREAMS, h.address in home, streams, order[h.address])
 
     return sorted(listed, key=key)

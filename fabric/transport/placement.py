@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from blake3 import blake3
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["DEFAULT_HOMES", "Fleet", "first_live", "home_id", "id_key", "member_key", "member_scores", "moved", "pair_scores", "score"]
 
@@ -32,6 +35,13 @@ _MASK = (1 << 64) - 1
 _C1, _C2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 #: scores computed at once in ``Fleet.homes_of_many`` (ids x members): about 32 MiB of uint64
 _CHUNK_CELLS = 1 << 22
+
+
+def _np() -> Any:
+    """numpy, imported on first use (a store-only node's start-up imports none of the numeric stack)."""
+    import numpy
+
+    return numpy
 
 
 def home_id(adapter_id: str) -> str:
@@ -59,6 +69,7 @@ def score(key: int, member: int) -> int:
 
 def _scores(keys: np.ndarray) -> np.ndarray:
     """``score`` over an array of ``id_key ^ member_key`` values (uint64; wrap-around is the point), in place."""
+    np = _np()
     z = keys if keys.dtype == np.uint64 else keys.astype(np.uint64)
     shifted = np.empty_like(z)
     with np.errstate(over="ignore"):
@@ -77,6 +88,7 @@ def pair_scores(keys: np.ndarray, members: np.ndarray) -> np.ndarray:
 
 def member_scores(address: str, keys: np.ndarray) -> np.ndarray:
     """One member's score for each of ``keys`` (``id_key`` values, uint64): where a newcomer would outscore a home."""
+    np = _np()
     return _scores(keys ^ np.uint64(member_key(address)))
 
 
@@ -89,6 +101,7 @@ class Fleet:
 
     @staticmethod
     def of(addresses: Iterable[str]) -> Fleet:
+        np = _np()
         members = tuple(sorted({a.lower() for a in addresses}))
         return Fleet(members, np.array([member_key(m) for m in members], dtype=np.uint64))
 
@@ -108,6 +121,7 @@ class Fleet:
 
     def scores(self, adapter_id: str) -> np.ndarray:
         """Every member's score for ``adapter_id``, in ``members`` order."""
+        np = _np()
         return _scores(self.keys ^ np.uint64(id_key(adapter_id)))
 
     def ranked(self, adapter_id: str, limit: int | None = None) -> list[str]:
@@ -126,6 +140,7 @@ class Fleet:
 
     def homes_of_many(self, adapter_ids: Sequence[str], k: int = DEFAULT_HOMES) -> list[list[str]]:
         """``homes`` of each id, computed a chunk of ids at a time (one matrix of scores per chunk)."""
+        np = _np()
         n = len(self.members)
         if n == 0:
             return [[] for _ in adapter_ids]
@@ -143,6 +158,7 @@ class Fleet:
 
 def _top(scores: np.ndarray, k: int) -> list[int]:
     """Indices of the ``k`` highest scores, highest first (ties: the earlier member, i.e. the lower address)."""
+    np = _np()
     n = len(scores)
     if k <= 0:
         return []
@@ -155,6 +171,7 @@ def _top(scores: np.ndarray, k: int) -> list[int]:
 
 def _top_rows(scores: np.ndarray, k: int) -> np.ndarray:
     """Per row, the column indices of the ``k`` highest scores, highest first (``scores`` is overwritten)."""
+    np = _np()
     rows = np.arange(scores.shape[0])
     if k <= 8:  # a few passes of argmax beat a partition of every row
         picked = np.empty((scores.shape[0], k), dtype=np.intp)

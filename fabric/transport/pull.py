@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from adapter_fabric.errors import AdapterNotFound, FabricError
 from adapter_fabric.store import AdapterStore
@@ -113,6 +113,8 @@ class PeerPuller:
         adapter_id: str,
         check: ManifestCheck | None = None,
         sink_for: SinkFor | None = None,
+        *,
+        complete: Collection[str] = (),
     ) -> tuple[Manifest, PullStats]:
         """Fetch ``adapter_id`` from ``peers`` (in order of preference) and commit it under that id.
 
@@ -123,16 +125,19 @@ class PeerPuller:
         nothing written. ``sink_for(manifest)`` may give a sink that sees every
         verified chunk of this download as it lands (a slot row staged while
         receiving); a pull that moves no bytes (they are here already, or
-        another caller's download is joined) feeds it nothing.
+        another caller's download is joined) feeds it nothing. ``complete``: peers known to hold the whole adapter (a
+        lookup asked them): the download takes chunks from them without asking what they hold.
         """
         manifest, first, signatures = self.manifest(peers, adapter_id)
         if check is not None:
             check(manifest, signatures)
         sink = sink_for(manifest) if sink_for is not None else None
         ordered = [first] + [p for p in dict.fromkeys(peers) if p != first]
-        return self._single_flight(manifest, ordered, sink)
+        return self._single_flight(manifest, ordered, sink, complete=frozenset(complete))
 
-    def _single_flight(self, manifest: Manifest, peers: list[str], sink: Any = None, attempts: int = 2) -> tuple[Manifest, PullStats]:
+    def _single_flight(
+        self, manifest: Manifest, peers: list[str], sink: Any = None, attempts: int = 2, complete: frozenset[str] = frozenset()
+    ) -> tuple[Manifest, PullStats]:
         with self._lock:
             future = self._inflight.get(manifest.digest)
             leader = future is None
@@ -150,9 +155,9 @@ class PeerPuller:
                 if attempts <= 1:
                     raise
             # The bytes left between that download's commit and this caller's reference (an unstage raced it): again.
-            return self._single_flight(manifest, peers, sink, attempts - 1)
+            return self._single_flight(manifest, peers, sink, attempts - 1, complete)
         try:
-            result = self._download(manifest, peers, sink)
+            result = self._download(manifest, peers, sink, complete)
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -185,7 +190,7 @@ class PeerPuller:
             raise AdapterNotFound(f"the bytes of {manifest.digest} left this store (unstaged) before {manifest.adapter_id!r} could refer to them; pull again")
         return partial.commit(manifest.adapter_id)
 
-    def _download(self, manifest: Manifest, peers: list[str], sink: Any = None) -> tuple[Manifest, PullStats]:
+    def _download(self, manifest: Manifest, peers: list[str], sink: Any = None, complete: frozenset[str] = frozenset()) -> tuple[Manifest, PullStats]:
         """``peers[0]`` served the manifest, so it holds every chunk; the others say what they hold."""
         stats = PullStats(digest=manifest.digest)
         if self.store.by_digest(manifest.digest) is not None:
@@ -202,6 +207,7 @@ class PeerPuller:
                 download = SwarmPull(
                     manifest, partial, peers, stats,
                     settings=self.settings, channels=self.channels, download_limit=self.download_limit, holding=self.holding,
+                    complete=complete,
                 )
                 with self._lock:
                     self._pulls[manifest.digest] = download

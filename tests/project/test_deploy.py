@@ -212,3 +212,16 @@ def test_the_readmes_kubernetes_names_are_the_manifests() -> None:
         assert (ROOT / path).is_file(), path
     assert ("Deployment", "vllm-engine") in names and "deploy/vllm-sidecar.yaml" in readme
     assert ("Deployment", "sglang-engine") in names and "deploy/sglang-sidecar.yaml" in readme
+
+
+def test_the_node_may_watch_its_services_endpoint_slices_and_nothing_more() -> None:
+    service, statefulset = _kind("Service"), _kind("StatefulSet")
+    account, role, binding = _kind("ServiceAccount"), _kind("Role"), _kind("RoleBinding")
+    pod = statefulset["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    settings = parse_settings([], env)
+    assert settings.peers_k8s.split(":")[0] == service["metadata"]["name"] and settings.homes == 3
+    assert settings.peers_k8s.split(":")[1] in {p["name"] for p in service["spec"]["ports"]}
+    assert pod["serviceAccountName"] == account["metadata"]["name"] == binding["subjects"][0]["name"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]

@@ -45,7 +45,7 @@ def test_a_home_that_holds_it_costs_one_ask() -> None:
 def test_a_busy_home_gives_way_to_an_idle_holder_it_names_within_k_plus_one_lookups() -> None:
     fleet = Fleet({"h1:1": BUSY_STREAMS + 2, "a:1": 5, "b:1": 0}, told=("a:1", "b:1"))
     found = find_sources(HOMES, fleet.ask, probe=fleet.probe, probes=2)
-    assert found.sources[0] == "b:1" and found.sources[-1] == "h1:1"
+    assert found.sources == ["b:1", "a:1", "h1:1"]
     assert found.asks == 1 and found.probes == 2 and found.lookups + 1 <= len(HOMES) + 1
 
 
@@ -75,6 +75,7 @@ def test_ranking_prefers_whole_then_idle_and_spreads_ties() -> None:
     assert [h.address for h in rank_holders(holders)] == ["x:1", "y:1", "busy:1", "p:1"]
     firsts = {rank_holders(holders, random.Random(seed))[0].address for seed in range(20)}
     assert firsts == {"x:1", "y:1"}
+    assert [h.address for h in rank_holders(holders, homes={"x:1"})][:2] == ["y:1", "x:1"]  # a home gives way when not needed
 
 
 def test_the_directory_is_bounded_and_forgets() -> None:
