@@ -49,7 +49,7 @@ class NodeSettings:
     download_rate: int = 0  # bytes/s this node pulls from peers in all; 0 = unlimited
     peers_dns: str = ""  # NAME:PORT resolving to many peers (a headless service), re-resolved per pull
     peers_k8s: str = ""  # [NAMESPACE/]SERVICE:PORT whose ready EndpointSlice addresses are members (watched); "" = none
-    homes: int = 3  # homes per adapter id among the members (rendezvous hashing, node.homes); 0 = no placement
+    homes: int = 0  # homes per adapter id among the members (rendezvous hashing, node.homes); 0 = no placement
     # security: TLS files (a CA makes it mutual TLS) and the bearer token
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -274,8 +274,8 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
     ("--peers-k8s", k8s_target, "", "[NAMESPACE/]SERVICE:PORT: the Service's ready EndpointSlice addresses are members too, watched through the "
      "Kubernetes API (needs get, list, watch on endpointslices: deploy/rbac.yaml; the namespace defaults to the pod's own)", ""),
-    ("--homes", homes_count, 3, "homes per adapter id among the members (rendezvous hashing): a Stage's node pushes it there, a pull "
-     "naming no peer asks them first, eviction keeps their copies last; 0 = no placement (every peer is asked)", ""),
+    ("--homes", homes_count, 0, "homes per adapter id among the members (rendezvous hashing; 3 is the usual): a Stage's node pushes it "
+     "there, a pull naming no peer asks them first, eviction keeps their copies last; 0 = no placement (every peer is asked)", ""),
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
     ("--engine-url", engine_urls, (), "comma-separated base URLs of inference engines beside this node (e.g. http://127.0.0.1:8000): "
      "what each lists in GET /v1/models is shown by fabric ls and never evicted from the export directory", ""),
