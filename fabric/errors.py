@@ -150,6 +150,17 @@ class DeadlineExceeded(FabricError):
     """The caller's deadline passed before the work was done (the partial result is not returned as if it were whole)."""
 
 
+# --- origins (adapter_fabric.origins) ---------------------------------------
+
+
+class OriginUnavailable(PeerUnavailable):
+    """An origin (S3, the Hub, an HTTP server, a directory) did not answer, or answered an error, after its retries."""
+
+
+class OriginTooSlow(DeadlineExceeded):
+    """An origin sent an adapter slower than its timeout allows (a slow drip): nothing of it was staged."""
+
+
 # --- who is calling ---------------------------------------------------------
 
 

@@ -268,6 +268,18 @@ class Homes:
         metrics.HOME_PUSHES.labels(why, metrics.OK).inc()
         return True
 
+    def fetch_at(self, home: str, adapter_id: str, timeout: float = HANDOFF_TIMEOUT_S) -> None:
+        """Have ``home`` bring ``adapter_id`` (a stage-only Promote naming no peer: it resolves the miss itself, from its
+        homes or its origins; concurrent asks join one fetch there). Blocking; a home that does not answer is marked down."""
+        request = fabric_pb2.PromoteRequest(adapter_id=adapter_id, stage_only=True)
+        try:
+            fabric_pb2_grpc.FabricStub(self.channels.get(home)).Promote(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            error = error_from_rpc(exc, peer=home)
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                self.view.mark_down(home, str(error))
+            raise error from None
+
     # ------------------------------------------------------------ membership and re-homing (the event loop)
 
     def start(self) -> None:

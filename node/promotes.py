@@ -13,7 +13,8 @@ import logging
 from pathlib import Path
 from typing import Callable, Collection
 
-from adapter_fabric.errors import AdapterNotFound, IntegrityError, InvalidArgument
+from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
+from adapter_fabric.access.caller import caller
 from adapter_fabric.format.peft_fields import check_agrees
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
@@ -30,8 +31,8 @@ class Promotes:
     """Promote (into a slot, or ``stage_only`` into the store)."""
 
     def __init__(self, context: NodeContext, signed: SignedAdapters, homes: Homes | None = None) -> None:
-        """``homes``: this node's part in the fleet: a request naming no peer for an adapter not held here asks the id's
-        homes where it is (``node.homes``); a pull tells the homes this node holds it now."""
+        """``homes``: this node's part in the fleet (``node.homes``): a pull tells the id's homes this node holds it now (a
+        request naming no peer asks them first: ``node.origin_fetch``)."""
         self.homes = homes
         self.context = context
         self.store = context.store
@@ -95,6 +96,7 @@ class Promotes:
             source_peer=",".join(stats.source_peers),
             pull_seconds=stats.pull_seconds,
             joined=stats.shared,
+            **dict(zip(("origin", "revision"), await self._origin_of(adapter_id, manifest))),
         )
 
     async def _verified(
@@ -112,7 +114,8 @@ class Promotes:
             if request.peer:
                 manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check, sink_for)
             else:
-                manifest, stats = await self._held_or_found(adapter_id, check, sink_for)
+                manifest, stats = await self._resolved(adapter_id, request)
+                check(manifest)
             return manifest, stats, await self.context.io(self.store.verified_weights, manifest)
         except IntegrityError as exc:
             peers = await self._pull_peers(request) if request.peer else await self.context.known_peers()
@@ -132,28 +135,6 @@ class Promotes:
             self.homes.announce(adapter_id, manifest.digest)
         return manifest, stats
 
-    async def _held_or_found(
-        self, adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
-    ) -> tuple[Manifest, PullStats]:
-        """The adapter held here, else pulled from where its homes say it is (``Homes.find``); AdapterNotFound naming
-        the homes asked when none names a holder."""
-        try:
-            manifest = await self.context.io(self.store.get, adapter_id)
-        except AdapterNotFound:
-            if self.homes is None:
-                raise
-            found = await self.context.io(self.homes.find, adapter_id, None, True)  # no origin to fall back on: fan out if need be
-            if not found.sources:
-                homes = ", ".join(self.homes.homes_of(adapter_id)) or "none: this node knows no members"
-                raise AdapterNotFound(
-                    f"adapter {adapter_id!r} is not staged here, and neither its homes ({homes}) nor {found.fanned_out} other members "
-                    f"asked hold it" + (f" ({len(found.unreachable)} did not answer)" if found.unreachable else "") + ": stage it, or name a peer that has it"
-                ) from None
-            return await self._signed_pull(found.sources, adapter_id, check, sink_for, complete=found.complete)
-        self.signed.check_stored(manifest)
-        check(manifest)
-        return manifest, PullStats()
-
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone)."""
         _check_peer_address(request.peer)
@@ -166,12 +147,18 @@ class Promotes:
         adapter_id = validate_adapter_id(request.adapter_id)
         requested = request.peft if request.HasField("peft") else None
         stats = PullStats()
-        agrees: Callable[[Manifest], None] = lambda m: check_agrees(requested, m.config, adapter_id)
         if request.peer:
-            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, agrees)
+            manifest, stats = await self._signed_pull(
+                await self._pull_peers(request), adapter_id, lambda m: (check_agrees(requested, m.config, adapter_id), _check_base(request, m))
+            )
         else:
-            manifest, stats = await self._held_or_found(adapter_id, agrees)
+            manifest, stats = await self._resolved(adapter_id, request)
+            check_agrees(requested, manifest.config, adapter_id)
         await self.context.io(self.store.verified_weights, manifest)
+        origin, revision = await self._origin_of(adapter_id, manifest)
+        export = ""
+        if request.export_version and self.store.exports is not None:
+            export = (await self.context.io(self.store.exports.export_version, adapter_id, manifest)).name
         log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
         return fabric_pb2.PromoteResponse(
             slot=-1,
@@ -181,7 +168,39 @@ class Promotes:
             source_peer=",".join(stats.source_peers),
             pull_seconds=stats.pull_seconds,
             joined=stats.shared,
+            origin=origin,
+            revision=revision,
+            export_name=export,
         )
+
+    async def _resolved(self, adapter_id: str, request: fabric_pb2.PromoteRequest) -> tuple[Manifest, PullStats]:
+        """No peer named: held here (revalidated past --origin-ttl), else from the known peers, else the origins (node.origin_fetch)."""
+        if self.context.origins is None:
+            manifest, stats = await self.context.io(self.store.get, adapter_id), PullStats()
+        else:
+            # An engine's base model is checked before a byte of a miss moves (and a fetch for another base is not shared).
+            check = (lambda m: _check_base(request, m)) if request.base_model else None
+            # The caller's own grants decide whether bytes are brought for it, from a peer or an origin (invariant 18).
+            who = caller()
+            resolved = await self.context.origins.resolve(adapter_id, check, flight=request.base_model, may_fetch=lambda: who.check("pull", adapter_id))
+            manifest, stats = resolved.manifest, resolved.stats
+        self.signed.check_stored(manifest)
+        _check_base(request, manifest)
+        return manifest, stats
+
+    async def _origin_of(self, adapter_id: str, manifest: Manifest) -> tuple[str, str]:
+        """(origin, revision) the id's digest came from; ("", "") when staged or pulled from a peer."""
+        if self.context.origins is None:
+            return "", ""
+        record = await self.context.io(self.context.origins.record_of, adapter_id, manifest.digest)
+        return (record.revision.origin, record.revision.revision) if record is not None else ("", "")
+
+
+def _check_base(request: fabric_pb2.PromoteRequest, manifest: Manifest) -> None:
+    """The caller's base model (an engine's resolver knows it), against the adapter's config, before it is used."""
+    named = manifest.config.base_model_name_or_path
+    if request.base_model and named != request.base_model:
+        raise IncompatibleAdapter(f"adapter {manifest.adapter_id!r} is for base model {str(named)[:200]!r}, not {request.base_model[:200]!r}")
 
 
 def _check_peer_address(address: str) -> None:

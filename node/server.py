@@ -57,6 +57,8 @@ from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 
 from adapter_fabric.node.gate import AccessGate
+from adapter_fabric.node.engine_retarget import retarget_for
+from adapter_fabric.node.origin_fetch import build_origin_fetches
 from adapter_fabric.node.policy_reloads import PolicyReloads
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S, PeerReads
@@ -209,7 +211,7 @@ class Node:
                     store, self.context.in_use, model.resident_digests if model is not None else set, self.engines,
                     home_ids=self.homes.home_ids if self.homes is not None else None,
                 ),
-                CopiesElsewhere(channels, peer_source.peers, homes=self.homes),
+                CopiesElsewhere(channels, peer_source.peers, homes=self.homes, backed=self._from_origin),
                 hand_off=HandOff(channels, peer_source.peers, peer_source.me, homes=self._live_homes if self.homes is not None else None),
                 hands_to="a home" if self.homes is not None else "a durable peer",
                 low_water=settings.evict_to,
@@ -225,6 +227,13 @@ class Node:
             listen_port=port, make_room=room.make_room,
         )
         signed = SignedAdapters(store, self.puller, trusted)
+        try:
+            #: a request without a peer: held, else the peers, else the --origin list (node.origin_fetch)
+            self.context.origins = build_origin_fetches(settings, self.context, signed, make_room=room.make_room, homes=self.homes)
+        except FabricError as exc:
+            fail(f"--origin: {exc}")
+        #: the vLLM engines beside the node drop an adapter whose id moved to its origin's new revision (node.engine_retarget)
+        self.retarget = retarget_for(settings, store, self.context.origins, export_dir)
         promotes = Promotes(self.context, signed, homes=self.homes)
         self.peer_reads = PeerReads(
             self.context, self.puller, signed, upload_rate=settings.upload_rate, durable=settings.durable, homes=self.homes,
@@ -246,6 +255,11 @@ class Node:
             self.evictor.start()
         if self.homes is not None:
             self.homes.start()
+
+    def _from_origin(self, victim: Candidate) -> bool:
+        """Whether an origin gave one of the victim's ids this digest (it holds a copy: never the last one)."""
+        origins = self.context.origins
+        return origins is not None and any(origins.record_of(i, victim.digest) is not None for i in victim.ids)
 
     def _live_homes(self, victim: Candidate) -> list[str]:
         """A last copy's live homes but this node, first home first: who a hand-off asks to take it."""
@@ -362,6 +376,7 @@ async def serve(settings: NodeSettings) -> None:
     watch_engines = asyncio.create_task(node.engines.watch(node.context.io)) if node.engines is not None else None
     drive_sglang = asyncio.create_task(node.drive.watch(node.context.io)) if node.drive is not None else None
     watch_members = asyncio.create_task(node.homes.watch(node.context.io)) if node.homes is not None else None
+    retarget = asyncio.create_task(node.retarget.watch(node.context.io, node.context.origins.resolve)) if node.retarget is not None else None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -381,7 +396,7 @@ async def serve(settings: NodeSettings) -> None:
     streams.close(refusal)
     node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
-    for task in (collecting, hygiene, poll_policy, watch_engines, drive_sglang, watch_members):
+    for task in (collecting, hygiene, poll_policy, watch_engines, drive_sglang, watch_members, retarget):
         if task is not None:
             task.cancel()
     # Listening on while peers' Fetch streams run: a receiver's next request hears the refusal above, not "connection refused".

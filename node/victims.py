@@ -91,7 +91,12 @@ class Candidates:
 class CopiesElsewhere:
     """Which victims no known peer (with placement: no other home) holds a complete copy of, all asked at once."""
 
-    def __init__(self, channels: PeerChannels, peers: Callable[[], list[str]], timeout: float = ASK_TIMEOUT_S, homes: Placement | None = None) -> None:
+    def __init__(
+        self, channels: PeerChannels, peers: Callable[[], list[str]], timeout: float = ASK_TIMEOUT_S, homes: Placement | None = None,
+        backed: Callable[[Candidate], bool] | None = None,
+    ) -> None:  # fmt: skip
+        """``backed``: whether a victim came from an origin that still holds it (never a last copy: a miss fetches it again)."""
+        self.backed = backed
         self.channels = channels
         self.peers = peers
         self.timeout = timeout
@@ -113,6 +118,7 @@ class CopiesElsewhere:
         """With placement: the victims that may not go yet, and the home each is handed to (``home_copies.last_copies``)."""
         assert self.homes is not None
         me, down = self.homes.view.me, self.homes.view.down()
+        victims = [v for v in victims if self.backed is None or not self.backed(v)]
         homes = {v.digest: list(dict.fromkeys(h for i in v.ids for h in self.homes.homes_of(i))) for v in victims}
         asks = [(digest, home) for digest, ranked in homes.items() for home in ranked if home != me and home not in down]
         copies: dict[str, set[str]] = {}

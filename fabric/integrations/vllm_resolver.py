@@ -1,10 +1,15 @@
 """A vLLM LoRA resolver backed by a fabric node running beside vLLM (a sidecar with ``--export-dir``).
 
 On a request for an adapter vLLM has not loaded, vLLM asks its resolvers.
-This one asks the local node to pull the adapter from whichever peer holds
-it (``Locate``, then a stage-only ``Promote``), and hands vLLM the node's
-exported PEFT directory for it. Nothing is copied: the export is hard links
-into the node's store.
+This one asks the local node for the adapter (a stage-only ``Promote`` with
+no peer: the node answers what it holds, revalidated with its origin past
+``--origin-ttl``, else pulls it from its peers, else fetches it from its
+``--origin`` list) and hands vLLM the node's exported PEFT directory for that
+digest (``<id>#<digest prefix>``: one path per digest, so vLLM's prefix cache,
+keyed by name and path, never mixes two digests of one id). Nothing is
+copied: the export is hard links into the node's store. When the id moves,
+the node unloads it from vLLM (``node.engine_retarget``) and the next request
+comes here again.
 
 It fails safe inside the engine: vLLM calls resolvers outside any ``try``
 (``OpenAIServingModels.resolve_lora``) and does not guard its plugin loader,
@@ -12,8 +17,8 @@ so ``register`` never raises (bad settings, or a vLLM without the resolver
 interface, are logged and the resolver is not registered) and the resolver
 never raises (a fabric error is logged with its type and the answer is None:
 vLLM then asks its other resolvers and answers 404, not 500). Every pull has
-a deadline, and an adapter for another base model is refused from its peer's
-manifest before any byte moves.
+a deadline, and an adapter for another base model is refused by the node from
+its manifest before any byte moves.
 
 Names: vLLM's ``model`` field is the adapter id (``team-a/support-v3``), one
 canonical name per adapter; the export directory's escaped name
@@ -33,15 +38,13 @@ import json
 import logging
 import math
 import os
-import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from adapter_fabric.client.node_client import NodeClient
-from adapter_fabric.errors import AdapterNotFound, FabricError, InvalidArgument
+from adapter_fabric.errors import AdapterNotFound, FabricError, IncompatibleAdapter, InvalidArgument
 from adapter_fabric.rpc.security import TlsFiles, read_token
-from adapter_fabric.store.export import export_name
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import CONFIG_FILE
 from adapter_fabric.transport.discovery import split_host_port
@@ -77,50 +80,35 @@ def resolve(
     token: str | None = None,
     timeout: float = DEFAULT_RESOLVE_TIMEOUT_S,
 ) -> Path | None:
-    """The exported directory of adapter ``lora_name``, pulled onto the node at ``node_addr`` first if needed.
+    """The export directory of the digest adapter id ``lora_name`` names now, brought onto the node at ``node_addr`` first.
 
-    ``lora_name`` is an adapter id (``team-a/support-v3``). None when it is not
-    one, when no known peer holds it, or when it is not a LoRA for
-    ``base_model_name`` (checked on the holder's manifest before the pull).
-    Other failures (a node unreachable, the ``timeout`` passed) raise the
-    library's errors; the vLLM resolver turns them into None.
+    The node finds it (held, revalidated past its --origin-ttl; else its known peers; else its --origin list) and
+    keeps it under a name of its digest (``export.version_name``): vLLM keys its prefix cache by a LoRA's name and
+    path, so when the id moves to new bytes, the new ones come from a new path and no cached block of the old
+    ones is reused. None when ``lora_name`` is not an id, when neither the fabric nor an origin has it, or when it
+    is not a LoRA for ``base_model_name`` (checked by the node before any byte moves). Other failures (a node
+    unreachable, the ``timeout`` passed) raise the library's errors; the vLLM resolver turns them into None.
     """
-    if "%" in lora_name:
-        log.info("not resolving %r: ask for the adapter by its id (the export directory's name is escaped)", lora_name[:200])
+    if "%" in lora_name or "#" in lora_name:
+        log.info("not resolving %r: ask for the adapter by its id (an export directory's names are escaped)", lora_name[:200])
         return None
     try:
         adapter_id = validate_adapter_id(lora_name)
     except InvalidArgument:
         return None  # not a name the fabric can hold
-    directory = Path(export_dir) / export_name(adapter_id)
+    with NodeClient(node_addr, tls=tls, token=token, timeout=timeout, long_timeout=timeout) as node:
+        try:
+            reply = node.pull(adapter_id, base_model=base_model_name or "", export_version=True, timeout=timeout)
+        except (AdapterNotFound, IncompatibleAdapter) as exc:
+            log.info("not resolving %r: %s", adapter_id, str(exc)[:500])
+            return None
+    if not reply.export_name:
+        raise InvalidArgument(f"node {node_addr} exports nothing: start it with --export-dir {export_dir}")
+    directory = Path(export_dir) / reply.export_name
     if not (directory / CONFIG_FILE).is_file():
-        deadline = time.monotonic() + timeout
-        with NodeClient(node_addr, tls=tls, token=token, timeout=timeout, long_timeout=timeout) as node:
-            try:
-                holders = node.locate(adapter_id).peers
-            except AdapterNotFound:
-                return None
-            if not holders:
-                return None
-            # A complete copy first; the swarm fills in from partial holders too.
-            seed = sorted(holders, key=lambda p: (not p.complete, -p.verified_chunks))[0]
-            if base_model_name is not None and not _for_base(seed.address, adapter_id, base_model_name, tls, token, deadline):
-                return None
-            node.pull(adapter_id, peer=seed.address, timeout=max(0.001, deadline - time.monotonic()))
-        if not (directory / CONFIG_FILE).is_file():
-            raise InvalidArgument(f"node {node_addr} pulled {adapter_id!r} but its export entry is absent: is the node's --export-dir {export_dir}?")
+        raise InvalidArgument(f"node {node_addr} exported {adapter_id!r} but {directory} is absent: is the node's --export-dir {export_dir}?")
+    log.info("resolved %r: digest %s%s", adapter_id, reply.digest[:16], f" (origin {reply.origin} revision {reply.revision[:40]})" if reply.origin else "")
     return directory if _matches(directory, base_model_name) else None
-
-
-def _for_base(peer: str, adapter_id: str, base_model_name: str, tls: TlsFiles | None, token: str | None, deadline: float) -> bool:
-    """Whether ``peer``'s manifest of ``adapter_id`` is a LoRA for ``base_model_name`` (asked before any byte moves)."""
-    with NodeClient(peer, tls=tls, token=token, timeout=max(0.001, deadline - time.monotonic())) as holder:
-        config = holder.manifest(adapter_id).config
-    if config.base_model_name_or_path != base_model_name:
-        log.info("not pulling %r: it is an adapter for base model %r, and this engine serves %r",
-                 adapter_id, config.base_model_name_or_path, base_model_name)
-        return False
-    return True
 
 
 def lora_int_id(lora_name: str) -> int:
