@@ -32,17 +32,19 @@ class HomeRoute:
     """See the module docstring. ``io`` runs a blocking call on an I/O thread (``NodeContext.io``)."""
 
     def __init__(self, homes: Homes, signed: SignedAdapters, io: Callable, has_origins: bool) -> None:
+        """``has_origins``: the node has --origin (then a miss no home names goes to the first live home, and a digest a
+        home says came from an origin is origin-backed here too: never a last copy)."""
+        self.has_origins = has_origins
         self.homes = homes
         self.signed = signed
         self.io = io
-        self.has_origins = has_origins
 
     async def __call__(self, adapter_id: str, admit: Callable[[Manifest], None] | None) -> tuple[Manifest, PullStats] | None:
         homes = self.homes
         found = await self.io(homes.find, adapter_id, None, not self.has_origins)
         if found.sources:
             try:
-                return await self._pull(found.sources, adapter_id, admit, found.complete)
+                return await self._pull(found.sources, adapter_id, admit, found.complete, found.origin)
             except (AdapterNotFound, PeerUnavailable, Untrusted) as exc:
                 if not self.has_origins:
                     raise
@@ -64,11 +66,16 @@ class HomeRoute:
                 if not homes.view.is_down(first):
                     return None  # it answered with a refusal: this node tries its origins itself
                 continue  # marked down: the next live home is the first now
-            return await self._pull([first], adapter_id, admit, {first})
+            return await self._pull([first], adapter_id, admit, {first}, f"an origin, through its first home {first}")
         return None
 
-    async def _pull(self, sources: list[str], adapter_id: str, admit: Callable[[Manifest], None] | None, complete: set[str]) -> tuple[Manifest, PullStats]:
+    async def _pull(
+        self, sources: list[str], adapter_id: str, admit: Callable[[Manifest], None] | None, complete: set[str], origin: str
+    ) -> tuple[Manifest, PullStats]:
+        """``origin``: where the digest came from, when a home said so (or the first home just fetched it): marked backed."""
         manifest, stats = await self.io(self.signed.pull, sources, adapter_id, admit, None, complete=complete)
+        if origin and self.has_origins:
+            self.homes.mark_backed(manifest.digest, origin)
         if stats.bytes_transferred:
             self.homes.announce(adapter_id, manifest.digest)
         return manifest, stats

@@ -24,6 +24,7 @@ import logging
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -53,6 +54,8 @@ CONCURRENT = 2
 MAX_QUEUED = 256
 #: seconds an announcement gets
 ANNOUNCE_TIMEOUT_S = 5.0
+#: origin-backed digests remembered (the least recently marked go first: then a copy of one counts as possibly the last)
+MAX_BACKED = 100_000
 #: seconds a starting node waits for the first list of its Service's EndpointSlices (it serves either way after)
 FIRST_MEMBERS_S = 10.0
 
@@ -114,6 +117,8 @@ class Homes:
         self._jobs = Background("homes")
         self._slices = SliceWatch(parse_target(k8s), lambda members: self.view.update("k8s", members)) if k8s else None
         self._placed = view.fleet()  # the fleet the held adapters were last re-homed for
+        #: digests an origin holds (this node fetched them, or a home said it came from one): never a last copy; bounded
+        self._backed: OrderedDict[str, str] = OrderedDict()
 
     # ------------------------------------------------------------ homes
 
@@ -130,6 +135,21 @@ class Homes:
         if me is None or not adapter_ids:
             return set()
         return {a for a, homes in zip(adapter_ids, self.view.fleet().homes_of_many(adapter_ids, self.k), strict=True) if me in homes}
+
+    # ------------------------------------------------------------ origin-backed digests
+
+    def mark_backed(self, digest: str, origin: str) -> None:
+        """``digest`` came from ``origin`` (which holds it): said to lookups at this node, and never a last copy here."""
+        with self._directory_lock:
+            self._backed.pop(digest, None)
+            self._backed[digest] = origin
+            while len(self._backed) > MAX_BACKED:
+                self._backed.popitem(last=False)
+
+    def backed(self, digest: str) -> str:
+        """The origin ``digest`` came from, when this node knows it did ("" otherwise)."""
+        with self._directory_lock:
+            return self._backed.get(digest, "")
 
     # ------------------------------------------------------------ lookups (an I/O thread)
 
@@ -175,7 +195,7 @@ class Homes:
         holders = tuple(
             Holder(h.address, h.complete, h.streams if h.HasField("streams") else -1) for h in reply.peers[:64] if h.address and len(h.address) <= 300
         )
-        return HomeAnswer(reply.digest if len(reply.digest) == 64 else "", holders)
+        return HomeAnswer(reply.digest if len(reply.digest) == 64 else "", holders, reply.origin[:1000])
 
     def _probe(self, channels: PeerChannels, member: str, digest: str) -> Holder:
         stub = fabric_pb2_grpc.FabricStub(channels.get(member))
@@ -204,7 +224,8 @@ class Homes:
         with self._directory_lock:
             told = self.directory.holders(adapter_id, time.monotonic(), digest or held)
         holders += [fabric_pb2.PeerHolding(address=t.address, complete=t.complete) for t in told if t.address != me and t.address in self.view.fleet()]
-        return fabric_pb2.LocateResponse(digest=held or (told[0].digest if told else ""), peers=holders)
+        digest = held or (told[0].digest if told else "")
+        return fabric_pb2.LocateResponse(digest=digest, peers=holders, origin=self.backed(digest) if digest else "")
 
     def told(self, request: fabric_pb2.AnnounceRequest) -> fabric_pb2.AnnounceResponse:
         """A holder's announcement: kept when it comes from a member (as it names itself) about a valid id and digest."""
@@ -226,6 +247,11 @@ class Homes:
         self.announce(adapter_id, digest)
         for home in self.view.live(self.homes_of(adapter_id)):
             self.push(adapter_id, home, "publish")
+
+    def origin_fetched(self, adapter_id: str, digest: str, origin: str) -> None:
+        """This node fetched ``adapter_id`` from ``origin``: backed, and its other homes pull it from here."""
+        self.mark_backed(digest, origin)
+        self.published(adapter_id, digest)
 
     def announce(self, adapter_id: str, digest: str, dropped: bool = False) -> None:
         """Tell each live home of ``adapter_id`` that this node holds it (or dropped it), in the background."""

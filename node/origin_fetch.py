@@ -113,12 +113,12 @@ class OriginFetches:
     def __init__(
         self, context: NodeContext, signed: SignedAdapters, origins: list[Origin], records: RevisionRecords, ttl: float = DEFAULT_TTL_S,
         concurrency: int = DEFAULT_CONCURRENCY, admit: Callable[[Manifest], None] | None = None, make_room: MakeRoom | None = None,
-        route: Route | None = None, on_fetched: Callable[[str, str], None] | None = None,
+        route: Route | None = None, on_fetched: Callable[[str, str, str], None] | None = None,
     ) -> None:  # fmt: skip
         """``admit``: this node's own check of what it takes (its model's modules and shapes), before anything is committed;
         ``make_room``: asked when the store refuses a commit for room (the node's evictor)."""
         self.make_room = make_room
-        #: with placement: the fleet first (``node.home_route``), before this node's origins; ``on_fetched(id, digest)``:
+        #: with placement: the fleet first (``node.home_route``), before this node's origins; ``on_fetched(id, digest, origin)``:
         #: after this node fetched an id from an origin (its other homes pull it)
         self.route = route
         self.on_fetched = on_fetched
@@ -271,7 +271,7 @@ class OriginFetches:
             assert fetched is not None  # nothing was known, so the origin answers content or an error
             manifest, record, stats = fetched
             if self.on_fetched is not None:
-                self.on_fetched(adapter_id, manifest.digest)
+                self.on_fetched(adapter_id, manifest.digest, origin.label)
             return Resolved(manifest, stats, origin.label, record)
         summary = f"adapter {adapter_id!r} is not held here, no known peer has it, and no origin gave it: " + "; ".join(reasons)
         if down:
@@ -386,7 +386,7 @@ def build_origin_fetches(
     fetches = OriginFetches(
         context, signed, origins, RevisionRecords(context.store.root / "origins"), ttl=settings.origin_ttl, concurrency=settings.origin_concurrency,
         admit=admit, make_room=make_room, route=HomeRoute(homes, signed, context.io, bool(origins)) if homes is not None else None,
-        on_fetched=homes.published if homes is not None else None,
+        on_fetched=homes.origin_fetched if homes is not None else None,
     )  # fmt: skip
     if signed.trusted.required and any(o.trusted for o in origins):
         fetches.vouch_from_records()

@@ -258,6 +258,8 @@ class Node:
 
     def _from_origin(self, victim: Candidate) -> bool:
         """Whether an origin gave one of the victim's ids this digest (it holds a copy: never the last one)."""
+        if self.homes is not None and self.homes.backed(victim.digest):
+            return True
         origins = self.context.origins
         return origins is not None and any(origins.record_of(i, victim.digest) is not None for i in victim.ids)
 

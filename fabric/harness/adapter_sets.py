@@ -16,8 +16,8 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 #: adapters one populate call may make (the metadata benchmark's 100,000 with room to spare)
 MAX_ADAPTERS = 1_000_000
@@ -41,9 +41,8 @@ def real_adapters(out: Path, rank: int = 8, targets: Sequence[str] = ("q_proj", 
 def derive(real: Path, out: Path, seed: int) -> Path:
     """Write into ``out`` an adapter with ``real``'s config and tensor layout, and values of its own from ``seed``."""
     import numpy as np
-    from safetensors.numpy import load_file, save_file
-
     from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
+    from safetensors.numpy import load_file, save_file
 
     tensors = load_file(str(real / WEIGHTS_FILE))
     rng = np.random.default_rng(seed)
@@ -84,3 +83,20 @@ def populate(store_root: Path, reals: list[Path], count: int, jobs: int = 1) -> 
         return _stage_range(*ranges[0])
     with multiprocessing.get_context("spawn").Pool(len(ranges)) as pool:
         return sum(pool.starmap(_stage_range, ranges))
+
+
+def write_directories(root: Path, reals: list[Path], count: int) -> int:
+    """Write ``count`` distinct adapters as PEFT directories ``root/<adapter_id(i)>/`` (a ``file://`` origin); their bytes."""
+    if not 1 <= count <= MAX_ADAPTERS:
+        raise ValueError(f"count must be 1 to {MAX_ADAPTERS}, got {count}")
+    total = 0
+    for index in range(count):
+        out = root / adapter_id(index)
+        if index < len(reals):
+            out.mkdir(parents=True, exist_ok=True)
+            for name in ("adapter_config.json", "adapter_model.safetensors"):
+                shutil.copyfile(reals[index] / name, out / name)
+        else:
+            derive(reals[index % len(reals)], out, seed=index)
+        total += sum(f.stat().st_size for f in out.iterdir())
+    return total

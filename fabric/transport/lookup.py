@@ -54,6 +54,7 @@ class HomeAnswer:
 
     digest: str = ""
     holders: tuple[Holder, ...] = ()
+    origin: str = ""  # the origin the digest came from, when the member knows it did
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Found:
     sources: list[str] = field(default_factory=list)
     complete: set[str] = field(default_factory=set)
     digest: str = ""
+    origin: str = ""  # the origin a member said the digest came from
     asks: int = 0  # homes (and fan-out members) asked
     probes: int = 0  # holders asked for their load
     fanned_out: int = 0  # members asked beyond the homes
@@ -106,6 +108,7 @@ def find_sources(
             return False
         if answer.digest and not found.digest:
             found.digest = answer.digest
+        found.origin = found.origin or answer.origin
         for holder in answer.holders:
             if holder.address not in skipped and (holder.address not in holders or holder.complete and not holders[holder.address].complete):
                 holders[holder.address] = holder

@@ -290,12 +290,14 @@ class AnnounceResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class LocateResponse(_message.Message):
-    __slots__ = ("digest", "peers")
+    __slots__ = ("digest", "peers", "origin")
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     digest: str
     peers: _containers.RepeatedCompositeFieldContainer[PeerHolding]
-    def __init__(self, digest: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerHolding, _Mapping]]] = ...) -> None: ...
+    origin: str
+    def __init__(self, digest: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerHolding, _Mapping]]] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class ListAdaptersRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
