@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from adapter_fabric.access.policy import Principal
 from adapter_fabric.errors import AdapterNotFound, FabricError, PeerUnavailable, Untrusted
 from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.signed import SignedAdapters
@@ -39,12 +40,17 @@ class HomeRoute:
         self.signed = signed
         self.io = io
 
-    async def __call__(self, adapter_id: str, admit: Callable[[Manifest], None] | None) -> tuple[Manifest, PullStats] | None:
+    async def __call__(
+        self, adapter_id: str, admit: Callable[[Manifest], None] | None, who: Principal, authority: dict
+    ) -> tuple[Manifest, PullStats] | None:
+        """``who`` and ``authority`` (``node.authority.pull_authority``): the caller this miss is resolved for; every call to a
+        member (the lookups, the first home's fetch, the pull) names it, so each gives only what that caller may pull."""
         homes = self.homes
-        found = await self.io(homes.find, adapter_id, None, not self.has_origins)
+        channels = self.signed.puller.channels.for_caller(authority.get("behalf", ""))
+        found = await self.io(homes.find, adapter_id, channels, not self.has_origins)
         if found.sources:
             try:
-                return await self._pull(found.sources, adapter_id, admit, found.complete, found.origin)
+                return await self._pull(found.sources, adapter_id, admit, found.complete, found.origin, who, authority)
             except (AdapterNotFound, PeerUnavailable, Untrusted) as exc:
                 if not self.has_origins:
                     raise
@@ -60,20 +66,21 @@ class HomeRoute:
             if first is None or first == homes.view.me:
                 return None  # this node is the first live home: it fetches from its origins
             try:
-                await self.io(homes.fetch_at, first, adapter_id)
+                await self.io(homes.fetch_at, first, adapter_id, channels)
             except FabricError as exc:
                 log.warning("first home %s did not bring %s from its origin (%s)", first, adapter_id, str(exc)[:200])
                 if not homes.view.is_down(first):
                     return None  # it answered with a refusal: this node tries its origins itself
                 continue  # marked down: the next live home is the first now
-            return await self._pull([first], adapter_id, admit, {first}, f"an origin, through its first home {first}")
+            return await self._pull([first], adapter_id, admit, {first}, f"an origin, through its first home {first}", who, authority)
         return None
 
     async def _pull(
-        self, sources: list[str], adapter_id: str, admit: Callable[[Manifest], None] | None, complete: set[str], origin: str
+        self, sources: list[str], adapter_id: str, admit: Callable[[Manifest], None] | None, complete: set[str], origin: str,
+        who: Principal, authority: dict,
     ) -> tuple[Manifest, PullStats]:
         """``origin``: where the digest came from, when a home said so (or the first home just fetched it): marked backed."""
-        manifest, stats = await self.io(self.signed.pull, sources, adapter_id, admit, None, complete=complete)
+        manifest, stats = await self.io(self.signed.pull, sources, adapter_id, admit, None, who, complete=complete, **authority)
         if origin and self.has_origins:
             self.homes.mark_backed(manifest.digest, origin)
         if stats.bytes_transferred:

@@ -27,14 +27,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import grpc
+
 from adapter_fabric.errors import AdapterNotFound, FabricError, InvalidArgument, PermissionDenied
 from adapter_fabric.node.handoff import HANDOFF_TIMEOUT_S, dialable
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.rpc.status import error_from_rpc
 from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.eviction import Candidate
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest
 from adapter_fabric.transport import discovery, rehoming
 from adapter_fabric.transport.channels import PeerChannels
@@ -68,7 +71,7 @@ class Background:
         self._lock = threading.Lock()
         self._pending: set[tuple] = set()
 
-    def submit(self, key: tuple, job: Callable[[], None]) -> bool:
+    def submit(self, key: tuple, job: Callable[[], object]) -> bool:
         with self._lock:
             if key in self._pending:
                 return True
@@ -115,10 +118,13 @@ class Homes:
         self._directory_lock = threading.Lock()
         self._rng = rng or random.Random()
         self._jobs = Background("homes")
-        self._slices = SliceWatch(parse_target(k8s), lambda members: self.view.update("k8s", members)) if k8s else None
+        self._slices = SliceWatch(parse_target(k8s), self._k8s_members) if k8s else None
         self._placed = view.fleet()  # the fleet the held adapters were last re-homed for
         #: digests an origin holds (this node fetched them, or a home said it came from one): never a last copy; bounded
         self._backed: OrderedDict[str, str] = OrderedDict()
+
+    def _k8s_members(self, members: frozenset[str]) -> None:
+        self.view.update("k8s", members)
 
     # ------------------------------------------------------------ homes
 
@@ -128,6 +134,10 @@ class Homes:
     def is_home(self, adapter_id: str) -> bool:
         me = self.view.me
         return me is not None and me in self.homes_of(adapter_id)
+
+    def live_homes(self, victim: Candidate) -> list[str]:
+        """A last copy's live homes but this node, first home first: whom a hand-off asks to take it (``node.handoff``)."""
+        return self.view.live(dict.fromkeys(h for i in victim.ids for h in self.homes_of(i)))
 
     def home_ids(self, adapter_ids: list[str]) -> set[str]:
         """Which of ``adapter_ids`` this node is a home of (one pass over the fleet's scores for all of them)."""
@@ -260,7 +270,7 @@ class Homes:
             return
         request = fabric_pb2.AnnounceRequest(adapter_id=adapter_id, digest=digest, complete=True, dropped=dropped, address=me)
         for home in self.view.live(self.homes_of(adapter_id)):
-            self._jobs.submit(("announce", adapter_id, home, dropped), lambda home=home: self._announce(home, request))
+            self._jobs.submit(("announce", adapter_id, home, dropped), partial(self._announce, home, request))
 
     def _announce(self, home: str, request: fabric_pb2.AnnounceRequest) -> None:
         try:
@@ -294,12 +304,13 @@ class Homes:
         metrics.HOME_PUSHES.labels(why, metrics.OK).inc()
         return True
 
-    def fetch_at(self, home: str, adapter_id: str, timeout: float = HANDOFF_TIMEOUT_S) -> None:
+    def fetch_at(self, home: str, adapter_id: str, channels: PeerChannels | None = None, timeout: float = HANDOFF_TIMEOUT_S) -> None:
         """Have ``home`` bring ``adapter_id`` (a stage-only Promote naming no peer: it resolves the miss itself, from its
-        homes or its origins; concurrent asks join one fetch there). Blocking; a home that does not answer is marked down."""
+        homes or its origins; concurrent asks join one fetch there). ``channels``: the caller's view (it names the caller the
+        fetch is for). Blocking; a home that does not answer is marked down."""
         request = fabric_pb2.PromoteRequest(adapter_id=adapter_id, stage_only=True)
         try:
-            fabric_pb2_grpc.FabricStub(self.channels.get(home)).Promote(request, timeout=timeout)
+            fabric_pb2_grpc.FabricStub((channels or self.channels).get(home)).Promote(request, timeout=timeout)
         except grpc.RpcError as exc:
             error = error_from_rpc(exc, peer=home)
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -309,8 +320,14 @@ class Homes:
     # ------------------------------------------------------------ membership and re-homing (the event loop)
 
     def start(self) -> None:
-        """Start watching --peers-k8s and wait (at most ``FIRST_MEMBERS_S``) for its first list: a node that published
-        before it knew its members would push to the wrong homes (re-homing would mend it later)."""
+        """Resolve --peers-dns once, start watching --peers-k8s and wait (at most ``FIRST_MEMBERS_S``) for its first list: a
+        node that published before it knew its members would push to the wrong homes (re-homing would mend it later).
+        Blocking."""
+        if self.dns:  # the first resolution now: members (and their credentials) are known before the node serves
+            try:
+                self.view.update("dns", discovery.resolve(self.dns))
+            except OSError as exc:
+                log.warning("peer discovery: %s did not resolve (%s); it is asked again every %gs", self.dns, exc, DNS_REFRESH_S)
         if self._slices is not None:
             self._slices.start()
             if not self._slices.listed.wait(FIRST_MEMBERS_S):

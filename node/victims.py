@@ -17,19 +17,19 @@ is a last copy (this node being one of its homes or not).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Protocol
+from typing import Protocol
 
 from adapter_fabric.errors import FabricError
+from adapter_fabric.node.engines import EngineViews
+from adapter_fabric.node.in_use import InUse
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.eviction import IN_USE, KEPT, RESIDENT, Candidate
 from adapter_fabric.transport import peer_calls
+from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.home_copies import Keep, last_copies
 from adapter_fabric.transport.members import MemberView
-from adapter_fabric.transport.channels import PeerChannels
-from adapter_fabric.node.engines import EngineViews
-from adapter_fabric.node.in_use import InUse
-
 
 
 class Placement(Protocol):

@@ -13,7 +13,6 @@ from pathlib import Path
 from adapter_fabric.cli.output import emit
 from adapter_fabric.units import parse_chunk_size
 
-
 DEFAULT_CHUNK_SIZE = 1 << 20  # adapter_fabric.store.digests.DEFAULT_CHUNK_SIZE (not imported: the CLI starts without the store)
 
 
@@ -61,4 +60,4 @@ def register(command) -> None:
     p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
     p.add_argument("--key", required=True, help="private key (PEM, as fabric keygen writes it)")
     p.add_argument("--chunk-size", type=chunk_size, default=DEFAULT_CHUNK_SIZE,
-                   help=f"the chunk size of the nodes that will stage it (part of the digest; default 1 MiB, as fabric-node's)")
+                   help="the chunk size of the nodes that will stage it (part of the digest; default 1 MiB, as fabric-node's)")

@@ -41,8 +41,9 @@ def real_adapters(out: Path, rank: int = 8, targets: Sequence[str] = ("q_proj", 
 def derive(real: Path, out: Path, seed: int) -> Path:
     """Write into ``out`` an adapter with ``real``'s config and tensor layout, and values of its own from ``seed``."""
     import numpy as np
-    from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
     from safetensors.numpy import load_file, save_file
+
+    from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
 
     tensors = load_file(str(real / WEIGHTS_FILE))
     rng = np.random.default_rng(seed)

@@ -76,7 +76,7 @@ def slice_members(endpoint_slice: Any, port: str) -> frozenset[str]:
     if number is None:
         return frozenset()
     v6 = (endpoint_slice.address_type or "").lower() == "ipv6"
-    members = set()
+    members: set[str] = set()
     for endpoint in endpoint_slice.endpoints or ():
         conditions = endpoint.conditions
         if conditions is not None and conditions.ready is False:

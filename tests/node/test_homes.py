@@ -7,6 +7,9 @@ nodes differ by port). Each adapter id has 3 homes (``placement.Fleet``, the sam
 - a member that leaves the Service and comes back moves the homes of the ids it was a home of (about 1/n of all
   homes) and no copy is lost; the new homes receive copies from the former ones;
 - a pull still succeeds with the publishing node and the id's first home killed.
+
+Every call needs the nodes' token, which each node sends only to members: with placement those are its fleet's
+(``Membership`` reads the ``MemberView``), here the EndpointSlices alone.
 """
 
 from __future__ import annotations
@@ -43,13 +46,18 @@ def api():
 def fleet(api, tmp_path_factory):
     root = tmp_path_factory.mktemp("fleet")
     config = api.kubeconfig(root / "kubeconfig")
+    # Every call needs the token (peer reads too), and a node sends it only to members (transport.membership): these nodes
+    # know their members from the EndpointSlices alone, so each lookup, push and pull below shows the node's credentials
+    # follow its fleet's members (one notion of member: with placement, Membership reads the MemberView).
+    token = root / "token"
+    token.write_text("fleet-token-6b1d\n")
     ports = [free_port() for _ in range(NODES)]
     for i, port in enumerate(ports):
         api.put(endpoint_slice(f"node{i}", "fabric-peers", ["127.0.0.1"], port))
     nodes = [
         LocalNode(
-            root / f"node{i}", model="none", port=port, env={"KUBECONFIG": str(config)},
-            extra_args=["--peers-k8s", "fabric/fabric-peers:grpc", "--metrics-listen", "127.0.0.1:0", "--homes", str(K)],
+            root / f"node{i}", model="none", port=port, env={"KUBECONFIG": str(config)}, token_file=token,
+            extra_args=["--peers-k8s", "fabric/fabric-peers:grpc", "--metrics-listen", "127.0.0.1:0", "--homes", str(K), "--auth-peer-reads"],
         )  # fmt: skip
         for i, port in enumerate(ports)
     ]

@@ -218,10 +218,32 @@ def test_the_node_may_watch_its_services_endpoint_slices_and_nothing_more() -> N
     service, statefulset = _kind("Service"), _kind("StatefulSet")
     account, role, binding = _kind("ServiceAccount"), _kind("Role"), _kind("RoleBinding")
     pod = statefulset["spec"]["template"]["spec"]
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
-    settings = parse_settings([], env)
+    node = pod["containers"][0]
+    settings = parse_settings(node.get("args", []), _env(node))
     assert settings.peers_k8s.split(":")[0] == service["metadata"]["name"] and settings.homes == 3
     assert settings.peers_k8s.split(":")[1] in {p["name"] for p in service["spec"]["ports"]}
     assert pod["serviceAccountName"] == account["metadata"]["name"] == binding["subjects"][0]["name"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_every_node_runs_the_policy_with_a_peer_token_that_is_not_its_admin_token() -> None:
+    """Issue 28: the manifests serve nothing without a principal, and the token a node sends its peers grants read and pull."""
+    from adapter_fabric.access.policy import parse_policy
+
+    secret, config_map = _kind("Secret"), _kind("ConfigMap")
+    policy = parse_policy(config_map["data"]["policy.toml"])
+    [peers] = [p for p in policy.principals if p.name == "peers"]
+    assert not peers.may_anywhere("admin") and {v for g in peers.grants for v in g.verbs} == {"read", "pull"}
+    pods = [_kind("StatefulSet")["spec"]["template"]] + [_engine_pod(name)[0] for name in ("vllm-engine", "sglang-engine")]
+    for pod in pods:
+        node = (pod["spec"].get("initContainers") or pod["spec"]["containers"])[0]
+        settings = parse_settings(node.get("args", []), _env(node))
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        policy_volume, policy_file = _mounted(node, settings.policy)
+        assert volumes[policy_volume]["configMap"]["name"] == config_map["metadata"]["name"] and policy_file.as_posix() in config_map["data"]
+        for path in (settings.auth_token_file, settings.peer_token_file):
+            name, key = _mounted(node, path)
+            assert volumes[name]["secret"]["secretName"] == secret["metadata"]["name"] and key.as_posix() in secret["stringData"]
+        assert settings.peer_token_file.name != settings.auth_token_file.name
+    assert secret["stringData"]["peer-token"] != secret["stringData"]["token"]
