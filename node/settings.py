@@ -301,6 +301,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
         values[dest] = value
     if len(values["origin"]) > 16:
         usage_error(f"--origin: at most 16 origins, got {len(values['origin'])}")
+    if values["peers_k8s"] and not values["homes"]:
+        usage_error("--peers-k8s needs --homes (1 or more): its EndpointSlices are the members adapters are homed on; without placement the node asks only --peers and --peers-dns")
     if values["sglang_url"] and values["export_dir"] is None:
         usage_error("--sglang-url needs --export-dir: SGLang loads the adapters from the node's export directory")
     return NodeSettings(**values)
