@@ -162,9 +162,12 @@ class Promotes:
         requested = request.peft if request.HasField("peft") else None
         stats = PullStats()
         if request.peer:
-            manifest, stats = await self._signed_pull(
-                await self._pull_peers(request), adapter_id, lambda m: (check_agrees(requested, m.config, adapter_id), _check_base(request, m))
-            )
+
+            def check(manifest: Manifest) -> None:
+                check_agrees(requested, manifest.config, adapter_id)
+                _check_base(request, manifest)
+
+            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check)
         else:
             manifest, stats = await self._resolved(adapter_id, request)
             check_agrees(requested, manifest.config, adapter_id)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 
-def _size(n: int) -> str:
+def _size(count: int) -> str:
+    n = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
