@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections import Counter
+import time
+from collections import Counter, deque
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabric.node")
 
+#: evictions StoreStatus lists (the count covers all of them)
+RECENT_EVICTIONS = 20
 #: what an eviction frees down to, as a share of --max-store-bytes (--evict-to): room for the next few commits without evicting again
 LOW_WATER = 0.9
 
@@ -108,6 +111,8 @@ class EvictWhenFull:
         self.resident = resident
         #: adapters (digests) evicted since the node started, for StoreStatus
         self.evictions = 0
+        #: the latest evictions, newest last, for StoreStatus (fabric store-status shows them): (ids, digest, bytes, time, reason)
+        self.recent: deque[tuple[tuple[str, ...], str, int, float, str]] = deque(maxlen=RECENT_EVICTIONS)
         self._lock = threading.Lock()  # one eviction at a time: two would pick the same victims
 
     def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
@@ -125,6 +130,7 @@ class EvictWhenFull:
                     except AdapterNotFound:
                         pass  # unstaged by hand meanwhile
                 self.evictions += 1
+                self.recent.append((victim.ids, victim.digest, victim.size, time.time(), what))
                 metrics.EVICTIONS.inc()
                 metrics.EVICTED_BYTES.inc(victim.size)
                 event(log, "evicted a cold adapter", adapter=",".join(victim.ids), digest=victim.digest, bytes=victim.size, reason=what)

@@ -8,6 +8,8 @@ never a traceback, and leaves no state behind.
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
 import socket
 from pathlib import Path
 
@@ -70,6 +72,7 @@ def open_store(settings: NodeSettings, trusted: TrustedSigners, policy: PolicyFi
     and withdraws at once an entry of one they did not (staged before the node trusted signers). ``policy``'s
     ``[[quota]]`` tables are the per-tenant quotas (a reload hands the store the new ones).
     """
+    claim_store(settings)  # before the store's recovery: a second node's would clean up the first one's work
     try:
         return AdapterStore(
             settings.store,
@@ -86,6 +89,31 @@ def open_store(settings: NodeSettings, trusted: TrustedSigners, policy: PolicyFi
         fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")
     except FabricError as exc:
         fail(f"--store {settings.store}: {exc}")
+
+
+#: the file a node holds an exclusive lock on for as long as it runs, naming itself inside
+NODE_LOCK = "node.lock"
+_held: list[int] = []  # the lock's file descriptor, kept open (so locked) until the process exits
+
+
+def claim_store(settings: NodeSettings) -> None:
+    """Refuse a --store another running fabric-node uses, naming it: two nodes on one store would each take the other's
+    uploads and partial downloads for abandoned ones, and each other's recovery would remove what the other writes."""
+    path = settings.store / NODE_LOCK
+    try:
+        settings.store.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "a process that did not say which"
+        os.close(fd)
+        fail(f"--store {settings.store} is in use by another fabric-node ({holder[:300]}): give each node its own --store")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, --listen {settings.listen}\n".encode(), 0)
+    _held.append(fd)
 
 
 def check_bindable(flag: str, listen: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from adapter_fabric.access.caller import caller
@@ -53,6 +54,13 @@ class StoreReport:
             evicts=self.evictor is not None,
             damaged_total=len(damaged),
         )
+        now = time.time()
+        for ids, digest, size, at, why in reversed(list(self.evictor.recent) if self.evictor is not None else []):  # newest first
+            shown_ids = [i for i in ids if shown(i)]
+            if shown_ids or readable is None:
+                reply.recent_evictions.append(
+                    fabric_pb2.Eviction(adapter_ids=shown_ids[:16], digest=digest, bytes=size, age_seconds=max(0.0, now - at), reason=why[:300])
+                )
         for tenant in self.store.tenant_usage():  # one per quota: bounded by the policy's MAX_QUOTAS
             reply.tenants.append(
                 fabric_pb2.TenantUsage(

@@ -263,8 +263,16 @@ class AdapterStore:
 
     # ------------------------------------------------------------ writing
 
+    def check_present(self) -> None:
+        """``StoreMissing`` when the store was deleted (or a core part of it) under this process: called before a writer
+        opens, so a write never recreates parts of a deleted store, and after an unexpected missing file, to say why."""
+        gone = self.catalog.store_gone()
+        if gone is not None:
+            raise gone
+
     def stage(self, directory: Path | str, adapter_id: str) -> Manifest:
         """Copy a PEFT adapter directory in under ``adapter_id``; everything is checked before a byte is written."""
+        self.check_present()
         return self._stager.stage(directory, adapter_id)
 
     def unstage(self, adapter_id: str) -> bool:
@@ -278,6 +286,7 @@ class AdapterStore:
 
     def open_partial(self, manifest: Manifest) -> PartialDownload:
         """The download of ``manifest``'s weights, keyed by digest; resumes what an earlier one left verified."""
+        self.check_present()
         return self.partials.open(manifest)
 
     def partial_for(self, digest: str) -> PartialDownload | None:
@@ -290,6 +299,7 @@ class AdapterStore:
 
     def open_upload(self, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str) -> Upload:
         """A client upload of a safetensors file; reopening the same (id, whole-file BLAKE3) continues at its offset."""
+        self.check_present()
         return self.uploads.open(adapter_id, config_json, size, blake3, weights_root)
 
     def signatures_of(self, digest: str) -> tuple[Signed, ...]:

@@ -15,6 +15,7 @@ from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
 from adapter_fabric.store.dir_sizes import DirSizes, tree_bytes
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.units import describe_size
 
 
 class WhenFull(Protocol):
@@ -29,12 +30,24 @@ class WhenFull(Protocol):
         ...
 
 
-def quota_exceeded(needed: int, used: int, limit: int, what: str, why: str = "") -> QuotaExceeded:
-    """The refusal of ``needed`` more bytes in a store holding ``used`` of ``limit`` (``why``: the store's role, said after)."""
-    return QuotaExceeded(
-        f"{what} needs {needed} bytes but the store holds {used} of its {limit}-byte limit "
-        f"({used + needed - limit} over){'; ' + why if why else ''}; unstage adapters or raise the limit"
+def quota_exceeded(needed: int, used: int, limit: int, what: str, why: str = "", *, held: str = "", after: int | None = None) -> QuotaExceeded:
+    """The refusal of ``needed`` more bytes in a store holding ``used`` of ``limit``, sizes in store-status's units.
+
+    ``why``: the store's role (a durable node), said after. ``held`` and ``after``: an evicting store that could not make
+    room: what holds the rest, each with what frees it (``adapter_fabric.store.eviction.refusal``), and what dropping
+    every cold adapter would still leave.
+    """
+    text = (
+        f"{what} needs {describe_size(needed)}, and the store holds {describe_size(used)} of its {describe_size(limit)} limit "
+        f"({describe_size(used + needed - limit)} over)"
     )
+    if after is not None:
+        text += f"; nothing more can be evicted (dropping every cold adapter would still leave {describe_size(after)})"
+    if why:
+        text += f"; {why}"
+    if held:
+        return QuotaExceeded(f"{text}. Held: {held}. Or raise --max-store-bytes")
+    return QuotaExceeded(f"{text}; unstage adapters (fabric unstage) or raise --max-store-bytes")
 
 
 class RefuseWhenFull:

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import grpc
 
 from adapter_fabric.rpc import security
+from adapter_fabric.rpc.status import ERROR_DETAIL_KEY
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.data_channel import DataChannels
 
@@ -39,6 +40,18 @@ class PeerChannels:
                 channel = security.channel(address, credentials=self._credentials, token=self._token, options=self._options)
                 self._channels[address] = channel
             return channel
+
+    def failed(self, address: str, exc: grpc.RpcError) -> None:
+        """Forget ``address``'s channel after a transport failure (UNAVAILABLE that no node said), so the next call dials
+        afresh: a channel that met "connection refused" waits out its reconnect backoff (seconds, growing), and a peer
+        that restarted meanwhile was answered "connection refused" until then, though it said SERVING."""
+        said = any(key == ERROR_DETAIL_KEY for key, _ in (exc.trailing_metadata() or ())) if hasattr(exc, "trailing_metadata") else True
+        if said or not hasattr(exc, "code") or exc.code() != grpc.StatusCode.UNAVAILABLE:
+            return
+        with self._lock:
+            channel = self._channels.pop(address, None)
+        if channel is not None:
+            channel.close()  # a connection that failed carries no other call worth keeping
 
     def learn(self, peer: str, metadata: Any) -> None:
         """Note the data channel port ``peer`` announced (or not) in a reply's metadata."""

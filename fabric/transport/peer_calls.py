@@ -58,6 +58,7 @@ def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str
         try:
             reply, call = stub.GetManifest.with_call(manifest_request(adapter_id), timeout=MANIFEST_TIMEOUT_S)
         except grpc.RpcError as exc:
+            channels.failed(peer, exc)
             error = error_from_rpc(exc, peer=peer)
             if isinstance(error, AdapterNotFound):
                 missing.append(peer)
@@ -83,6 +84,7 @@ def holding(channels: PeerChannels, peer: str, digest: str) -> Holding:
     try:
         reply, call = stub.Availability.with_call(fabric_pb2.AvailabilityRequest(digest=digest), timeout=AVAILABILITY_TIMEOUT_S)
     except grpc.RpcError as exc:
+        channels.failed(peer, exc)
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
             return Holding(set(), False, 0)  # an older peer: it can still serve what GetManifest says it has
         error = error_from_rpc(exc, peer=peer)
@@ -103,7 +105,8 @@ def is_durable(channels: PeerChannels, peer: str) -> bool:
     stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
     try:
         return stub.Availability(fabric_pb2.AvailabilityRequest(), timeout=AVAILABILITY_TIMEOUT_S).durable
-    except grpc.RpcError:
+    except grpc.RpcError as exc:
+        channels.failed(peer, exc)
         return False
 
 
