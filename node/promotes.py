@@ -13,7 +13,8 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from adapter_fabric.errors import IntegrityError, InvalidArgument
+from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
+from adapter_fabric.format.base_model import base_model_matches
 from adapter_fabric.format.peft_fields import check_agrees
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
@@ -28,8 +29,10 @@ log = logging.getLogger("fabric.node")
 class Promotes:
     """Promote (into a slot, or ``stage_only`` into the store); owns which digest each promoted slot holds."""
 
-    def __init__(self, context: NodeContext, signed: SignedAdapters) -> None:
+    def __init__(self, context: NodeContext, signed: SignedAdapters, model_names: tuple[str, ...] = ()) -> None:
         self.context = context
+        #: the names the node's model goes by (--model, --base-model): a promote refuses an adapter made for another model
+        self.model_names = model_names
         self.store = context.store
         self.signed = signed
         # (name, content id) of a promote -> the digest it loaded: ListAdapters names a slot's bytes by it, unstaged or not.
@@ -63,6 +66,7 @@ class Promotes:
         def check(manifest: Manifest) -> None:
             # Before any byte moves: the caller's PEFT fields, then this model and pool.
             check_agrees(requested, manifest.config, adapter_id)
+            self._check_base_model(manifest, adapter_id)
             model.check_compatible(manifest.pairs)
 
         sinks: list = []
@@ -105,6 +109,16 @@ class Promotes:
             pull_seconds=stats.pull_seconds,
             joined=stats.shared,
         )
+
+    def _check_base_model(self, manifest: Manifest, adapter_id: str) -> None:
+        """Refuse an adapter whose base_model_name_or_path names another model (its shapes may fit this one all the same)."""
+        base = manifest.config.base_model_name_or_path
+        if self.model_names and not base_model_matches(base, self.model_names):
+            raise IncompatibleAdapter(
+                f"adapter {adapter_id!r} is for base model {base[:200]!r}, and this node serves {', '.join(self.model_names)}: promote it on a "
+                f"node serving that model, or, if it is this model under another name, start this node with --base-model {base[:200]} "
+                "(FABRIC_BASE_MODEL)"
+            )
 
     async def _verified(
         self, request: fabric_pb2.PromoteRequest, adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None

@@ -180,7 +180,7 @@ class Node:
         self.context = NodeContext(store, model, peer_source)
         self.puller = puller
         signed = SignedAdapters(store, puller, trusted)
-        promotes = Promotes(self.context, signed)
+        promotes = Promotes(self.context, signed, model_names=(settings.model, *settings.base_model) if model is not None else ())
         #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction
         export_dir = str(settings.export_dir) if settings.export_dir else None
         #: the SGLang the node drives (--sglang-url; it needs --export-dir): loads what the export dir holds, unloads before evicting

@@ -20,8 +20,19 @@ canonical name per adapter; the export directory's escaped name
 (``team-a%2Fsupport-v3``) is not resolved, so one directory never becomes two
 LoRAs in vLLM.
 
+Base model: an adapter is resolved when its ``base_model_name_or_path`` names the model vLLM
+loaded (what vLLM hands resolvers: the model path or hub id given to ``vllm serve``, not
+``--served-model-name``) or a name in FABRIC_BASE_MODEL, by ``adapter_fabric.format.base_model``'s
+rules (without case; whole, or by the last part: ``meta-llama/Llama-3.1-8B-Instruct`` matches
+``/models/Llama-3.1-8B-Instruct``). A model mounted under another name (``/models/base``) needs
+FABRIC_BASE_MODEL.
+
+Logs go to vLLM's own log (the ``vllm.adapter_fabric`` logger, under vLLM's ``vllm`` handler):
+why the resolver is not registered, an adapter for another base model, a failed resolve.
+
 Configuration (environment, read by ``register``):
   FABRIC_EXPORT_DIR       the node's --export-dir (required; without it the resolver is not registered)
+  FABRIC_BASE_MODEL       more names of the served model, comma-separated (see Base model)
   FABRIC_NODE             the local node's host:port (default 127.0.0.1:50051)
   FABRIC_RESOLVE_TIMEOUT  seconds a resolve (locate and pull) may take, 1 to 3600 (default 120)
   FABRIC_TLS_CA, FABRIC_TLS_CERT, FABRIC_TLS_KEY, FABRIC_AUTH_TOKEN_FILE  as for the ``fabric`` command
@@ -40,6 +51,7 @@ from pathlib import Path
 
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.errors import AdapterNotFound, FabricError, InvalidArgument
+from adapter_fabric.format.base_model import base_model_matches
 from adapter_fabric.rpc.security import TlsFiles, read_token
 from adapter_fabric.store.export import export_name
 from adapter_fabric.store.ids import validate_adapter_id
@@ -53,18 +65,32 @@ MAX_RESOLVE_TIMEOUT_S = 3600.0
 #: the name the resolver registers under in vLLM's LoRAResolverRegistry
 RESOLVER_NAME = "adapter-fabric"
 
-log = logging.getLogger("fabric.vllm")
+#: a child of vLLM's ``vllm`` logger, so its records reach the handler vLLM configures (a ``fabric.*`` logger's did not)
+log = logging.getLogger("vllm.adapter_fabric")
+#: the plugin's name in vLLM's VLLM_PLUGINS (pyproject.toml's vllm.general_plugins entry point)
+PLUGIN_NAME = "fabric_lora_resolver"
 
 
-def _matches(directory: Path, base_model_name: str | None) -> bool:
-    """A PEFT LoRA directory for ``base_model_name`` (None: any base), as vLLM's filesystem resolver checks."""
+def _matches(directory: Path, names: tuple[str, ...] | None) -> bool:
+    """A PEFT LoRA directory for a model going by ``names`` (None: any base), by ``adapter_fabric.format.base_model``'s rules."""
     try:
         config = json.loads((directory / CONFIG_FILE).read_text())
     except (OSError, ValueError):
         return False
     if config.get("peft_type") != "LORA":
         return False
-    return base_model_name is None or config.get("base_model_name_or_path") == base_model_name
+    base = config.get("base_model_name_or_path")
+    if names is not None and not base_model_matches(base if isinstance(base, str) else None, names):
+        _say_other_base(directory.name, base, names)
+        return False
+    return True
+
+
+def _say_other_base(adapter: str, base: object, names: tuple[str, ...]) -> None:
+    log.warning(
+        "adapter-fabric: not resolving %r: its base_model_name_or_path is %r, and this engine serves %s; if that is this "
+        "model under another name, add it to FABRIC_BASE_MODEL", adapter[:200], str(base)[:200], ", ".join(repr(n[:200]) for n in names),
+    )
 
 
 def resolve(
@@ -76,6 +102,7 @@ def resolve(
     tls: TlsFiles | None = None,
     token: str | None = None,
     timeout: float = DEFAULT_RESOLVE_TIMEOUT_S,
+    base_model_aliases: tuple[str, ...] = (),
 ) -> Path | None:
     """The exported directory of adapter ``lora_name``, pulled onto the node at ``node_addr`` first if needed.
 
@@ -84,7 +111,9 @@ def resolve(
     ``base_model_name`` (checked on the holder's manifest before the pull).
     Other failures (a node unreachable, the ``timeout`` passed) raise the
     library's errors; the vLLM resolver turns them into None.
+    ``base_model_aliases``: more names of the served model (FABRIC_BASE_MODEL).
     """
+    names = None if base_model_name is None else (base_model_name, *base_model_aliases)
     if "%" in lora_name:
         log.info("not resolving %r: ask for the adapter by its id (the export directory's name is escaped)", lora_name[:200])
         return None
@@ -99,26 +128,26 @@ def resolve(
             try:
                 holders = node.locate(adapter_id).peers
             except AdapterNotFound:
-                return None
+                holders = []
             if not holders:
+                log.info("adapter-fabric: no peer of node %s holds %r", node_addr, adapter_id)
                 return None
             # A complete copy first; the swarm fills in from partial holders too.
             seed = sorted(holders, key=lambda p: (not p.complete, -p.verified_chunks))[0]
-            if base_model_name is not None and not _for_base(seed.address, adapter_id, base_model_name, tls, token, deadline):
+            if names is not None and not _for_base(seed.address, adapter_id, names, tls, token, deadline):
                 return None
             node.pull(adapter_id, peer=seed.address, timeout=max(0.001, deadline - time.monotonic()))
         if not (directory / CONFIG_FILE).is_file():
             raise InvalidArgument(f"node {node_addr} pulled {adapter_id!r} but its export entry is absent: is the node's --export-dir {export_dir}?")
-    return directory if _matches(directory, base_model_name) else None
+    return directory if _matches(directory, names) else None
 
 
-def _for_base(peer: str, adapter_id: str, base_model_name: str, tls: TlsFiles | None, token: str | None, deadline: float) -> bool:
-    """Whether ``peer``'s manifest of ``adapter_id`` is a LoRA for ``base_model_name`` (asked before any byte moves)."""
+def _for_base(peer: str, adapter_id: str, names: tuple[str, ...], tls: TlsFiles | None, token: str | None, deadline: float) -> bool:
+    """Whether ``peer``'s manifest of ``adapter_id`` is a LoRA for a model going by ``names`` (asked before any byte moves)."""
     with NodeClient(peer, tls=tls, token=token, timeout=max(0.001, deadline - time.monotonic())) as holder:
         config = holder.manifest(adapter_id).config
-    if config.base_model_name_or_path != base_model_name:
-        log.info("not pulling %r: it is an adapter for base model %r, and this engine serves %r",
-                 adapter_id, config.base_model_name_or_path, base_model_name)
+    if not base_model_matches(config.base_model_name_or_path, names):
+        _say_other_base(adapter_id, config.base_model_name_or_path, names)
         return False
     return True
 
@@ -151,6 +180,7 @@ class ResolverConfig:
     node: str
     timeout: float
     connection: dict
+    base_model_aliases: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> ResolverConfig | None:
@@ -172,7 +202,8 @@ class ResolverConfig:
             timeout = math.nan
         if not 1 <= timeout <= MAX_RESOLVE_TIMEOUT_S:  # nan fails too
             raise InvalidArgument(f"FABRIC_RESOLVE_TIMEOUT={raw[:50]!r}: expected seconds from 1 to {MAX_RESOLVE_TIMEOUT_S:g}")
-        return cls(Path(export_dir), node, timeout, settings_from_env())
+        aliases = tuple(name.strip() for name in os.environ.get("FABRIC_BASE_MODEL", "").split(",") if name.strip())
+        return cls(Path(export_dir), node, timeout, settings_from_env(), aliases)
 
 
 # ---- vLLM glue: run against vLLM's own plugin loader and serving layer by tests/integrations/test_vllm.py ----
@@ -186,7 +217,12 @@ def register() -> None:
         log.warning("adapter-fabric: the vLLM LoRA resolver is not registered: %s", exc)
         return
     if config is None:
-        log.info("adapter-fabric: FABRIC_EXPORT_DIR is not set: the vLLM LoRA resolver is not registered")
+        # A warning where VLLM_PLUGINS asked for this plugin by name; else (every installed plugin loads) a note
+        asked = PLUGIN_NAME in os.environ.get("VLLM_PLUGINS", "").split(",")
+        (log.warning if asked else log.info)(
+            "adapter-fabric: FABRIC_EXPORT_DIR is not set: the vLLM LoRA resolver is not registered "
+            "(set it to the fabric node's --export-dir, as vLLM sees it)"
+        )
         return
     try:
         from vllm.lora.request import LoRARequest
@@ -201,7 +237,8 @@ def register() -> None:
 
             try:
                 path = await asyncio.to_thread(
-                    resolve, config.node, lora_name, base_model_name, config.export_dir, timeout=config.timeout, **config.connection
+                    resolve, config.node, lora_name, base_model_name, config.export_dir, timeout=config.timeout,
+                    base_model_aliases=config.base_model_aliases, **config.connection,
                 )
             except Exception as exc:  # noqa: BLE001 (never into vLLM: it would answer 500 and skip the other resolvers)
                 log.warning("adapter-fabric: resolving %r failed: %s: %s; answering None", lora_name[:200], type(exc).__name__, str(exc)[:500])
@@ -212,3 +249,6 @@ def register() -> None:
         LoRAResolverRegistry.register_resolver(RESOLVER_NAME, FabricResolver())
     except Exception as exc:  # noqa: BLE001 (a registry of another vLLM version: logged, vLLM starts without us)
         log.warning("adapter-fabric: vLLM refused the resolver: %s: %s", type(exc).__name__, exc)
+        return
+    aliases = f"; base model also named {', '.join(config.base_model_aliases)}" if config.base_model_aliases else ""
+    log.info("adapter-fabric: LoRA resolver registered (node %s, export directory %s%s)", config.node, config.export_dir, aliases)
