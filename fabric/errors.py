@@ -109,6 +109,18 @@ class QuotaExceeded(FabricError):
     retryable = True
 
 
+class StoreFull(QuotaExceeded):
+    """The store's byte limit refuses a writer now, before anything was written: an evicting node makes room and the writer opens again.
+
+    ``needed``: the bytes the writer asked for; ``what``: the writer, in words ("uploading 'team-a/x'").
+    """
+
+    def __init__(self, message: str, needed: int = 0, what: str = "") -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.what = what
+
+
 class PinLimitReached(QuotaExceeded):
     """Pinning another adapter would pin every slot: only an operator's unpin frees one, so retrying alone never helps."""
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from adapter_fabric.errors import AdapterNotFound, AdaptersUnsupported
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport.discovery import PeerSource
-from adapter_fabric.node.eviction import InUse
+from adapter_fabric.node.in_use import InUse
 
 if TYPE_CHECKING:  # the model module loads torch: named for the type checker only
     from adapter_fabric.serving.multi_lora import MultiLoraModel

@@ -1,14 +1,26 @@
-"""The evicting store: when a commit would pass --max-store-bytes, cold adapters go first (least recently used).
+"""The evicting node: a service that makes room in the store outside every store lock (--when-full evict, the default).
 
-``EvictWhenFull`` is the store's ``WhenFull`` policy on a node started with
---when-full evict (the default). The choice is pure (``adapter_fabric.store.eviction``);
-here is what holds an adapter: an operator's keep (``fabric keep``), a slot
-it is resident in, and a Fetch serving it or a promote pulling or loading it
-(``InUse``), an engine beside the node that registered it (``adapter_fabric.node.engines``), a driven SGLang
-that would not unload it first (``adapter_fabric.node.engine_drive``), and being
-the last complete copy the known peers answer for (``CopiesElsewhere``) unless a durable peer took it
-first (``adapter_fabric.node.handoff``).
-The store's quota measures again after the victims went.
+The store's own rule at its limit is local: a writer that would pass
+--max-store-bytes is refused (``StoreFull``) before a byte is written. The
+node then asks the ``Evictor`` for room (``make_room``) off every store lock
+and opens the writer again (``adapter_fabric.store.quota.opened_with_room``).
+
+One worker thread evicts, one round at a time (two would pick the same
+victims). A round runs when a writer waits for room, and in the background
+once the store passes its high-water mark (halfway from --evict-to to the
+limit), so commits rarely wait. A round chooses the least recently used free
+adapters down to --evict-to of the limit (``choose_victims``, pure), asks the
+peers at once which victims are copies they hold (``CopiesElsewhere``), unloads
+the victims from a driven SGLang, and drops them through the store's own
+verb (``AdapterStore.evict``). A victim that is a last copy is never on a
+writer's path: it is queued for a hand-off to a durable peer
+(``adapter_fabric.node.handoff.HandOffs``), held meanwhile, and the round
+chooses around it.
+
+A writer waits at most ``ROOM_WAIT_S``: it gets its room, the round's
+refusal naming what holds the rest, or a refusal saying what is under way
+(hand-offs, and for how long) and to retry. No writer ever hears another
+call's peer error: a hand-off's or an engine's failure is the worker's to log.
 """
 
 from __future__ import annotations
@@ -17,20 +29,22 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import Counter, deque
-from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Callable, Iterator
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
-from adapter_fabric.errors import AdapterNotFound
+from adapter_fabric.errors import QuotaExceeded, StoreFull
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.store import AdapterStore
-from adapter_fabric.store.eviction import IN_USE, KEPT, LAST_COPY, RESIDENT, Candidate, choose_victims
-from adapter_fabric.transport.pull import PeerPuller
-from adapter_fabric.node.engines import EngineViews
+from adapter_fabric.store.eviction import LAST_COPY, Candidate, choose_victims
+from adapter_fabric.node.handoff import HANDOFF_TIMEOUT_S, HandOffs
+from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 
 if TYPE_CHECKING:
     from adapter_fabric.node.engine_drive import SGLangDrive
+    from adapter_fabric.node.engines import EngineViews
 
 log = logging.getLogger("fabric.node")
 
@@ -38,147 +52,228 @@ log = logging.getLogger("fabric.node")
 RECENT_EVICTIONS = 20
 #: what an eviction frees down to, as a share of --max-store-bytes (--evict-to): room for the next few commits without evicting again
 LOW_WATER = 0.9
+#: seconds a writer waits for room before it is refused, naming what is under way
+ROOM_WAIT_S = 5.0
+#: seconds between two background looks at the store's usage (a few stats each: ``Quota.usage``)
+TICK_S = 1.0
+#: what holds a last copy while a durable peer pulls it
+HANDING_OFF = "a last copy being handed to a durable peer"
 
 
-class InUse:
-    """Adapter ids and digests being served, pulled or loaded right now (counted: several may use one at once)."""
-
-    def __init__(self) -> None:
-        self._counts: Counter[str] = Counter()
-        self._lock = threading.Lock()  # taken on the event loop and on I/O threads
-
-    @contextmanager
-    def hold(self, *keys: str) -> Iterator[None]:
-        """Count ``keys`` (ids or digests) in use until the block ends."""
-        with self._lock:
-            self._counts.update(keys)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._counts.subtract(keys)
-                for key in keys:
-                    if self._counts[key] <= 0:
-                        del self._counts[key]
-
-    def __contains__(self, key: str) -> bool:
-        with self._lock:
-            return self._counts[key] > 0
+def high_water(low_water: float) -> float:
+    """The share of the limit past which the node evicts in the background: halfway from ``low_water`` to the limit."""
+    return low_water + (1.0 - low_water) / 2
 
 
-class CopiesElsewhere:
-    """Whether a known peer holds a complete copy of a digest (asked through Availability, as Locate does)."""
+@dataclass
+class _Demand:
+    """A writer waiting for room: its bytes, itself in words, and the refusal of the last round that could not make it."""
 
-    def __init__(self, puller: PeerPuller, peers: Callable[[], list[str]]) -> None:
-        self.puller = puller
-        self.peers = peers
-
-    def __call__(self, digest: str) -> bool:
-        for peer in self.peers():
-            holding = self.puller.availability(peer, digest)  # None when it holds nothing or does not answer
-            if holding is not None and holding.complete:
-                return True
-        return False
+    needed: int
+    what: str
+    refusal: str = ""
 
 
-class EvictWhenFull:
-    """Drops cold adapters, least recently used first, down to ``low_water`` of the limit; refuses naming what holds the rest."""
+class RefuseRoom:
+    """A durable node's answer to a full store (--when-full refuse): never evicts; the refusal says why."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+        #: adapters evicted since start, for StoreStatus: always 0 here
+        self.evictions = 0
+
+    def make_room(self, full: StoreFull) -> None:
+        raise QuotaExceeded(f"{full}; {self.why}")
+
+
+class Evictor:
+    """Makes room in the store by dropping cold adapters, on its own thread, outside every store lock."""
 
     def __init__(
         self,
         store: AdapterStore,
-        in_use: InUse,
-        resident: Callable[[], set[str]] = set,
-        elsewhere: Callable[[str], bool] | None = None,
+        candidates: Candidates,
+        copies: CopiesElsewhere | None = None,
         hand_off: Callable[[Candidate], bool] | None = None,
         low_water: float = LOW_WATER,
         engines: EngineViews | None = None,
         drive: SGLangDrive | None = None,
+        room_wait: float = ROOM_WAIT_S,
     ) -> None:
+        """``copies``: which victims are last copies (None: none is; no peers to lose it to). ``hand_off``: has a durable peer
+        take a last copy, true once one holds it (None: last copies stay). ``engines`` are read afresh before each round;
+        a driven SGLang (``drive``) unloads each victim before its directory goes."""
         self.store = store
-        #: the driven SGLang (--sglang-url): each victim is unloaded from it before its export directory goes
-        self.drive = drive
-        #: what the engines beside the node registered (--engine-url): held; read afresh before each choice
-        self.engines = engines
-        self.in_use = in_use
-        #: whether another complete copy answers (``CopiesElsewhere``); None: every adapter may go (no peers to ask)
-        self.elsewhere = elsewhere
-        #: has a durable peer take a last copy (``adapter_fabric.node.handoff.HandOff``), true once one holds it; None: last copies stay
-        self.hand_off = hand_off
-        #: the share of the limit an eviction frees down to (--evict-to)
+        self.candidates = candidates
+        self.copies = copies
         self.low_water = low_water
-        #: the digests resident in a slot (set by the node once its promotes exist)
-        self.resident = resident
+        self.high_water = high_water(low_water)
+        self.engines = engines
+        self.drive = drive
+        self.room_wait = room_wait
         #: adapters (digests) evicted since the node started, for StoreStatus
         self.evictions = 0
         #: the latest evictions, newest last, for StoreStatus (fabric store-status shows them): (ids, digest, bytes, time, reason)
         self.recent: deque[tuple[tuple[str, ...], str, int, float, str]] = deque(maxlen=RECENT_EVICTIONS)
-        self._lock = threading.Lock()  # one eviction at a time: two would pick the same victims
+        self.hand_offs = HandOffs(hand_off, self._wake) if hand_off is not None else None
+        self._cond = threading.Condition()  # guards _demands, _woken, _stopped; never held across a round
+        self._demands: list[_Demand] = []
+        self._woken = False
+        self._stopped = False
+        self._thread = threading.Thread(target=self._work, name="evictor", daemon=True)
 
-    def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
-        """Free room for ``needed`` bytes by dropping cold adapters, or raise ``QuotaExceeded`` naming why none can go."""
-        # The drive paused throughout: no load may come between a victim's unload and its directory going (invariant 14).
-        with self._lock, self.drive.paused() if self.drive is not None else nullcontext():
-            used = self.store.usage()  # another eviction may have freed room meanwhile
-            if used + needed <= limit:
-                return
-            victims = self._choose(needed, used, limit, what)
-            for victim in victims:
-                for adapter_id in victim.ids:
-                    try:
-                        self.store.unstage(adapter_id)
-                    except AdapterNotFound:
-                        pass  # unstaged by hand meanwhile
-                self.evictions += 1
-                self.recent.append((victim.ids, victim.digest, victim.size, time.time(), what))
-                metrics.EVICTIONS.inc()
-                metrics.EVICTED_BYTES.inc(victim.size)
-                event(log, "evicted a cold adapter", adapter=",".join(victim.ids), digest=victim.digest, bytes=victim.size, reason=what)
+    def start(self) -> "Evictor":
+        self._thread.start()
+        return self
 
-    def _choose(self, needed: int, used: int, limit: int, what: str) -> list[Candidate]:
-        """The LRU victims, none of them the last complete copy the known peers answer for, unless a durable peer took it
-        first (a last copy no durable peer takes is held, and the choice made again)."""
-        if self.engines is not None:
-            self.engines.refresh()  # a registration a moment ago counts: one local HTTP read per eviction
-        candidates = self._candidates()
+    def close(self) -> None:
+        """Stop after the round under way (queued hand-offs are dropped: their copies stay)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self.hand_offs is not None:
+            self.hand_offs.close()
+
+    # ------------------------------------------------------------ writers
+
+    def make_room(self, full: StoreFull) -> None:
+        """Wait (at most ``room_wait`` seconds) until ``full.needed`` more bytes fit, or raise ``QuotaExceeded`` naming why not.
+
+        Called by a writer the store refused, on an I/O thread holding no store lock.
+        """
+        limit = self.store.max_bytes
+        if limit is None:
+            return
+        deadline = time.monotonic() + self.room_wait
+        demand = _Demand(full.needed, full.what)
+        with self._cond:
+            self._demands.append(demand)
+            self._woken = True
+            self._cond.notify_all()
+            try:
+                while True:
+                    if self.store.usage() + demand.needed <= limit:
+                        return
+                    if demand.refusal and not self._handing_off():
+                        raise QuotaExceeded(demand.refusal)
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stopped:
+                        raise QuotaExceeded(self._under_way(full))
+                    self._cond.wait(left)
+            finally:
+                self._demands.remove(demand)
+
+    def _handing_off(self) -> bool:
+        return self.hand_offs is not None and bool(self.hand_offs.running())
+
+    def _under_way(self, full: StoreFull) -> str:
+        """The refusal of a writer whose wait ran out: what the eviction is doing, and when to retry."""
+        running = self.hand_offs.running() if self.hand_offs is not None else []
+        if running:
+            oldest = running[0]
+            doing = (
+                f"handing {len(running)} last cop{'y' if len(running) == 1 else 'ies'} to a durable peer first "
+                f"({', '.join(repr(r.victim.ids[0]) for r in running[:3])}{', ...' if len(running) > 3 else ''}; the oldest for "
+                f"{time.monotonic() - oldest.since:.0f}s, at most {HANDOFF_TIMEOUT_S:.0f}s)"
+            )
+        else:
+            doing = "still choosing what to drop"
+        return f"{full}; the node is making room, {doing}, and none was free within {self.room_wait:g}s: retry in a few seconds"
+
+    # ------------------------------------------------------------ the worker
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    def _work(self) -> None:
         while True:
-            victims = choose_victims(candidates, needed, used, limit, self.low_water, what)
-            last = {v.digest for v in victims if self.elsewhere is not None and not self.elsewhere(v.digest) and not self._handed_off(v)}
-            held = dict.fromkeys(last, LAST_COPY) if last else self._unloaded(victims)
-            if not held:
-                return victims
-            # Each round holds one more candidate at least, so the rounds end.
-            candidates = [dataclasses.replace(c, held=held[c.digest]) if c.digest in held else c for c in candidates]
+            with self._cond:
+                if not self._woken and not self._stopped:
+                    self._cond.wait(TICK_S)
+                if self._stopped:
+                    return
+                self._woken = False
+                demands = list(self._demands)
+            try:
+                refusal, dropped = self._round(demands)
+            except Exception as exc:  # noqa: BLE001 (the worker lives on: the waiting writers hear why, and the next round tries again)
+                log.exception("an eviction round failed")
+                refusal, dropped = f"the eviction failed: {exc}", False
+            with self._cond:
+                for demand in demands:
+                    demand.refusal = refusal
+                if dropped and self._demands:
+                    self._woken = True  # room made, but a writer may still lack it (another took it): one more round
+                self._cond.notify_all()
 
-    def _unloaded(self, victims: list[Candidate]) -> dict[str, str]:
+    def _round(self, demands: list[_Demand]) -> tuple[str, bool]:
+        """One eviction: the refusal ("" when room was made or none was needed), and whether anything was dropped."""
+        limit = self.store.max_bytes
+        if limit is None:
+            return "", False
+        needed = sum(d.needed for d in demands)
+        used = self.store.usage()
+        if used + needed <= (limit if demands else int(limit * self.high_water)):
+            return "", False
+        what = demands[0].what if len(demands) == 1 else f"{len(demands)} writers" if demands else "keeping the store under its high-water mark"
+        # The drive paused throughout: no load may come between a victim's unload and its directory going (invariant 14).
+        with self.drive.paused() if self.drive is not None else nullcontext():
+            if self.engines is not None:
+                self.engines.refresh()  # a registration a moment ago counts
+            candidates = [self._while_handed_off(c) for c in self.candidates()]
+            while True:
+                try:
+                    victims = choose_victims(candidates, needed, used, limit, self.low_water, what)
+                except QuotaExceeded as refused:
+                    return str(refused), False
+                held = self._last_copies(victims) or self._not_unloaded(victims)
+                if not held:
+                    return "", self._drop(victims, what) > 0
+                # Each pass holds one more candidate at least, so the passes end.
+                candidates = [dataclasses.replace(c, held=held[c.digest]) if c.digest in held else c for c in candidates]
+
+    def _while_handed_off(self, candidate: Candidate) -> Candidate:
+        """A candidate a hand-off is moving, or that no durable peer took lately, is held as such."""
+        if self.hand_offs is None or candidate.held:
+            return candidate
+        if any(r.victim.digest == candidate.digest for r in self.hand_offs.running()):
+            return dataclasses.replace(candidate, held=HANDING_OFF)
+        if self.hand_offs.refused_lately(candidate.digest):
+            return dataclasses.replace(candidate, held=LAST_COPY)
+        return candidate
+
+    def _last_copies(self, victims: list[Candidate]) -> dict[str, str]:
+        """The victims no peer holds a complete copy of, each queued for a hand-off: digest -> what holds it now."""
+        if self.copies is None or not victims:
+            return {}
+        last = self.copies.last_copies(v.digest for v in victims)
+        held = {}
+        for victim in victims:
+            if victim.digest in last:
+                queued = self.hand_offs is not None and self.hand_offs.submit(victim)
+                held[victim.digest] = HANDING_OFF if queued else LAST_COPY
+        return held
+
+    def _not_unloaded(self, victims: list[Candidate]) -> dict[str, str]:
         """Unload ``victims`` from the driven SGLang; digest -> what holds it, for each it did not unload."""
         if self.drive is None:
             return {}
         refused = self.drive.release([i for v in victims for i in v.ids])
         return {v.digest: next(refused[i] for i in v.ids if i in refused) for v in victims if any(i in refused for i in v.ids)}
 
-    def _handed_off(self, victim: Candidate) -> bool:
-        """Whether a durable peer pulled ``victim`` from here just now (asked only for a last copy)."""
-        return self.hand_off is not None and self.hand_off(victim)
-
-    def _candidates(self) -> list[Candidate]:
-        """One candidate per digest held, with its most recent use and what holds it."""
-        resident = self.resident()
-        ids: dict[str, list[str]] = {}
-        sizes: dict[str, int] = {}
-        for adapter_id, digest, size in self.store.held():  # sizes from summaries: no manifest per adapter held
-            ids.setdefault(digest, []).append(adapter_id)
-            sizes[digest] = size
-        return [
-            Candidate(digest, tuple(names), sizes[digest], max(self.store.recency.last_used(i) for i in names), self._held(digest, names, resident))
-            for digest, names in ids.items()
-        ]
-
-    def _held(self, digest: str, ids: list[str], resident: set[str]) -> str:
-        if any(i in self.store.kept for i in ids):
-            return KEPT
-        if digest in resident:
-            return RESIDENT
-        if digest in self.in_use or any(i in self.in_use for i in ids):
-            return IN_USE
-        return self.engines.hold(ids) if self.engines is not None else ""
+    def _drop(self, victims: list[Candidate], what: str) -> int:
+        """Drop each victim's ids (each only while it still names the victim's digest); the count of digests dropped."""
+        dropped = 0
+        for victim in victims:
+            gone = [adapter_id for adapter_id in victim.ids if self.store.evict(adapter_id, victim.digest)]
+            if not gone:
+                continue  # unstaged or restaged meanwhile: nothing of it to drop
+            dropped += 1
+            self.evictions += 1
+            self.recent.append((tuple(gone), victim.digest, victim.size, time.time(), what))
+            metrics.EVICTIONS.inc()
+            metrics.EVICTED_BYTES.inc(victim.size)
+            event(log, "evicted a cold adapter", adapter=",".join(gone), digest=victim.digest, bytes=victim.size, reason=what)
+        return dropped

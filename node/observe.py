@@ -231,11 +231,11 @@ def refresh_gauges(store: AdapterStore, model: MultiLoraModel | None) -> Callabl
         metrics.RESIDENT.clear()
         slots = model.slots_info() if model is not None else []
         metrics.SLOTS.set(len(slots))
-        metrics.SLOTS_FILLED.set(sum(1 for s in slots if s["name"] is not None))
-        metrics.SLOTS_PINNED.set(sum(1 for s in slots if s["pinned"]))
-        metrics.SLOTS_BUSY.set(sum(1 for s in slots if s["ref_count"] > 0))
+        metrics.SLOTS_FILLED.set(sum(1 for s in slots if s.name is not None))
+        metrics.SLOTS_PINNED.set(sum(1 for s in slots if s.pinned))
+        metrics.SLOTS_BUSY.set(sum(1 for s in slots if s.ref_count > 0))
         for s in slots:
-            if s["name"] is not None:
-                metrics.RESIDENT.labels(str(s["slot"]), s["name"], f"{s['content_id']:x}" if isinstance(s["content_id"], int) else str(s["content_id"])).set(1)
+            if s.name is not None:
+                metrics.RESIDENT.labels(str(s.slot), s.name, f"{s.content_id:x}" if isinstance(s.content_id, int) else str(s.content_id)).set(1)
 
     return refresh

@@ -27,7 +27,7 @@ log = logging.getLogger("fabric.node")
 
 
 class Promotes:
-    """Promote (into a slot, or ``stage_only`` into the store); owns which digest each promoted slot holds."""
+    """Promote (into a slot, or ``stage_only`` into the store)."""
 
     def __init__(self, context: NodeContext, signed: SignedAdapters, model_names: tuple[str, ...] = ()) -> None:
         self.context = context
@@ -35,16 +35,6 @@ class Promotes:
         self.model_names = model_names
         self.store = context.store
         self.signed = signed
-        # (name, content id) of a promote -> the digest it loaded: ListAdapters names a slot's bytes by it, unstaged or not.
-        self._slot_digests: dict[tuple[str, int], str] = {}
-
-    def slot_digest(self, name: str | None, content_id: int) -> str:
-        """The digest a promote loaded as ``name`` with ``content_id``, or "" (a slot filled otherwise, or empty)."""
-        return self._slot_digests.get((name, content_id), "")
-
-    def resident_digests(self) -> set[str]:
-        """The digests promoted into slots still resident (an evicting store never drops them)."""
-        return set(self._slot_digests.values())
 
     async def promote(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
         """Bring the adapter here (pulled from the peers, or staged already), verified, then into a slot (or the store only).
@@ -93,9 +83,6 @@ class Promotes:
             slot, evicted = await self.context.on_model(model.commit, prepared, pin=request.pin)
         finally:
             model.recycle(prepared)
-        resident = {info["name"] for info in model.slots_info()}
-        self._slot_digests = {k: v for k, v in self._slot_digests.items() if k[0] in resident and k[0] != name}
-        self._slot_digests[(name, prepared.content_id)] = manifest.digest
         log.info("promoted %s as %r into slot %d (%s, %d bytes moved, %s)", adapter_id, name, slot,
                  f"evicted {evicted!r}" if evicted else "nothing evicted", stats.bytes_transferred,
                  "row staged while receiving" if staged is not None else "row staged from the store")

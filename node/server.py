@@ -37,13 +37,11 @@ from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.rpc.security import BearerAuth
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.hygiene import expire_abandoned
-from adapter_fabric.store.quota import RefuseWhenFull
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.discovery import PeerSource
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.data_channel import DataChannels
 from adapter_fabric.transport.fetch_metadata import announce_data_port
-from adapter_fabric.transport.pull import PeerPuller
 from adapter_fabric.trust.signing import TrustedSigners
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
@@ -51,8 +49,9 @@ from adapter_fabric.node.data_server import DataServer
 from adapter_fabric.integrations.sglang import SGLangClient
 from adapter_fabric.node.engine_drive import SGLangDrive
 from adapter_fabric.node.engines import EngineViews
-from adapter_fabric.node.eviction import CopiesElsewhere, EvictWhenFull
+from adapter_fabric.node.eviction import Evictor, RefuseRoom
 from adapter_fabric.node.handoff import HandOff
+from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 
 from adapter_fabric.node.gate import AccessGate
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
@@ -172,16 +171,13 @@ def load_trusted(settings: NodeSettings) -> TrustedSigners:
 
 
 class Node:
-    """The node's parts, composed: the RPC groups behind the servicer, what they share, and the background scrub."""
+    """The node's parts, composed: the RPC groups behind the servicer, what they share, eviction, and the background scrub."""
 
     def __init__(
-        self, settings: NodeSettings, store: AdapterStore, model: MultiLoraModel | None, puller: PeerPuller, peer_source: PeerSource, trusted: TrustedSigners
+        self, settings: NodeSettings, store: AdapterStore, model: MultiLoraModel | None, channels: PeerChannels, peer_source: PeerSource,
+        trusted: TrustedSigners, port: int,
     ) -> None:
         self.context = NodeContext(store, model, peer_source)
-        self.puller = puller
-        signed = SignedAdapters(store, puller, trusted)
-        promotes = Promotes(self.context, signed, model_names=(settings.model, *settings.base_model) if model is not None else ())
-        #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction
         export_dir = str(settings.export_dir) if settings.export_dir else None
         #: the SGLang the node drives (--sglang-url; it needs --export-dir): loads what the export dir holds, unloads before evicting
         self.drive = SGLangDrive(SGLangClient(settings.sglang_url), export_dir, settings.sglang_sync_interval) if settings.sglang_url and export_dir else None
@@ -189,25 +185,36 @@ class Node:
             store.exports.on_change = self.drive.poke  # a stage, pull, unstage or eviction: reconcile now, not at the next tick
         # The driven SGLang is shown (fabric ls "engines:") but holds nothing: the node unloads before it evicts.
         shown = (settings.sglang_url,) if self.drive is not None else ()
+        #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction
         self.engines = EngineViews(settings.engine_url, export_dir, shown=shown) if settings.engine_url or shown else None
-        #: at --max-store-bytes, cold adapters are evicted (--when-full evict; a last copy is first handed to a durable peer),
-        #: or, on a durable node, the commit is refused (node.eviction, node.handoff)
+        #: at --max-store-bytes the store refuses a writer; this makes room outside its locks (--when-full evict: cold adapters
+        #: go, a last copy is handed to a durable peer first), or refuses by name on a durable node (node.eviction, node.handoff)
         self.evictor = (
-            EvictWhenFull(
-                store, self.context.in_use, promotes.resident_digests, CopiesElsewhere(puller, peer_source.peers),
-                hand_off=HandOff(puller.channels, peer_source.peers, peer_source.me), low_water=settings.evict_to,
-                engines=self.engines, drive=self.drive,
+            Evictor(
+                store,
+                Candidates(store, self.context.in_use, model.resident_digests if model is not None else set, self.engines),
+                CopiesElsewhere(channels, peer_source.peers),
+                hand_off=HandOff(channels, peer_source.peers, peer_source.me),
+                low_water=settings.evict_to,
+                engines=self.engines,
+                drive=self.drive,
             )
             if not settings.durable
             else None
         )
-        store.quota.when_full = self.evictor or RefuseWhenFull("this node is durable (--when-full refuse): it never evicts")
-        self.peer_reads = PeerReads(self.context, puller, signed, upload_rate=settings.upload_rate, durable=settings.durable)
+        room = self.evictor or RefuseRoom("this node is durable (--when-full refuse): it never evicts")
+        self.puller = ObservedPuller(
+            store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers,
+            listen_port=port, make_room=room.make_room,
+        )
+        signed = SignedAdapters(store, self.puller, trusted)
+        promotes = Promotes(self.context, signed, model_names=(settings.model, *settings.base_model) if model is not None else ())
+        self.peer_reads = PeerReads(self.context, self.puller, signed, upload_rate=settings.upload_rate, durable=settings.durable)
         self.servicer = FabricServicer(
-            staging=Staging(self.context, signed),
+            staging=Staging(self.context, signed, make_room=room.make_room),
             peer_reads=self.peer_reads,
             promotes=promotes,
-            slots=Slots(self.context, promotes, max_new_tokens=settings.max_new_tokens, engines=self.engines),
+            slots=Slots(self.context, max_new_tokens=settings.max_new_tokens, engines=self.engines),
             store_status=StoreReport(self.context, expire_after=settings.expire_abandoned_after, evictor=self.evictor),
             policy=settings.policy is not None,
         )
@@ -215,10 +222,14 @@ class Node:
         self.repairs = Repairs(store, peer_source, signed)
         store.integrity.on_damage = self.repairs.damage_found
         self.scrubber = Scrubber(store, self.repairs, rate=settings.scrub_rate)
+        if self.evictor is not None:
+            self.evictor.start()
 
     def close(self) -> None:
         """After the server stopped: the scrub told to stop, the model worker's jobs finished, the peer channels closed."""
         self.scrubber.stop()
+        if self.evictor is not None:
+            self.evictor.close()
         self.repairs.close()
         self.context.close()
         self.puller.channels.close()
@@ -302,11 +313,7 @@ async def serve(settings: NodeSettings) -> None:
     options = [*wire.CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", settings.peer_tls_name)] if settings.peer_tls_name else [])]
     data_channels = DataChannels(tls.client_ssl_context() if tls.enabled else None, token=token, tls_name=settings.peer_tls_name)
     channels = PeerChannels(options, credentials=tls.channel_credentials() if tls.enabled else None, token=token, data=data_channels)
-    puller = ObservedPuller(
-        store, channels, stall_timeout=settings.stall_timeout, download_rate=settings.download_rate, known_peers=peer_source.peers,
-        listen_port=port,
-    )
-    node = Node(settings, store, model, puller, peer_source, trusted)
+    node = Node(settings, store, model, channels, peer_source, trusted, port)
     wire.add_fabric_servicer_to_server(node.servicer, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -13,7 +13,6 @@ from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.engines import EngineViews
-from adapter_fabric.node.promotes import Promotes
 
 #: the name a GenerateRequest uses for the base model
 BASE_NAME = "base"
@@ -38,12 +37,11 @@ def _staged(entry: Listed, engines: list[str]) -> fabric_pb2.StagedAdapter:
 class Slots:
     """ListAdapters, SetActive, Pin and Generate: what is staged and resident, and the work on resident adapters."""
 
-    def __init__(self, context: NodeContext, promotes: Promotes, max_new_tokens: int, engines: EngineViews | None = None) -> None:
+    def __init__(self, context: NodeContext, max_new_tokens: int, engines: EngineViews | None = None) -> None:
         self.context = context
         #: which engines registered each adapter (--engine-url), shown per listed adapter
         self.engines = engines
         self.store = context.store
-        self.promotes = promotes  # which digest each promoted slot holds
         #: the most tokens one Generate may ask for (--max-new-tokens: each is a decode step on the model worker)
         self.max_new_tokens = max_new_tokens
 
@@ -68,20 +66,19 @@ class Slots:
             reply.max_rank = model.pool.max_rank
             reply.device = str(model.device)
             for info in model.slots_info():
-                if readable is not None and info["name"] and not readable(info["name"]):
+                if readable is not None and info.name and not readable(info.name):
                     continue  # another principal's resident adapter
                 reply.slots.append(
                     fabric_pb2.SlotInfo(
-                        slot=info["slot"],
-                        name=info["name"] or "",
-                        content_id=info["content_id"],
-                        ref_count=info["ref_count"],
-                        pinned=info["pinned"],
-                        active=info["active"],
-                        last_used=info["last_used"],
-                        rank=info["rank"],
-                        # The bytes it holds, also once they are unstaged from the store.
-                        digest=self.promotes.slot_digest(info["name"], info["content_id"]),
+                        slot=info.slot,
+                        name=info.name or "",
+                        content_id=info.content_id,
+                        ref_count=info.ref_count,
+                        pinned=info.pinned,
+                        active=info.active,
+                        last_used=info.last_used,
+                        rank=info.rank,
+                        digest=info.digest,  # the bytes it holds, also once they are unstaged from the store
                     )
                 )
         return reply

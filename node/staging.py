@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import AsyncIterator
 
 from adapter_fabric.errors import Busy, InvalidArgument
 from adapter_fabric.store.digests import DIGEST_SCHEME, check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.store.upload import Upload
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
@@ -24,10 +26,12 @@ UPLOAD_RELEASE_WAIT_S = 3.0
 class Staging:
     """Stage, UploadOffset and Unstage: adapters entering and leaving this node's store from a client."""
 
-    def __init__(self, context: NodeContext, signed: SignedAdapters) -> None:
+    def __init__(self, context: NodeContext, signed: SignedAdapters, make_room: MakeRoom | None = None) -> None:
+        """``make_room``: asked, off the store's locks, when the store refuses an upload for room (the node's evictor)."""
         self.context = context
         self.store = context.store
         self.signed = signed
+        self.make_room = make_room
 
     async def stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest]) -> fabric_pb2.StageResponse:
         """Receive one upload: a StageBegin first, then data; commit it when the stream ends."""
@@ -89,15 +93,16 @@ class Staging:
         waited = False
         while True:
             try:
-                upload = await self.context.io(
-                    self.store.open_upload, begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_blake3, begin.weights_root
-                )
+                upload = await self.context.io(opened_with_room, partial(self._open, begin), self.make_room)
                 return upload, waited
             except Busy:
                 waited = True
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.05)
+
+    def _open(self, begin: fabric_pb2.StageBegin) -> Upload:
+        return self.store.open_upload(begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_blake3, begin.weights_root)
 
     async def upload_offset(self, request: fabric_pb2.UploadOffsetRequest) -> fabric_pb2.UploadOffsetResponse:
         """How much of an upload this node holds, for a client's resume."""

@@ -10,7 +10,7 @@ from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.hygiene import PARTIAL, UPLOAD, leftovers
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.node.context import NodeContext
-from adapter_fabric.node.eviction import EvictWhenFull
+from adapter_fabric.node.eviction import Evictor
 
 
 #: uploads, partials and damaged entries listed in one reply, each (the reply counts them all)
@@ -20,7 +20,7 @@ MAX_LISTED = 100
 class StoreReport:
     """The StoreStatus RPC: what the store holds, what it keeps aside, and when abandoned entries expire."""
 
-    def __init__(self, context: NodeContext, expire_after: float, evictor: EvictWhenFull | None = None) -> None:
+    def __init__(self, context: NodeContext, expire_after: float, evictor: Evictor | None = None) -> None:
         self.context = context
         #: the evicting policy, when this node evicts at its limit (its count is reported)
         self.evictor = evictor

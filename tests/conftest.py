@@ -3,11 +3,17 @@ by several folders live here."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from adapter_fabric.store.lock_watch import CHECK_VARIABLE
 from tests.support.store import make_adapters
+
+# Invariant 17 checked in every test and every node process a test starts (they inherit the environment): a network
+# call, HTTP read or engine call made while a store lock is held raises instead of waiting (adapter_fabric.store.lock_watch).
+os.environ[CHECK_VARIABLE] = "1"
 
 
 @pytest.fixture(scope="session")

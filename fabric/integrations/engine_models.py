@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from adapter_fabric.errors import InvalidArgument, PeerUnavailable
+from adapter_fabric.store.lock_watch import check_no_store_lock
 
 #: largest /v1/models reply read: ~200 bytes a card, so room for tens of thousands of adapters
 MAX_REPLY_BYTES = 16 << 20
@@ -64,6 +65,7 @@ def engine_reply(request: urllib.request.Request, timeout: float, label: str, wh
     A 2xx reply, or an HTTP error whose code is in ``accept`` (an engine that answers a refusal with a JSON body),
     returns its body; anything else is ``PeerUnavailable`` naming the engine ``label``: never a traceback.
     """
+    check_no_store_lock(f"engine {label}: {what}")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310 (the operator's own engine URL)
             body = reply.read(max_bytes + 1)

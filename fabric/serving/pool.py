@@ -30,7 +30,7 @@ import torch
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument, SlotBusy
 from adapter_fabric.serving.host_copy import SINGLE_THREAD_COPY_BYTES, host_copy
 from adapter_fabric.serving.staging import StagingRows
-from adapter_fabric.serving.slot_records import SlotMeta, Span, StagedAdapter
+from adapter_fabric.serving.slot_records import SlotInfo, SlotMeta, Span, StagedAdapter
 from adapter_fabric.serving.names import ACTIVE
 from adapter_fabric.serving.policy import SlotView, check_pin_limit, choose_victim
 
@@ -115,10 +115,12 @@ class SlotPool(StagingRows):
         slot: int | None = None,
         make_active: bool = True,
         pin: bool = False,
+        digest: str = "",
     ) -> tuple[int, str | None]:
         """Land a staged adapter; return ``(slot, evicted_name or None)``.
 
         ``pin`` pins it too; the pin limit is checked with the other checks, before any eviction.
+        ``digest``: the store digest it came from, kept with the slot ("" for a directory's adapter).
 
         ``slot=None`` lets the policy choose the victim (promote); a given slot
         is refused if busy or pinned by another adapter (swap). Every check
@@ -139,6 +141,7 @@ class SlotPool(StagingRows):
                 # Same bytes already resident: no copy, just make it current.
                 self._touch(current)
                 self._meta[current].pinned |= pin
+                self._meta[current].digest = digest or self._meta[current].digest
                 if make_active:
                     self._active = current
                 return current, None
@@ -170,12 +173,14 @@ class SlotPool(StagingRows):
                 old = self._meta[current]
                 old.name = None
                 old.pinned = False
+                old.digest = ""
                 if self._active == current:
                     self._active = slot
             meta.name = name
             meta.content_id = content_id
             meta.pinned = pinned
             meta.rank = staged.rank
+            meta.digest = digest
             meta.generation += 1
             self._names[name] = slot
             self._touch(slot)  # invariant 6: the promoted slot is the most recently used
@@ -207,7 +212,7 @@ class SlotPool(StagingRows):
             self._active = None
         self.storage[slot].zero_()
         self.scaling[:, slot].zero_()
-        meta.name, meta.content_id, meta.rank, meta.pinned = None, 0, 0, False
+        meta.name, meta.content_id, meta.rank, meta.pinned, meta.digest = None, 0, 0, False, ""
         meta.generation += 1
 
     # ------------------------------------------------------------ sequences
@@ -296,23 +301,18 @@ class SlotPool(StagingRows):
             for s in sorted(slots):
                 self._touch(s)
 
-    def info(self) -> list[dict]:
-        """One dict per slot: name, content id, refs, pin, rank, active, last use."""
+    def info(self) -> list[SlotInfo]:
+        """Every slot, in order: name, content id, refs, pin, active, last use, rank, generation and digest."""
         with self.lock:
             return [
-                dict(
-                    slot=i,
-                    name=m.name,
-                    content_id=m.content_id,
-                    ref_count=m.ref_count,
-                    pinned=m.pinned,
-                    active=self._active == i,
-                    last_used=m.last_used,
-                    rank=m.rank,
-                    generation=m.generation,
-                )
+                SlotInfo(i, m.name, m.content_id, m.ref_count, m.pinned, self._active == i, m.last_used, m.rank, m.generation, m.digest)
                 for i, m in enumerate(self._meta)
             ]
+
+    def resident_digests(self) -> set[str]:
+        """The store digests of the adapters resident in a slot (an evicting store never drops them)."""
+        with self.lock:
+            return {m.digest for m in self._meta if m.name is not None and m.digest}
 
     # ------------------------------------------------------------ helpers
 

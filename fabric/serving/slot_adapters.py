@@ -38,6 +38,7 @@ from adapter_fabric.store.digests import DEFAULT_CHUNK_SIZE, hash_bytes
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.ids import validate_name
 from adapter_fabric.serving.pool import ACTIVE, SlotPool, StagedAdapter
+from adapter_fabric.serving.slot_records import SlotInfo
 from adapter_fabric.serving.row_sink import RowSink
 from adapter_fabric.format.safetensors_index import parse_header
 from adapter_fabric.format.tensor_file import map_immutable, read_private
@@ -60,6 +61,8 @@ class PreparedAdapter:
     content_id: int
     staged: StagedAdapter
     source: Path
+    #: the store digest it was read from ("" for a directory's adapter): the slot keeps it
+    digest: str = ""
 
 
 class PoolAdapters(ModelAdapters):
@@ -160,7 +163,7 @@ class PoolAdapters(ModelAdapters):
         except FileNotFoundError:  # verified a moment ago: unstaged (or quarantined) since
             raise AdapterNotFound(f"adapter {manifest.adapter_id!r} left the store while it was being promoted; stage or pull it again") from None
         staged = self._stage(mapped, index, pairs, config)
-        return PreparedAdapter(name, config, manifest.weights.root, manifest.content_id, staged, weights_path)
+        return PreparedAdapter(name, config, manifest.weights.root, manifest.content_id, staged, weights_path, manifest.digest)
 
     def row_sink(self, manifest: Manifest) -> RowSink | None:
         """A slot row to stage while ``manifest``'s weights are pulled (``PeerPuller.pull(sink_for=...)``); None when the
@@ -171,7 +174,7 @@ class PoolAdapters(ModelAdapters):
     def prepared_from(self, sink: RowSink, manifest: Manifest, weights_path: str | Path, name: str) -> PreparedAdapter:
         """The adapter whose row ``sink`` staged during its pull (complete, and committed to the store as ``weights_path``)."""
         _check_name(name)
-        return PreparedAdapter(name, manifest.config, manifest.weights.root, manifest.content_id, sink.finish(), Path(weights_path))
+        return PreparedAdapter(name, manifest.config, manifest.weights.root, manifest.content_id, sink.finish(), Path(weights_path), manifest.digest)
 
     def _stage(self, buffer, index, pairs: Mapping[str, LoraPair], config: PeftAdapterConfig) -> StagedAdapter:
         """Lay a whole file's tensors out as a host slot row (a ``RowSink`` fed the file as one chunk)."""
@@ -189,7 +192,9 @@ class PoolAdapters(ModelAdapters):
         ``prepared`` stays valid (it may be committed again); call ``recycle`` when done with it.
         """
         with self.lock:
-            return self.pool.commit(prepared.staged, prepared.name, prepared.content_id, slot=slot, make_active=make_active, pin=pin)
+            return self.pool.commit(
+                prepared.staged, prepared.name, prepared.content_id, slot=slot, make_active=make_active, pin=pin, digest=prepared.digest
+            )
 
     def recycle(self, prepared: PreparedAdapter) -> None:
         """Give a prepared adapter's host staging row back for reuse (saves a slot-sized allocation)."""
@@ -230,8 +235,12 @@ class PoolAdapters(ModelAdapters):
 
     # ------------------------------------------------------------ pool state
 
-    def slots_info(self) -> list[dict]:
+    def slots_info(self) -> list[SlotInfo]:
         return self.pool.info()
+
+    def resident_digests(self) -> set[str]:
+        """The store digests resident in a slot (``SlotPool.resident_digests``)."""
+        return self.pool.resident_digests()
 
     def pin(self, name: str, pinned: bool) -> None:
         self.pool.pin(name, pinned)

@@ -1,4 +1,4 @@
-"""The plain records of the slot pool: a slot's metadata, a staged row, a module's place in a row."""
+"""The plain records of the slot pool: a slot's metadata and what callers read of it, a staged row, a module's place in a row."""
 
 from __future__ import annotations
 
@@ -17,6 +17,24 @@ class SlotMeta:
     generation: int = 0
     #: largest rank of any module of the tenant (0 when empty)
     rank: int = 0
+    #: the store digest of the adapter it holds ("" when it came from a directory, or the slot is empty)
+    digest: str = ""
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """One slot as callers see it: who holds it, its content id, refs, pin, rank, LRU time and the digest it came from."""
+
+    slot: int
+    name: str | None
+    content_id: int
+    ref_count: int
+    pinned: bool
+    active: bool
+    last_used: int
+    rank: int
+    generation: int
+    digest: str = ""
 
 
 @dataclass

@@ -5,7 +5,7 @@ Built by composition, bottom up (each is handed what it needs, none holds the st
     StoreLayout        paths (adapter_fabric.store.layout; the on-disk layout is documented there)
     StoreLock          flock around every metadata change; TempFiles: durable writes (adapter_fabric.store.durable)
     Catalog            reads refs and manifests (adapter_fabric.store.catalog)
-    Quota              limits and usage; a WhenFull policy decides what happens at the limit (adapter_fabric.store.quota)
+    Quota              limits and usage; at the limit a writer is refused (StoreFull), never blocked (adapter_fabric.store.quota)
     GarbageCollector   what no ref reaches goes; recover() after a restart (adapter_fabric.store.recovery)
     Committer          the one commit path: blobs, manifest, ref, in order, under the lock (adapter_fabric.store.committer)
     Integrity          verified reads, quarantine, damage, scrub (adapter_fabric.store.integrity)
@@ -26,6 +26,7 @@ import os
 import secrets
 import shutil
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +44,7 @@ from adapter_fabric.store.keeping import KeptIds, Recency
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import CONFIG_FILE, DEFAULT_CHUNK_SIZE, WEIGHTS_FILE, FileEntry, Manifest
 from adapter_fabric.store.partial import PartialDownload, Partials
-from adapter_fabric.store.quota import Quota, WhenFull
+from adapter_fabric.store.quota import Quota
 from adapter_fabric.store.recovery import GarbageCollector, recover
 from adapter_fabric.store.signatures import Signatures
 from adapter_fabric.store.staging import DirectoryStager
@@ -78,6 +79,17 @@ class _CommitEvents:
             self.exports.remove(adapter_id)
 
 
+@dataclass(frozen=True)
+class HeldAdapter:
+    """One staged id as an eviction sees it: its digest, that adapter's bytes, when it was last used, and an operator's keep."""
+
+    adapter_id: str
+    digest: str
+    size: int
+    last_used: float
+    kept: bool
+
+
 class AdapterStore:
     """Adapters staged by id, stored by content, committed atomically, safe across restarts."""
 
@@ -89,9 +101,7 @@ class AdapterStore:
         max_adapter_bytes: int | None = None,
         max_header_bytes: int = MAX_HEADER_BYTES,
         export_dir: Path | str | None = None,
-        when_full: WhenFull | None = None,
         trusted: TrustedSigners | None = None,
-
         tenant_quotas: tuple[TenantLimits, ...] = (),
         collect_at_open: bool = True,
     ) -> None:
@@ -99,7 +109,8 @@ class AdapterStore:
 
         ``trusted``: export only adapters one of these signers signed (a trusting node's engine loads nothing it refuses).
 
-        ``when_full``: what to do when a commit would pass ``max_bytes`` (default: refuse, ``QuotaExceeded``).
+        At ``max_bytes`` a writer is refused (``StoreFull``) before a byte is written: the store never drops anything on its own
+        (an evicting node makes room outside the store's locks, ``adapter_fabric.node.eviction``).
         ``tenant_quotas``: bytes and id counts per id prefix, beside ``max_bytes`` (``adapter_fabric.store.tenants``).
         ``collect_at_open``: False leaves what no ref reaches to ``collect_garbage`` (a node calls it once serving).
         """
@@ -110,7 +121,7 @@ class AdapterStore:
         self.layout.create()
         self.lock = StoreLock(self.layout.lock)
         self.catalog = Catalog(self.layout)
-        self.quota = Quota(self.layout, max_bytes, max_adapter_bytes, max_header_bytes, when_full)
+        self.quota = Quota(self.layout, max_bytes, max_adapter_bytes, max_header_bytes)
         self._collector = collector = GarbageCollector(self.layout, self.catalog)
         self.signatures = Signatures(self.layout, self.lock, TempFiles(self.layout.tmp))  # before the exports: a trusting one reads them
         with self.lock.held():
@@ -218,8 +229,9 @@ class AdapterStore:
         """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
         return self.integrity.damaged()
 
-    def held(self) -> list[tuple[str, str, int]]:
-        """Every staged id with its digest and that adapter's size, sorted by id; damaged ones left out (no manifest held)."""
+    def held(self) -> list[HeldAdapter]:
+        """Every staged id with its digest, that adapter's size, its last use and whether it is kept, sorted by id; damaged ones
+        left out. Sizes come from per-digest summaries: no manifest is read per adapter (an eviction's candidates at 100,000)."""
         found = []
         for adapter_id, digest in sorted(self.catalog.refs().items()):
             try:
@@ -227,7 +239,7 @@ class AdapterStore:
             except FabricError:
                 continue
             if summary is not None:
-                found.append((adapter_id, digest, summary.total_size))
+                found.append(HeldAdapter(adapter_id, digest, summary.total_size, self.recency.last_used(adapter_id), adapter_id in self.kept))
         return found
 
     def collect_garbage(self) -> None:
@@ -283,6 +295,10 @@ class AdapterStore:
             raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
         self.kept.set(adapter_id, False)  # a kept id unstaged by hand is kept no more
         return not self.layout.manifest(digest).exists()
+
+    def evict(self, adapter_id: str, digest: str) -> bool:
+        """Unstage ``adapter_id`` if it still names ``digest`` (an eviction's victim, chosen a moment ago); True when it did."""
+        return self.committer.remove_ref(adapter_id, only_digest=digest) is not None
 
     def open_partial(self, manifest: Manifest) -> PartialDownload:
         """The download of ``manifest``'s weights, keyed by digest; resumes what an earlier one left verified."""

@@ -195,7 +195,7 @@ class Committer:
         """One commit's blobs (renamed into place; their bytes were synced by their writer) and manifest (written, synced at flush)."""
         manifest = job.manifest
         if job.check_room:
-            self.quota.check_room(self.catalog.missing_bytes(manifest), f"staging {job.adapter_id!r}", lock_held=True)
+            self.quota.check_room(self.catalog.missing_bytes(manifest), f"staging {job.adapter_id!r}")
         for entry in manifest.files:
             self._install_blob(entry.root, job.sources[entry.root], files)
         files.write(self.layout.manifest(manifest.digest), job.manifest_json or manifest.to_json())
@@ -217,11 +217,15 @@ class Committer:
                 f"the bytes of {manifest.digest} were removed from this store before {manifest.adapter_id!r} referred to them; pull again"
             )
 
-    def remove_ref(self, adapter_id: str) -> str | None:
-        """Unstage ``adapter_id``; the digest it referred to (None when it was not staged). Unreferenced bytes go."""
+    def remove_ref(self, adapter_id: str, only_digest: str | None = None) -> str | None:
+        """Unstage ``adapter_id``; the digest it referred to (None when it was not staged). Unreferenced bytes go.
+
+        ``only_digest``: unstage it only while it still refers to that digest (an eviction must not drop a version
+        restaged since it chose its victim); None when it refers to another.
+        """
         with self.lock.held():
             digest = self.catalog.read_ref(adapter_id)
-            if digest is None:
+            if digest is None or (only_digest is not None and digest != only_digest):
                 return None
             self.layout.ref(adapter_id).unlink()
             fsync_dir(self.layout.refs)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from adapter_fabric.store.files import fsync_dir, pwrite_all
+from adapter_fabric.store.lock_watch import noted
 
 
 class StoreLock:
@@ -28,7 +29,8 @@ class StoreLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            with noted("store"):
+                yield
         finally:
             os.close(fd)  # closing drops the flock
 

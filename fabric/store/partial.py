@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +17,7 @@ from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.quota import Quota
 from adapter_fabric.store.tenants import TenantQuotas, TenantReservation
+from adapter_fabric.store.lock_watch import WatchedLock
 
 
 class Partials:
@@ -28,7 +28,7 @@ class Partials:
         self.committer = committer
         self.quota = quota
         self.tenants = tenants
-        self._lock = threading.Lock()  # guards _open; never held while waiting on the store's lock
+        self._lock = WatchedLock("partial downloads registry")  # guards _open; never held while waiting on the store's lock
         self._open: dict[str, PartialDownload] = {}
 
     def open(self, manifest: Manifest) -> PartialDownload:
@@ -74,10 +74,7 @@ class Partials:
     def find(self, digest: str) -> PartialDownload | None:
         """The download of ``digest`` open in this store object, if any (to answer Availability and serve its verified chunks).
 
-        Without ``_lock``: ``open`` holds it while the quota's WhenFull policy runs, and an evicting
-        node's policy asks its peers' Availability (up to 5 s each); two nodes evicting at once, each
-        answering Availability from its event loop, would wait on each other until those calls time
-        out (scripts/bench_cache.py found it). One dict read is atomic.
+        One dict read (atomic): Availability answers from the event loop and never waits on an ``open``'s disk work.
         """
         return self._open.get(digest)
 
@@ -132,7 +129,7 @@ class PartialDownload:
         self._tenant = tenant
         self._committer = committer
         self._forget = forget
-        self._lock = threading.Lock()
+        self._lock = WatchedLock("partial download")
         self._directory = directory
         self._lock_fd = lock_fd
         self._fd: int | None = None

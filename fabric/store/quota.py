@@ -1,36 +1,33 @@
 """Store limits: the size of one adapter, its header, and the bytes the whole store may hold.
 
-What happens when a commit would pass the store's limit is a policy handed
-in (``WhenFull``): today the store refuses (``RefuseWhenFull``); a cache policy
-that drops cold adapters plugs in here without the store changing.
+The store's rule at its limit is local and quick: a writer that would pass it
+is refused (``StoreFull``) before a byte is written, and nothing else happens
+here. Making room is the node's business (``adapter_fabric.node.eviction``): it
+runs outside every store lock, and a writer refused for room is opened again
+once room was made (``opened_with_room``). Kraken's store works the same way:
+its cleanup is a job over the store, never a call the store makes.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Callable, Protocol
+from typing import Callable, TypeVar
 
-from adapter_fabric.errors import InvalidHeader, LimitExceeded, QuotaExceeded
+from adapter_fabric.errors import InvalidHeader, LimitExceeded, StoreFull
 from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
 from adapter_fabric.store.dir_sizes import DirSizes, tree_bytes
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.units import describe_size
 
+T = TypeVar("T")
 
-class WhenFull(Protocol):
-    """Decides what to do when ``needed`` more bytes would take the store past its limit."""
-
-    def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
-        """Free what it can (the quota measures again afterwards), or raise ``QuotaExceeded`` naming why it cannot.
-
-        Never called with the store's lock held (that lock is not re-entrant),
-        so it may remove adapters through the store's own paths (``unstage``).
-        """
-        ...
+#: makes room for a writer the store refused (``StoreFull``) or raises ``QuotaExceeded`` naming why it cannot; called
+#: with no store lock held, it may wait on the network (an eviction's hand-off) within its own bound
+MakeRoom = Callable[[StoreFull], None]
 
 
-def quota_exceeded(needed: int, used: int, limit: int, what: str, why: str = "", *, held: str = "", after: int | None = None) -> QuotaExceeded:
+def quota_exceeded(needed: int, used: int, limit: int, what: str, why: str = "", *, held: str = "", after: int | None = None) -> StoreFull:
     """The refusal of ``needed`` more bytes in a store holding ``used`` of ``limit``, sizes in store-status's units.
 
     ``why``: the store's role (a durable node), said after. ``held`` and ``after``: an evicting store that could not make
@@ -45,19 +42,20 @@ def quota_exceeded(needed: int, used: int, limit: int, what: str, why: str = "",
         text += f"; nothing more can be evicted (dropping every cold adapter would still leave {describe_size(after)})"
     if why:
         text += f"; {why}"
-    if held:
-        return QuotaExceeded(f"{text}. Held: {held}. Or raise --max-store-bytes")
-    return QuotaExceeded(f"{text}; unstage adapters (fabric unstage) or raise --max-store-bytes")
+    fix = f". Held: {held}. Or raise --max-store-bytes" if held else "; unstage adapters (fabric unstage) or raise --max-store-bytes"
+    return StoreFull(text + fix, needed, what)
 
 
-class RefuseWhenFull:
-    """The store never drops anything on its own: a commit past the limit is refused (``why``: named in the refusal)."""
-
-    def __init__(self, why: str = "") -> None:
-        self.why = why
-
-    def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
-        raise quota_exceeded(needed, used, limit, what, self.why)
+def opened_with_room(open_writer: Callable[[], T], make_room: MakeRoom | None) -> T:
+    """``open_writer()``; when the store refuses it for room, ``make_room`` is asked (outside every store lock) and it is opened
+    once more. A second refusal (another writer took the room meanwhile) goes to the caller, who may retry."""
+    try:
+        return open_writer()
+    except StoreFull as full:
+        if make_room is None:
+            raise
+        make_room(full)
+    return open_writer()
 
 
 class Quota:
@@ -69,7 +67,6 @@ class Quota:
         max_bytes: int | None = None,
         max_adapter_bytes: int | None = None,
         max_header_bytes: int = MAX_HEADER_BYTES,
-        when_full: WhenFull | None = None,
     ) -> None:
         self.layout = layout
         #: the whole store's limit; None = no limit
@@ -78,7 +75,6 @@ class Quota:
         self.max_adapter_bytes = max_adapter_bytes
         #: largest safetensors header parsed or accepted
         self.max_header_bytes = max_header_bytes
-        self.when_full: WhenFull = when_full or RefuseWhenFull()
         # key -> bytes still on their way to an open upload (it reserved them when it opened)
         self._pending: dict[str, Callable[[], int]] = {}
         self._pending_lock = threading.Lock()
@@ -118,20 +114,16 @@ class Quota:
                 f"{self.max_header_bytes} (--max-header-bytes); nothing was written"
             )
 
-    def check_room(self, needed: int, what: str, *, lock_held: bool = False) -> None:
-        """``needed`` more bytes must fit the store's limit; past it, the ``WhenFull`` policy frees room or refuses.
-
-        ``lock_held``: the caller holds the store's lock (the committer's re-check): refuse without asking the policy,
-        which was asked before the bytes were written and may need the lock to free room.
-        """
+    def check_room(self, needed: int, what: str) -> None:
+        """``needed`` more bytes must fit the store's limit, or ``StoreFull`` (nothing is written, nothing else is asked)."""
         if self.max_bytes is None or needed == 0:
             return
         used = self.usage()
-        if used + needed <= self.max_bytes:
-            return
-        if lock_held:
-            raise quota_exceeded(needed, used, self.max_bytes, what)
-        self.when_full.make_room(needed, used, self.max_bytes, what)
-        used = self.usage()
         if used + needed > self.max_bytes:
             raise quota_exceeded(needed, used, self.max_bytes, what)
+
+    def over(self, share: float = 1.0) -> int:
+        """Bytes held past ``share`` of the limit (0 when under it, or when there is no limit)."""
+        if self.max_bytes is None:
+            return 0
+        return max(0, self.usage() - int(self.max_bytes * share))

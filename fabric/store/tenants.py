@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,6 +35,7 @@ from adapter_fabric.store.catalog import Catalog
 from adapter_fabric.store.files import decode_id
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.units import format_size
+from adapter_fabric.store.lock_watch import WatchedLock
 
 class TenantLimits(Protocol):
     """One tenant's quota as the store takes it (``adapter_fabric.access.policy.TenantQuota`` is one): plain values, no behaviour."""
@@ -97,7 +97,7 @@ class TenantQuotas:
     def __init__(self, catalog: Catalog, quotas: tuple[TenantLimits, ...] = ()) -> None:
         self.catalog = catalog
         self._quotas = tuple(quotas)
-        self._lock = threading.Lock()  # one check-and-reserve at a time: two writers cannot both take the last room
+        self._lock = WatchedLock("tenant quotas")  # one check-and-reserve at a time: two writers cannot both take the last room
         self._reserved: dict[int, tuple[str, dict[str, int]]] = {}  # key -> (id, its files' roots -> sizes)
         self._keys = itertools.count(1)
 

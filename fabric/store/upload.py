@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +28,7 @@ from adapter_fabric.store.ids import validate_adapter_id, validate_digest
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, hash_bytes, manifest_of
 from adapter_fabric.store.quota import Quota
 from adapter_fabric.store.tenants import TenantQuotas, TenantReservation
+from adapter_fabric.store.lock_watch import WatchedLock
 
 
 class Uploads:
@@ -41,7 +41,7 @@ class Uploads:
         self._tenant_holds: dict[str, TenantReservation] = {}  # guarded by _lock: what each open upload reserved of its tenant's quota
         #: the chunk size new uploads are hashed at (the store's)
         self.chunk_size = chunk_size
-        self._lock = threading.Lock()  # guards _open
+        self._lock = WatchedLock("uploads registry")  # guards _open
         self._open: dict[str, Upload] = {}
         self._opening: set[str] = set()  # keys of uploads being opened (outside the lock): a second stream is Busy
 
@@ -154,7 +154,7 @@ class Upload:
         self.reserved = reserved
         self._directory = directory
         self._lock_fd: int | None = lock_fd
-        self._lock = threading.Lock()
+        self._lock = WatchedLock("upload")
         meta = json.dumps({"adapter_id": adapter_id, "blake3": blake3, "size": size}, sort_keys=True).encode()
         meta_path = directory / "meta.json"
         fresh = not meta_path.is_file() or meta_path.read_bytes() != meta

@@ -11,6 +11,7 @@ from adapter_fabric.rpc import security
 from adapter_fabric.rpc.status import ERROR_DETAIL_KEY
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.data_channel import DataChannels
+from adapter_fabric.store.lock_watch import check_no_store_lock
 
 
 class PeerChannels:
@@ -34,6 +35,8 @@ class PeerChannels:
         self._lock = threading.Lock()
 
     def get(self, address: str) -> grpc.Channel:
+        """The channel to ``address`` (made once): every peer call takes it here, so here it is checked that no store lock is held."""
+        check_no_store_lock(f"a call to peer {address}")
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:

@@ -28,6 +28,7 @@ from adapter_fabric.rpc.status import error_from_detail
 from adapter_fabric.transport import data_frames, fetch_metadata
 from adapter_fabric.transport.discovery import split_host_port
 from adapter_fabric.v1 import fabric_pb2
+from adapter_fabric.store.lock_watch import check_no_store_lock
 
 __all__ = ["CONNECT_TIMEOUT_S", "DataCall", "DataChannelFailed", "DataChannels", "RETRY_AFTER_S"]
 
@@ -92,6 +93,7 @@ class DataChannels:
         hello = fabric_pb2.DataHello(token=self._token, fetch=request)
         if holder is not None:
             hello.holder_port, hello.holder_bitmap = holder
+        check_no_store_lock(f"a data channel stream from {peer}")
         try:
             sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:

@@ -75,14 +75,14 @@ def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str
     raise PeerUnavailable(f"no peer could serve the manifest of {adapter_id!r}: " + "; ".join(failures + [f"{p}: not staged" for p in missing]))
 
 
-def holding(channels: PeerChannels, peer: str, digest: str) -> Holding:
-    """What ``peer`` holds of ``digest`` (Availability); nothing held = ``Holding(set(), False, 0)``.
+def holding(channels: PeerChannels, peer: str, digest: str, timeout: float = AVAILABILITY_TIMEOUT_S) -> Holding:
+    """What ``peer`` holds of ``digest`` (Availability, within ``timeout`` seconds); nothing held = ``Holding(set(), False, 0)``.
 
     Raises PeerUnavailable (or another FabricError) when the peer cannot answer.
     """
     stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
     try:
-        reply, call = stub.Availability.with_call(fabric_pb2.AvailabilityRequest(digest=digest), timeout=AVAILABILITY_TIMEOUT_S)
+        reply, call = stub.Availability.with_call(fabric_pb2.AvailabilityRequest(digest=digest), timeout=timeout)
     except grpc.RpcError as exc:
         channels.failed(peer, exc)
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -97,14 +97,14 @@ def holding(channels: PeerChannels, peer: str, digest: str) -> Holding:
     return Holding(swarm.bitmap_to_chunks(reply.verified_bitmap, reply.chunk_count), False, reply.chunk_count)
 
 
-def is_durable(channels: PeerChannels, peer: str) -> bool:
+def is_durable(channels: PeerChannels, peer: str, timeout: float = AVAILABILITY_TIMEOUT_S) -> bool:
     """Whether ``peer`` says it is durable (never evicts): an Availability that names no digest.
 
     False for a peer that is not, that predates the field, or that does not answer.
     """
     stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
     try:
-        return stub.Availability(fabric_pb2.AvailabilityRequest(), timeout=AVAILABILITY_TIMEOUT_S).durable
+        return stub.Availability(fabric_pb2.AvailabilityRequest(), timeout=timeout).durable
     except grpc.RpcError as exc:
         channels.failed(peer, exc)
         return False

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 from adapter_fabric.errors import AdapterNotFound, FabricError
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.transport import peer_calls, swarm
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.pull_values import STALL_TIMEOUT_S, PullSettings, PullStats
@@ -65,8 +66,11 @@ class PeerPuller:
         download_rate: int = 0,
         window: int = swarm.WINDOW,
         listen_port: int = 0,
+        make_room: MakeRoom | None = None,
     ) -> None:
+        """``make_room``: asked when the store refuses a download for room (an evicting node's ``Evictor.make_room``); None: refused."""
         self.store = store
+        self.make_room = make_room
         self.settings = PullSettings(stall_timeout=stall_timeout, window=window, listen_port=listen_port, download_rate=download_rate)
         self._pulls: dict[str, SwarmPull] = {}  # downloads in progress, by digest (for hints from peers that fetch from us)
         self.channels = channels or PeerChannels()
@@ -188,7 +192,7 @@ class PeerPuller:
             # The bytes are here already (another id, or an earlier pull): only the reference is new.
             return self._commit_existing(manifest), stats
         started = time.monotonic()
-        partial = self.store.open_partial(manifest)
+        partial = opened_with_room(lambda: self.store.open_partial(manifest), self.make_room)
         stats.resumed_from = partial.verified_offset
         fed = sink is not None and not partial.committed
         if fed:

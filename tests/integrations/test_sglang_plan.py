@@ -69,6 +69,7 @@ class FakeSGLang:
     def __init__(self) -> None:
         self.loaded: dict[str, str] = {}
         self.refuse_unload: set[str] = set()
+        self.load_delay = 0.0  # seconds each load waits before it answers (a slow SGLang)
         self.calls: list[tuple[str, str]] = []
         fake = self
 
@@ -95,6 +96,7 @@ class FakeSGLang:
                 fake.calls.append((self.path, name))
                 ok, message = True, None
                 if self.path == "/load_lora_adapter":
+                    time.sleep(fake.load_delay)
                     if name in fake.loaded:
                         ok, message = False, f"Failed to load LoRA adapter {name} because it is already loaded"
                     elif not Path(body["lora_path"]).is_dir():

@@ -22,6 +22,7 @@ from adapter_fabric.harness.cluster import LocalNode, free_port
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.models import reference_logits
 from tests.support.store import flip_byte
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -58,12 +59,6 @@ def staged(client) -> dict[str, str]:
     """adapter id -> its damage ("" when sound)."""
     return {a.adapter_id: a.damaged for a in client.list().staged}
 
-
-def wait_for(predicate, what: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def logits(client, name: str) -> list[float]:

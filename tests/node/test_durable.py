@@ -16,6 +16,7 @@ from adapter_fabric.transport import peer_calls
 from adapter_fabric.transport.channels import PeerChannels
 from tests.node.test_eviction import SMALL_CHUNK, cache_node, cli, seeder, staged  # noqa: F401 (seeder: a module fixture)
 from tests.support.scrape import scrape
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -47,7 +48,7 @@ def test_a_durable_node_never_evicts_refuses_by_name_and_says_what_it_is(tmp_pat
         node.stop()
 
 
-def test_a_last_copy_is_handed_to_a_durable_node_and_then_evicted(tmp_path, seeder) -> None:
+def test_a_last_copy_is_handed_to_a_durable_node_off_the_writers_path_and_then_evicted(tmp_path, seeder) -> None:
     peer = seeder["node"].address
     durable = durable_node(tmp_path)
     try:
@@ -57,14 +58,17 @@ def test_a_last_copy_is_handed_to_a_durable_node_and_then_evicted(tmp_path, seed
                 c.stage(seeder["dirs"]["solo"], "solo")  # no peer holds it, and it is the least recently used
                 digest = c.manifest("solo").digest
                 c.pull("b", peer=peer)
+                # The pull of c needs room: solo, a last copy, is handed to the durable node in the background while b,
+                # which the seeder holds, goes at once: the pull never waits on a hand-off.
                 c.pull("c", peer=peer)
-                assert staged(c) == ["b", "c"]  # solo went, once the durable node held it
-                assert staged(d) == ["solo"] and d.manifest("solo").digest == digest
-                samples = scrape(node)
-                assert samples[("fabric_store_handoffs_total", frozenset({("outcome", "ok")}))] == 1
-                assert samples[("fabric_store_evictions_total", frozenset())] == 1
-                c.pull("solo", peer=durable.address)  # and it comes back from there (b, the least recently used, goes)
                 assert staged(c) == ["c", "solo"]
+                wait_for(lambda: scrape(node).get(("fabric_store_handoffs_total", frozenset({("outcome", "ok")}))) == 1, "the hand-off of solo")
+                assert staged(d) == ["solo"] and d.manifest("solo").digest == digest
+                assert scrape(node)[("fabric_store_evictions_total", frozenset())] == 1
+                c.pull("b", peer=peer)  # room again: solo, a copy the durable node holds now, is the least recently used and goes
+                assert staged(c) == ["b", "c"]
+                c.pull("solo", peer=durable.address)  # and it comes back from there (c, the least recently used, goes)
+                assert staged(c) == ["b", "solo"]
         finally:
             node.stop()
     finally:

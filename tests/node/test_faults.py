@@ -35,6 +35,7 @@ from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.transport.pull import PeerPuller
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.store import stage_begin
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -157,13 +158,6 @@ def verify_store_offline(root: Path, expected: dict[str, str]) -> None:
     for adapter_id in expected:
         store.verify(adapter_id)
 
-
-def wait_for(condition, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def weights_size(adapter_dir: Path) -> int:

@@ -146,7 +146,7 @@ def check_error(error: BaseException, case: AdapterCase) -> None:
 
 
 def pool_state(model: MultiLoraModel) -> list:
-    return [(s["slot"], s["name"], s["content_id"], s["active"]) for s in model.slots_info()]
+    return [(s.slot, s.name, s.content_id, s.active) for s in model.slots_info()]
 
 
 # ---------------------------------------------------------------- the corpus itself

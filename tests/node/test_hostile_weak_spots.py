@@ -25,6 +25,7 @@ from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.stage_stream import Stream, wait_offset
 from tests.support.store import flip_byte
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -41,13 +42,6 @@ def weights_blob(store: Path, adapter_id: str) -> Path:
     root = json.loads((store / "manifests" / f"{digest}.json").read_bytes())["files"][1]["root"]
     return store / "blobs" / "blake3" / root[:2] / root
 
-
-def wait_for(predicate, what: str, timeout: float = 90.0) -> None:
-    """Until ``predicate()`` holds (a bound on waiting, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def log_lines(node: LocalNode, *words: str) -> list[str]:

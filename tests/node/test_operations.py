@@ -27,6 +27,7 @@ from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.store import stage_begin
 from tests.support.certs import TestCA
 from tests.support.scrape import http_get, scrape
+from tests.support.waiting import wait_for
 
 PROMPT = [3, 14, 15, 92, 65, 35]
 SMALL_CHUNK = ["--chunk-size", "4096"]
@@ -49,15 +50,6 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
 def value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
-
-def wait_for(predicate, what: str, timeout: float = WAIT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # ---------------------------------------------------------------- metrics

@@ -101,7 +101,7 @@ def test_active_adapter_resolves_minus_one_everywhere(dirs, ids) -> None:
     assert model.adapter_id_for(-1) == model.adapter_id_for(1)
     model.set_active_lora("a")
     slot = model.acquire_adapter_slot(-1)
-    assert slot == 0 and model.slots_info()[0]["ref_count"] == 1
+    assert slot == 0 and model.slots_info()[0].ref_count == 1
     assert torch.equal(model.forward(ids, [-1, -1]), model.forward(ids, [0, 0]))
     model.release_adapter_slot(slot)
     with pytest.raises(AdapterNotFound, match="'zz' is not resident"):
@@ -113,9 +113,9 @@ def test_swap_into_a_given_slot_keeps_the_active_adapter(dirs) -> None:
     model.promote_lora_from_disk(dirs["a"], "a")
     model.swap_lora_from_disk(dirs["c"], "c", 2)
     info = model.slots_info()
-    assert info[2]["name"] == "c" and info[0]["active"] and not info[2]["active"]
+    assert info[2].name == "c" and info[0].active and not info[2].active
     model.swap_lora_from_disk(dirs["d"], "d", 0)  # overwrites the active adapter: none is active now
-    assert model.adapter_id_for(-1) == 0 and model.slots_info()[0]["name"] == "d"
+    assert model.adapter_id_for(-1) == 0 and model.slots_info()[0].name == "d"
 
 
 def test_promote_from_peer_needs_a_fetcher_and_reuses_the_disk_path(dirs, tmp_path) -> None:
@@ -147,7 +147,7 @@ def test_generate_is_greedy_over_the_adapter(dirs, ids) -> None:
         nxt = model.forward(seq, ["b"] * seq.shape[0])[:, -1].argmax(-1, keepdim=True)
         seq = torch.cat([seq, nxt], dim=1)
     assert torch.equal(out, seq)
-    assert model.slots_info()[0]["ref_count"] == 0  # the sequence's ref is released
+    assert model.slots_info()[0].ref_count == 0  # the sequence's ref is released
     assert not torch.equal(model.generate(ids, None, 4), out)  # base output differs
 
 
@@ -261,8 +261,8 @@ def test_invariant_6_promoted_slot_becomes_most_recently_used(dirs) -> None:
     for name in ("a", "b", "c"):
         model.promote_lora_from_disk(dirs[name], name)
         info = model.slots_info()
-        mine = next(i for i in info if i["name"] == name)
-        assert mine["last_used"] == max(i["last_used"] for i in info) and mine["active"]
+        mine = next(i for i in info if i.name == name)
+        assert mine.last_used == max(i.last_used for i in info) and mine.active
     model.release(model.acquire("b"))
     model.release(model.acquire("c"))
     model.promote_lora_from_disk(dirs["a"], "a")  # already resident: no copy, but MRU again
@@ -360,4 +360,4 @@ def test_sequences_never_see_their_adapter_change_while_promotions_run(dirs) -> 
         t.join()
     assert errors == []
     assert sequences[0] > 0
-    assert all(i["ref_count"] == 0 for i in model.slots_info())
+    assert all(i.ref_count == 0 for i in model.slots_info())

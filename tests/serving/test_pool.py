@@ -82,7 +82,7 @@ def test_lru_eviction_and_reported_names() -> None:
     assert load(pool, "c", 2, 3, 3) == (0, "a")
     pool.release(pool.acquire_name("c"))  # c used after b: b is now least recently used
     assert load(pool, "d", 2, 4, 4) == (1, "b")
-    assert [i["name"] for i in pool.info()] == ["c", "d"]
+    assert [i.name for i in pool.info()] == ["c", "d"]
 
 
 def test_busy_slot_is_refused_for_a_given_slot_and_skipped_by_the_policy() -> None:
@@ -135,7 +135,7 @@ def test_promote_with_pin_past_the_limit_evicts_nothing() -> None:
         load(pool, "c", 2, 3, 3, pin=True)
     assert_unchanged(pool, before)
     assert load(pool, "b", 2, 2, 2, pin=False) == (1, None)  # same bytes: no copy, still unpinned
-    assert [m["pinned"] for m in pool.info()] == [True, False]
+    assert [m.pinned for m in pool.info()] == [True, False]
 
 
 def test_acquire_release_active_and_ids() -> None:
@@ -144,7 +144,7 @@ def test_acquire_release_active_and_ids() -> None:
     load(pool, "a", 2, 1, 77)
     assert pool.adapter_id_for(-1) == 77 and pool.adapter_id_for(1) == 0
     slot = pool.acquire(-1)
-    assert slot == 0 and pool.info()[0]["ref_count"] == 1
+    assert slot == 0 and pool.info()[0].ref_count == 1
     pool.release(slot)
     with pytest.raises(InvalidArgument, match="no reference to release"):
         pool.release(slot)
@@ -161,7 +161,7 @@ def test_reload_of_a_busy_name_lands_elsewhere_and_retires_the_old_slot() -> Non
     old_a = pool.a("l0.q")[held].clone()
     assert load(pool, "a", 2, 9, 2) == (1, None)
     info = pool.info()
-    assert info[0]["name"] is None and info[0]["content_id"] == 1 and info[1]["name"] == "a"
+    assert info[0].name is None and info[0].content_id == 1 and info[1].name == "a"
     assert torch.equal(pool.a("l0.q")[held], old_a)  # the running sequence keeps its bytes
     pool.release(held)
     assert load(pool, "b", 2, 3, 3) == (0, None)  # the retired slot is reused first
@@ -170,9 +170,9 @@ def test_reload_of_a_busy_name_lands_elsewhere_and_retires_the_old_slot() -> Non
 def test_same_content_is_not_copied_again() -> None:
     pool = make_pool(slots=2)
     load(pool, "a", 2, 1, 1)
-    gen = pool.info()[0]["generation"]
+    gen = pool.info()[0].generation
     assert load(pool, "a", 2, 1, 1) == (0, None)
-    assert pool.info()[0]["generation"] == gen
+    assert pool.info()[0].generation == gen
 
 
 def test_concurrent_acquire_release_keeps_counts_exact() -> None:
@@ -188,4 +188,4 @@ def test_concurrent_acquire_release_keeps_counts_exact() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert pool.info()[0]["ref_count"] == 0
+    assert pool.info()[0].ref_count == 0

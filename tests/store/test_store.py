@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -28,9 +29,12 @@ from adapter_fabric.errors import (
     InvalidHeader,
     InvalidTensors,
     QuotaExceeded,
+    StoreFull,
 )
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest, hash_bytes
 from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.lock_watch import CHECK_VARIABLE, StoreLockHeld, check_no_store_lock, held_now
+from adapter_fabric.store.quota import opened_with_room
 
 
 @pytest.fixture(scope="module")
@@ -425,41 +429,59 @@ def test_the_quota_is_checked_before_writing(tmp_path: Path, adapters, manifests
     assert snapshot(tmp_path) == before
 
 
-class _DropWhenFull:
-    """A WhenFull policy for the seam's test: unstages the ids it was given, in order, until the bytes fit."""
+class _DropForRoom:
+    """A room-maker for the seam's test: unstages the ids it was given, in order, until the refused bytes fit."""
 
-    def __init__(self, victims: list[str]) -> None:
+    def __init__(self, store: AdapterStore, victims: list[str]) -> None:
+        self.store = store
         self.victims = victims
-        self.store: AdapterStore | None = None
-        self.asked: list[tuple[int, int, int, str]] = []
+        self.asked: list[tuple[int, str, tuple[str, ...]]] = []
 
-    def make_room(self, needed: int, used: int, limit: int, what: str) -> None:
-        self.asked.append((needed, used, limit, what))
-        while self.victims and self.store.usage() + needed > limit:
+    def __call__(self, full: StoreFull) -> None:
+        self.asked.append((full.needed, full.what, held_now()))  # which store locks the writer held while asking
+        while self.victims and self.store.usage() + full.needed > self.store.max_bytes:
             self.store.unstage(self.victims.pop(0))
 
 
-def test_a_when_full_policy_is_asked_for_room_and_the_quota_measures_again(tmp_path: Path, adapters, manifests) -> None:
+def test_a_writer_past_the_limit_is_refused_by_the_store_alone_and_opened_again_once_room_was_made(tmp_path: Path, adapters, manifests) -> None:
     limit = manifests["a"].total_size + 100
-    policy = _DropWhenFull(["a"])
-    store = _store(tmp_path, max_bytes=limit, when_full=policy)
-    policy.store = store
+    store = _store(tmp_path, max_bytes=limit)
     store.stage(adapters["a"], "a")
-    assert policy.asked == []  # under the limit: never asked
-    store.stage(adapters["b"], "b")  # past it: the policy drops "a", then "b" fits
-    assert policy.asked == [(manifests["b"].total_size, manifests["a"].total_size, limit, "staging 'b'")]
-    assert [m.adapter_id for m in store.list()] == ["b"] and store.usage() <= limit
+    with pytest.raises(StoreFull) as refused:  # the store's rule is local: it refuses and asks nothing
+        store.open_partial(manifests["b"])
+    assert refused.value.needed == manifests["b"].weights.size + manifests["b"].files[0].size
+    assert refused.value.what == "downloading 'b'"
+    room = _DropForRoom(store, ["a"])
+    partial = opened_with_room(lambda: store.open_partial(manifests["b"]), room)
+    partial.discard()
+    assert room.asked == [(refused.value.needed, "downloading 'b'", ())]  # asked once, holding no store lock
+    assert [m.adapter_id for m in store.list()] == [] and store.usage() <= limit
 
 
-def test_a_policy_that_frees_too_little_leaves_the_refusal_and_the_store_as_they_were(tmp_path: Path, adapters, manifests) -> None:
-    policy = _DropWhenFull([])  # nothing it may drop
-    store = _store(tmp_path, max_bytes=manifests["a"].total_size + 100, when_full=policy)
-    policy.store = store
+def test_a_room_maker_that_frees_too_little_leaves_the_refusal_and_the_store_as_they_were(tmp_path: Path, adapters, manifests) -> None:
+    store = _store(tmp_path, max_bytes=manifests["a"].total_size + 100)
     store.stage(adapters["a"], "a")
     before = snapshot(tmp_path)
-    with pytest.raises(QuotaExceeded, match=f"staging 'b' needs {describe_size(manifests['b'].total_size)}, .* holds {describe_size(manifests['a'].total_size)} "):
-        store.stage(adapters["b"], "b")
-    assert len(policy.asked) == 1 and snapshot(tmp_path) == before
+    room = _DropForRoom(store, [])  # nothing it may drop
+    with pytest.raises(StoreFull, match=f"downloading 'b' needs .* holds {describe_size(manifests['a'].total_size)} "):
+        opened_with_room(lambda: store.open_partial(manifests["b"]), room)
+    assert len(room.asked) == 1 and snapshot(tmp_path) == before
+
+
+def test_a_network_call_under_a_store_lock_is_caught_when_checking(monkeypatch) -> None:
+    from adapter_fabric.store.durable import StoreLock
+
+    monkeypatch.setenv(CHECK_VARIABLE, "1")
+    check_no_store_lock("a call to peer p")  # no lock held: fine
+    with tempfile.TemporaryDirectory() as root:
+        with StoreLock(Path(root) / "lock").held():
+            assert held_now() == ("store",)
+            with pytest.raises(StoreLockHeld, match="a call to peer p while holding the store's store lock"):
+                check_no_store_lock("a call to peer p")
+    monkeypatch.setenv(CHECK_VARIABLE, "0")
+    with tempfile.TemporaryDirectory() as root, StoreLock(Path(root) / "lock").held():
+        check_no_store_lock("a call to peer p")  # not checking: production never raises
+    assert held_now() == ()
 
 
 # ---------------------------------------------------------------- concurrency and crashes

@@ -50,3 +50,41 @@ class GatedRelay:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+class HoldingRelay:
+    """peers/holding_peer.py in front of a (durable) node ``upstream``: relays Availability and GetManifest, and holds a
+    Promote (a hand-off of a last copy) until ``go()``: a durable peer that accepted the hand-off and hangs."""
+
+    def __init__(self, upstream: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(PEERS / "holding_peer.py"), upstream], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        line = self.process.stdout.readline()
+        if not line.startswith("listening on "):
+            self.kill()
+            raise RuntimeError(f"the holding relay did not start: {line!r}")
+        self.address = line.split()[-1]
+
+    def wait_holding(self, timeout: float = 120.0) -> str:
+        """The id of the Promote the relay holds, once one arrived; fails naming the cause if none does within ``timeout``."""
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        assert ready, f"the holding relay was sent no Promote within {timeout:g}s"
+        line = self.process.stdout.readline().strip()
+        assert line.startswith("holding a Promote of "), line
+        return line.rsplit(" ", 1)[-1]
+
+    def go(self) -> None:
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def __enter__(self) -> "HoldingRelay":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
