@@ -64,7 +64,7 @@ from adapter_fabric.node.settings import NodeSettings, fail
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.node.slots import Slots
 from adapter_fabric.node.staging import Staging
-from adapter_fabric.node.startup import bind, check_bindable, load_policy, load_security, open_store
+from adapter_fabric.node.startup import bind, check_bindable, load_policy, load_security, name_store_holder, open_store
 from adapter_fabric.node.store_status import StoreReport
 
 if TYPE_CHECKING:  # loaded in build_model, when the node has a model
@@ -332,6 +332,7 @@ async def serve(settings: NodeSettings) -> None:
     probes = f", metrics on {settings.metrics_listen.rsplit(':', 1)[0]}:{endpoint.port}" if endpoint else ""
     guard += f", data channel on port {data_port}" if data_server is not None else ", no data channel"
     # Tests and the demo read this line to learn the ports when --listen or --metrics-listen ends in :0.
+    name_store_holder(f"{host}:{port}")
     print(f"fabric-node listening on {host}:{port} (model={settings.model}, device={device}, store={settings.store}, {guard}{probes})", flush=True)
 
     collecting = asyncio.create_task(_collect_garbage(node))  # a restart's orphans: O(adapters), so after SERVING

@@ -111,9 +111,14 @@ def claim_store(settings: NodeSettings) -> None:
         holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "a process that did not say which"
         os.close(fd)
         fail(f"--store {settings.store} is in use by another fabric-node ({holder[:300]}): give each node its own --store")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}, --listen {settings.listen}\n".encode(), 0)
-    _held.append(fd)
+    _held.append(fd)  # named once listening (name_store_holder): a start that fails changes nothing in the store
+
+
+def name_store_holder(address: str) -> None:
+    """Write into the held ``node.lock`` who holds it, for a second node's refusal to name (once this node listens)."""
+    for fd in _held:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, listening on {address}\n".encode(), 0)
 
 
 def check_bindable(flag: str, listen: str) -> None:
