@@ -332,7 +332,7 @@ async def serve(settings: NodeSettings) -> None:
     probes = f", metrics on {settings.metrics_listen.rsplit(':', 1)[0]}:{endpoint.port}" if endpoint else ""
     guard += f", data channel on port {data_port}" if data_server is not None else ", no data channel"
     # Tests and the demo read this line to learn the ports when --listen or --metrics-listen ends in :0.
-    name_store_holder(f"{host}:{port}")
+    name_store_holder(settings, f"{host}:{port}")
     print(f"fabric-node listening on {host}:{port} (model={settings.model}, device={device}, store={settings.store}, {guard}{probes})", flush=True)
 
     collecting = asyncio.create_task(_collect_garbage(node))  # a restart's orphans: O(adapters), so after SERVING

@@ -91,34 +91,41 @@ def open_store(settings: NodeSettings, trusted: TrustedSigners, policy: PolicyFi
         fail(f"--store {settings.store}: {exc}")
 
 
-#: the file a node holds an exclusive lock on for as long as it runs, naming itself inside
+#: the file naming the node that holds the store (written once it listens); the lock itself is on the directory
 NODE_LOCK = "node.lock"
-_held: list[int] = []  # the lock's file descriptor, kept open (so locked) until the process exits
+_held: list[int] = []  # the store directory's descriptor, kept open (so locked) until the process exits
 
 
 def claim_store(settings: NodeSettings) -> None:
     """Refuse a --store another running fabric-node uses, naming it: two nodes on one store would each take the other's
-    uploads and partial downloads for abandoned ones, and each other's recovery would remove what the other writes."""
-    path = settings.store / NODE_LOCK
+    uploads and partial downloads for abandoned ones, and each other's recovery would remove what the other writes.
+
+    The lock is an ``flock`` on the store directory itself, held for the process's life: taking it writes nothing, so a
+    start refused for another reason (a store of another format, a bad flag) leaves the store as it was.
+    """
     try:
         settings.store.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(settings.store, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "a process that did not say which"
         os.close(fd)
-        fail(f"--store {settings.store} is in use by another fabric-node ({holder[:300]}): give each node its own --store")
-    _held.append(fd)  # named once listening (name_store_holder): a start that fails changes nothing in the store
+        try:
+            holder = (settings.store / NODE_LOCK).read_text(errors="replace").strip()
+        except OSError:
+            holder = ""
+        fail(f"--store {settings.store} is in use by another fabric-node ({holder[:300] or 'still starting'}): give each node its own --store")
+    _held.append(fd)
 
 
-def name_store_holder(address: str) -> None:
-    """Write into the held ``node.lock`` who holds it, for a second node's refusal to name (once this node listens)."""
-    for fd in _held:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}, listening on {address}\n".encode(), 0)
+def name_store_holder(settings: NodeSettings, address: str) -> None:
+    """Write who holds the store into ``node.lock``, for a second node's refusal to name (once this node listens)."""
+    try:
+        (settings.store / NODE_LOCK).write_text(f"pid {os.getpid()}, listening on {address}\n")
+    except OSError:
+        pass  # the name is a courtesy: the lock is the directory's
 
 
 def check_bindable(flag: str, listen: str) -> None:

@@ -82,9 +82,9 @@ def adapter_files(adapter_dir: str | Path) -> tuple[Path, Path]:
         raise InvalidAdapter(f"{adapter_dir} is a file, not a directory: give the directory that holds it ({adapter_dir.parent}); {layout}")
     if not adapter_dir.is_dir():
         raise InvalidAdapter(f"{adapter_dir} does not exist: give an adapter directory ({layout}; fabric make-adapter writes one)")
-    missing = [name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (adapter_dir / name).is_file()]
+    missing = [adapter_dir / name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (adapter_dir / name).is_file()]
     if missing:
-        raise InvalidAdapter(f"{adapter_dir} has no {' or '.join(missing)}: {layout}, as PEFT's save_pretrained writes them")
+        raise InvalidAdapter(f"{' and '.join(map(str, missing))} does not exist: {layout}, as PEFT's save_pretrained writes them")
     return adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
 
 

@@ -69,14 +69,17 @@ def _plural(reason: str, n: int) -> str:
 
 def _frees(reason: str) -> str:
     """What lets an adapter held for ``reason`` go (an engine's hold is not an operator's unkeep or unstage)."""
-    if reason == KEPT:
-        return "fabric keep NODE --id ID --unkeep lets one go"
-    if reason == RESIDENT:
-        return "it may go once another adapter is promoted into its slot"
-    if reason == IN_USE:
-        return "it may go once that ends"
-    if reason == LAST_COPY:
-        return "a durable peer (--when-full refuse) in --peers takes a last copy first"
-    if reason.startswith(ENGINE_UNKNOWN.split("{}")[0]) and ENGINE_UNKNOWN.split("{}")[1] in reason:
+    hints = {
+        KEPT: "fabric keep NODE --id ID --unkeep lets one go",
+        RESIDENT: "it may go once another adapter is promoted into its slot",
+        IN_USE: "it may go once that ends",
+        LAST_COPY: "a durable peer (--when-full refuse) in --peers takes a last copy first",
+    }
+    if reason in hints:
+        return hints[reason]
+    head, _, tail = ENGINE_UNKNOWN.partition("{}")
+    if reason.startswith(head) and reason.endswith(tail):
         return "once the engine answers, only what it lists is held"
-    return "unload it in the engine first"  # ENGINE, ENGINE_NOT_UNLOADED
+    if any(reason.startswith(template.partition("{}")[0]) for template in (ENGINE, ENGINE_NOT_UNLOADED)):
+        return "unload it in the engine first"
+    return "it may go once that is done"  # a hold the node names itself (a hand-off under way)
