@@ -2,15 +2,17 @@
 
 SGLang loads a LoRA only when asked (``adapter_fabric.integrations.sglang``). Every --sglang-sync-interval and
 right after the export directory changed (a stage, pull, unstage, eviction or quarantine), ``SGLangDrive``
-reads what SGLang lists, plans (``sglang.plan``) and loads each exported adapter under its export name
-(``team-a%2Fsupport-v3``: the name the directory uses, which ``node.engines.registered_ids`` maps back to
-the id), and unloads what SGLang loaded from the export directory that the node no longer holds. What
-SGLang loaded from elsewhere is left alone. Nothing is remembered across restarts: a restarted SGLang lists
-none and gets every adapter again; a restarted node plans from what SGLang lists.
+reads what SGLang lists (through the node's one engine view, ``node.engines``), plans (``sglang.plan``) and
+loads each exported adapter under its export name (``team-a%2Fsupport-v3``: the name the directory uses, which
+``node.engines.registered_ids`` maps back to the id), and unloads what SGLang loaded from the export directory
+that the node no longer holds. What SGLang loaded from elsewhere is left alone. Nothing is remembered across
+restarts: a restarted SGLang lists none and gets every adapter again; a restarted node plans from what SGLang lists.
 
-Eviction (``node.eviction``) asks ``release`` to unload its victims first, under the drive's lock (no load
-runs between that unload and the directory going; invariant 14); a victim SGLang would not unload, or an
-SGLang not answering, holds the adapter, and the refusal names the engine.
+Eviction (``node.eviction``) asks ``release`` to unload its victims first, inside ``paused``: from ``release``
+until the block ends (the victims' directories gone) no load of those adapters starts (invariant 14). No lock
+is held through a network call: a round's load marks its adapter as loading, and an eviction neither waits for
+it nor unloads under it, it holds that adapter (``ENGINE_LOADING``) and chooses others. A victim SGLang would
+not unload, or an SGLang not answering, holds the adapter, and the refusal names the engine.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ import asyncio
 import logging
 import os
 import threading
+from collections import Counter
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from adapter_fabric.errors import FabricError, InvalidArgument, PeerUnavailable
 from adapter_fabric.integrations.sglang import SGLangClient, failure, plan
 from adapter_fabric.observability import metrics
-from adapter_fabric.observability.logs import event
-from adapter_fabric.store.eviction import ENGINE_NOT_UNLOADED, ENGINE_UNKNOWN
+from adapter_fabric.observability.logs import StateLog, event
+from adapter_fabric.store.eviction import ENGINE_CUT, ENGINE_LOADING, ENGINE_NOT_UNLOADED, ENGINE_UNKNOWN
 from adapter_fabric.store.export import adapter_id_of, export_name
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import WEIGHTS_FILE
+from adapter_fabric.node.engines import EngineViews, guarded
 
 log = logging.getLogger("fabric.node")
 
@@ -44,14 +48,20 @@ MAX_REFUSALS_KEPT = 1000
 class SGLangDrive:
     """Keeps one SGLang server's LoRA registry in step with the export directory ``export_dir``."""
 
-    def __init__(self, client: SGLangClient, export_dir: str, interval: float) -> None:
+    def __init__(self, client: SGLangClient, views: EngineViews, export_dir: str, interval: float) -> None:
+        """``views``: the node's engine view, which lists ``client.url`` as driven (it reads SGLang's list for the drive)."""
         self.client = client
+        self.views = views
         self.export_dir = os.path.abspath(export_dir)
         self.interval = interval
-        self._lock = threading.Lock()  # one reconcile or eviction's release at a time (both run on I/O threads)
+        self._round = threading.Lock()  # one round at a time; held through its calls, and never taken by an eviction
+        # Guards the four below; never held through a network call (an eviction must not wait behind a slow load).
+        self._lock = threading.Lock()
+        self._loading: set[str] = set()  # export names a round is loading right now
+        self._blocked: Counter[str] = Counter()  # export names an eviction released: no load until its block ends
         self._versions: dict[str, Version] = {}  # export name -> its weights' file as loaded (a re-stage links another)
-        self._refused: dict[str, str] = {}  # export name -> why its load was refused last (logged once)
-        self._down = ""  # why SGLang did not answer last ("" when it did): logged once per change
+        self._scope = threading.local()  # the export names an eviction on this thread released (``paused``)
+        self._log = StateLog(log, MAX_REFUSALS_KEPT)  # refusals per adapter, calls failing mid-round, conflicts: once each
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -78,48 +88,72 @@ class SGLangDrive:
     # ------------------------------------------------------------ one round
 
     def reconcile(self) -> None:
-        """Bring SGLang in step now (on an I/O thread); failures are logged and counted, never raised."""
+        """Bring SGLang in step now (on an I/O thread); failures are logged and counted, never raised. A round already
+        running makes this one a no-op (the drive's loop runs another after it)."""
+        if not self._round.acquire(blocking=False):
+            return
+        try:
+            self._reconcile()
+        finally:
+            self._round.release()
+
+    def _reconcile(self) -> None:
+        held = self.held()
+        engine = self.views.read(self.client.url)  # logs its own failures, once per change
+        if not engine.answering:
+            return
         with self._lock:
-            held = self.held()
-            try:
-                loaded = self.client.loaded()
-            except FabricError as exc:
-                self._not_answering(exc)
-                return
-            self._answering()
             changed = frozenset(n for n, (_, version) in held.items() if self._versions.get(n, version) != version)
-            todo = plan({n: p for n, (p, _) in held.items()}, loaded, self.export_dir, changed)
-            if todo.conflicts:
-                event(log, "SGLang already uses these names for adapters loaded from elsewhere: left alone", logging.WARNING,
-                      engine=self.client.label, adapters=len(todo.conflicts), first=todo.conflicts[0])
-            try:
-                for name in todo.unloads:
+        todo = plan({n: p for n, (p, _) in held.items()}, list(engine.adapters), self.export_dir, changed)
+        if todo.conflicts:
+            self._log.note("conflicts", repr(todo.conflicts[:3]) + str(len(todo.conflicts)),
+                           "SGLang already uses these names for adapters loaded from elsewhere: left alone", logging.WARNING,
+                           engine=self.client.label, adapters=len(todo.conflicts), first=todo.conflicts[0])
+        try:
+            for name in todo.unloads:
+                try:
+                    self._unload(name)
+                except InvalidArgument:
+                    continue  # refused (logged): asked again next round
+            for name, path in todo.loads[:MAX_LOADS_PER_ROUND]:
+                if self._start_load(name, path, held):
                     try:
-                        self._unload(name)
-                    except InvalidArgument:
-                        continue  # refused (logged): asked again next round
-                for name, path in todo.loads[:MAX_LOADS_PER_ROUND]:
-                    if name in held and os.path.isdir(path):  # still exported (an unstage by hand may have come)
                         self._load(name, path, held[name][1])
-            except PeerUnavailable as exc:  # it stopped answering mid-round: the next round starts over
-                self._not_answering(exc)
+                    finally:
+                        with self._lock:
+                            self._loading.discard(name)
+        except PeerUnavailable as exc:  # it stopped answering mid-round: the next round starts over
+            self._log.note("calls", str(exc), "SGLang not answering: adapters are loaded once it does", logging.WARNING,
+                           engine=self.client.label, error=failure(exc))
+        else:
+            if self._log.state("calls"):
+                self._log.note("calls", "", "SGLang answering again", engine=self.client.label)
+        with self._lock:
             self._versions = {n: v for n, v in self._versions.items() if n in held}
-            self._refused = {n: r for n, r in self._refused.items() if n in held}
+        self._log.prune(lambda key: not isinstance(key, tuple) or key[1] in held)
+
+    def _start_load(self, name: str, path: str, held: dict[str, tuple[str, Version]]) -> bool:
+        """Mark ``name`` as loading, unless an eviction released it or it left the export directory meanwhile."""
+        with self._lock:
+            if self._blocked[name] or name not in held or not os.path.isdir(path):  # a Counter's miss inserts nothing
+                return False
+            self._loading.add(name)
+            return True
 
     def _load(self, name: str, path: str, version: Version) -> None:
         try:
             new = self.client.load(name, path)
         except InvalidArgument as exc:
             metrics.ENGINE_LOADS.labels("failed").inc()
-            if self._refused.get(name) != str(exc) and len(self._refused) < MAX_REFUSALS_KEPT:
-                event(log, "SGLang refused to load an adapter", logging.WARNING, engine=self.client.label, adapter=name, error=failure(exc))
-                self._refused[name] = str(exc)
+            self._log.note(("refused", name), str(exc), "SGLang refused to load an adapter", logging.WARNING,
+                           engine=self.client.label, adapter=name, error=failure(exc))
             return
         except PeerUnavailable:
             metrics.ENGINE_LOADS.labels("failed").inc()
             raise
-        self._versions[name] = version
-        self._refused.pop(name, None)
+        with self._lock:
+            self._versions[name] = version
+        self._log.forget(("refused", name))
         metrics.ENGINE_LOADS.labels("ok" if new else "already").inc()
         event(log, "loaded an adapter into SGLang", engine=self.client.label, adapter=name, path=path)
 
@@ -130,50 +164,60 @@ class SGLangDrive:
             metrics.ENGINE_UNLOADS.labels("failed").inc()
             event(log, "SGLang did not unload an adapter", logging.WARNING, engine=self.client.label, adapter=name, error=failure(exc))
             raise
-        self._versions.pop(name, None)
+        with self._lock:
+            self._versions.pop(name, None)
         metrics.ENGINE_UNLOADS.labels("ok" if had else "already").inc()
         event(log, "unloaded an adapter from SGLang", engine=self.client.label, adapter=name)
-
-    def _not_answering(self, exc: FabricError) -> None:
-        if str(exc) != self._down:  # one line per change of state, not per round
-            event(log, "SGLang not answering: adapters are loaded once it does", logging.WARNING, engine=self.client.label, error=failure(exc))
-        self._down = str(exc)
-
-    def _answering(self) -> None:
-        if self._down:
-            event(log, "SGLang answering again", engine=self.client.label)
-        self._down = ""
 
     # ------------------------------------------------------------ eviction
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """No reconcile runs while the block does (an eviction: its unloads and its directories' removal)."""
-        with self._lock:
+        """No load of an adapter ``release`` unloaded inside the block starts until the block ends (its directory gone).
+
+        Holds no lock: rounds go on meanwhile, loading other adapters.
+        """
+        released: list[str] = []
+        self._scope.released = released
+        try:
             yield
+        finally:
+            self._scope.released = None
+            with self._lock:
+                for name in released:
+                    self._blocked[name] -= 1
+                    if self._blocked[name] <= 0:
+                        del self._blocked[name]
 
     def release(self, ids: list[str]) -> dict[str, str]:
         """Unload ``ids`` (adapter ids about to be evicted) from SGLang; id -> what holds it, for each it would not unload.
 
-        Call inside ``paused``. SGLang not answering holds every id still exported (what it loaded is unknown).
+        Call inside ``paused``. An adapter a round is loading right now is held (``ENGINE_LOADING``), not waited for;
+        SGLang not answering, or listing too much to read whole, holds every id still exported (what it loaded is unknown).
         """
         names = {export_name(i): i for i in ids}
-        try:
-            loaded = self.client.loaded()
-        except FabricError as exc:
-            self._not_answering(exc)
+        released = getattr(self._scope, "released", None)
+        with self._lock:
+            loading = {n for n in names if n in self._loading}
+            for name in names:
+                if name not in loading and released is not None:
+                    self._blocked[name] += 1
+                    released.append(name)
+        refused = {names[n]: ENGINE_LOADING.format(self.client.label) for n in loading}
+        engine = self.views.read(self.client.url)
+        if not engine.answering or engine.cut:
             held = self.held()
-            return {i: ENGINE_UNKNOWN.format(self.client.label) for n, i in names.items() if n in held}
-        mine = {os.path.join(self.export_dir, n) for n in names}
-        refused: dict[str, str] = {}
-        for card in loaded:
-            path = card.root.rstrip("/")
-            if path not in mine:
+            why = ENGINE_CUT.format(self.client.label, engine.cut) if engine.answering else ENGINE_UNKNOWN.format(self.client.label)
+            return refused | {i: why for n, i in names.items() if n in held and n not in loading}
+        mine = {os.path.join(self.export_dir, n): n for n in names if n not in loading}
+        for card in engine.adapters:
+            name = mine.get(card.root.rstrip("/"))
+            if name is None:
                 continue
             try:
                 self._unload(card.name)
             except FabricError:
-                refused[names[os.path.basename(path)]] = ENGINE_NOT_UNLOADED.format(self.client.label)
+                refused[names[name]] = ENGINE_NOT_UNLOADED.format(self.client.label)
         return refused
 
     # ------------------------------------------------------------ the loop
@@ -187,11 +231,11 @@ class SGLangDrive:
                 pass  # the loop closed: the node is stopping
 
     async def watch(self, io: Callable[..., "asyncio.Future"]) -> None:
-        """Reconcile now, after each poke and every ``interval`` (on the node's I/O threads) until cancelled."""
+        """Reconcile now, after each poke and every ``interval`` (on the node's I/O threads) until cancelled; nothing ends it early."""
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         while True:
             self._wake.clear()
-            await io(self.reconcile)
+            await guarded(io, self.reconcile, self._log, "SGLang drive")
             try:
                 await asyncio.wait_for(self._wake.wait(), self.interval)
             except asyncio.TimeoutError:

@@ -178,15 +178,15 @@ class Node:
         trusted: TrustedSigners, port: int,
     ) -> None:
         self.context = NodeContext(store, model, peer_source)
+        #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction; the driven
+        #: SGLang (--sglang-url; it needs --export-dir) is read by its drive through the same view, shown, holding nothing
         export_dir = str(settings.export_dir) if settings.export_dir else None
-        #: the SGLang the node drives (--sglang-url; it needs --export-dir): loads what the export dir holds, unloads before evicting
-        self.drive = SGLangDrive(SGLangClient(settings.sglang_url), export_dir, settings.sglang_sync_interval) if settings.sglang_url and export_dir else None
+        driven = (settings.sglang_url,) if settings.sglang_url and export_dir else ()
+        self.engines = EngineViews(settings.engine_url, export_dir, driven=driven) if settings.engine_url or driven else None
+        #: the SGLang the node drives: loads what the export dir holds, unloads before evicting
+        self.drive = SGLangDrive(SGLangClient(settings.sglang_url), self.engines, export_dir, settings.sglang_sync_interval) if driven else None
         if self.drive is not None and store.exports is not None:
             store.exports.on_change = self.drive.poke  # a stage, pull, unstage or eviction: reconcile now, not at the next tick
-        # The driven SGLang is shown (fabric ls "engines:") but holds nothing: the node unloads before it evicts.
-        shown = (settings.sglang_url,) if self.drive is not None else ()
-        #: what the engines beside the node registered (--engine-url): shown in listings, held against eviction
-        self.engines = EngineViews(settings.engine_url, export_dir, shown=shown) if settings.engine_url or shown else None
         #: at --max-store-bytes the store refuses a writer; this makes room outside its locks (--when-full evict: cold adapters
         #: go, a last copy is handed to a durable peer first), or refuses by name on a durable node (node.eviction, node.handoff)
         self.evictor = (

@@ -3,13 +3,14 @@
 SGLang (0.5.x) loads a PEFT directory only when asked: ``POST /load_lora_adapter`` (``lora_name``,
 ``lora_path``, ``pinned``) and ``POST /unload_lora_adapter`` (``lora_name``) answer
 ``{success, error_message, loaded_adapters}`` with 200, or 400 and the reason; ``GET /v1/models`` lists
-what it has loaded (``id`` = name, ``root`` = path; read by ``engine_models.read_models``).
+what it has loaded (``id`` = name, ``root`` = path; read by ``engine_models.read_models``, through the node's one
+engine view: ``adapter_fabric.node.engines``).
 
 ``plan`` is the pure part: from what the export directory holds and what SGLang lists, the loads and
 unloads that bring SGLang in step. Only adapters loaded from inside the export directory are ours to
 unload; an adapter SGLang loaded from elsewhere is left alone, and a name it already uses for something
-else is not loaded over (``Plan.conflicts``). ``SGLangClient`` is the HTTP part, bounded in time and reply
-size; every failure is a ``FabricError`` naming the engine (``PeerUnavailable`` when it does not answer,
+else is not loaded over (``Plan.conflicts``). ``SGLangClient`` is the HTTP part, each call bounded as a whole
+in time (``engine_http.exchange``) and in reply size and JSON depth; every failure is a ``FabricError`` naming the engine (``PeerUnavailable`` when it does not answer,
 ``InvalidArgument`` when it refuses), never a traceback.
 """
 
@@ -17,14 +18,14 @@ from __future__ import annotations
 
 import json
 import posixpath
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from adapter_fabric.errors import FabricError, InvalidArgument, PeerUnavailable
-from adapter_fabric.integrations.engine_models import EngineLoRA, engine_label, engine_reply, read_models
+from adapter_fabric.integrations.engine_http import exchange
+from adapter_fabric.integrations.engine_models import EngineLoRA, EngineList, engine_label, json_reply, read_models
 
-#: bound on one call (connect and reply): SGLang reads the adapter's files before it answers a load
+#: bound on one whole call (connect, request and the whole reply): SGLang reads the adapter's files before it answers a load
 CALL_TIMEOUT_S = 30.0
 #: largest load/unload reply read (it lists the loaded adapters' names and paths)
 MAX_REPLY_BYTES = 4 << 20
@@ -86,7 +87,7 @@ class SGLangClient:
         self.timeout = timeout
         self.headers = headers or {}
 
-    def loaded(self) -> list[EngineLoRA]:
+    def loaded(self) -> EngineList:
         """The adapters SGLang lists in GET /v1/models (PeerUnavailable when it does not answer so)."""
         return read_models(self.url, self.timeout, self.headers)
 
@@ -110,19 +111,17 @@ class SGLangClient:
 
     def _post(self, route: str, body: dict) -> tuple[bool, str]:
         """(success, error message) of SGLang's answer: 200 or 400 with its JSON; PeerUnavailable for anything else."""
-        request = urllib.request.Request(
-            self.url + route, data=json.dumps(body).encode(), method="POST",
-            headers={"Content-Type": "application/json", "Accept": "application/json", **self.headers},
-        )  # fmt: skip
-        raw = engine_reply(request, self.timeout, self.label, f"POST {route}", MAX_REPLY_BYTES, accept=(400,))
-        try:
-            answer = json.loads(raw)
-            success = answer["success"]
-            if not isinstance(success, bool):
-                raise TypeError("success is not true or false")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PeerUnavailable(f"engine {self.label} answered POST {route} with no SGLang result ({str(exc)[:100]})") from None
-        return success, str(answer.get("error_message") or "")[:MAX_MESSAGE_CHARS]
+        headers = {"Content-Type": "application/json", "Accept": "application/json", **self.headers}
+        what = f"POST {route}"
+        raw = exchange(self.url + route, what, self.label, self.timeout, MAX_REPLY_BYTES, body=json.dumps(body).encode(), headers=headers, accept=(400,))
+        if len(raw) > MAX_REPLY_BYTES:
+            raise PeerUnavailable(f"engine {self.label} answered {what} with more than {MAX_REPLY_BYTES} bytes")
+        answer = json_reply(raw, self.label, what)
+        success = answer.get("success") if isinstance(answer, dict) else None
+        if not isinstance(success, bool):
+            raise PeerUnavailable(f"engine {self.label} answered {what} with no SGLang result (no \"success\" true or false)")
+        message = answer.get("error_message")  # a string from SGLang; anything else (a nested list's repr may recurse) is dropped
+        return success, (message if isinstance(message, str) else "")[:MAX_MESSAGE_CHARS]
 
 
 def failure(exc: FabricError) -> str:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, Callable, Hashable
 
 _FIELDS = "fabric_fields"
 
@@ -24,6 +25,42 @@ def event(logger: logging.Logger, message: str, level: int = logging.INFO, **fie
     """One log line with ``fields`` (None values are left out)."""
     if logger.isEnabledFor(level):
         logger.log(level, message, extra={_FIELDS: {k: v for k, v in fields.items() if v is not None}})
+
+
+class StateLog:
+    """Logs a thing's state only when it changes (an engine's failure, a task's, a refusal): one line per change of
+    state, not one per poll. Keeps at most ``max_keys`` things (past that, a new thing's lines are not kept back)."""
+
+    def __init__(self, logger: logging.Logger, max_keys: int = 1000) -> None:
+        self.logger = logger
+        self.max_keys = max_keys
+        self._last: dict[Hashable, str] = {}
+        self._lock = threading.Lock()  # told from the event loop and from I/O threads
+
+    def note(self, key: Hashable, state: str, message: str, level: int = logging.INFO, **fields: Any) -> bool:
+        """Log ``message`` when ``key``'s state is not ``state`` already; whether it did."""
+        with self._lock:
+            if self._last.get(key) == state:
+                return False
+            if key in self._last or len(self._last) < self.max_keys:
+                self._last[key] = state
+        event(self.logger, message, level, **fields)
+        return True
+
+    def state(self, key: Hashable) -> str | None:
+        """The state last logged for ``key`` (None: none)."""
+        with self._lock:
+            return self._last.get(key)
+
+    def forget(self, key: Hashable) -> None:
+        """Drop what is kept of ``key`` (its next state is logged whatever it is)."""
+        with self._lock:
+            self._last.pop(key, None)
+
+    def prune(self, keep: Callable[[Hashable], bool]) -> None:
+        """Drop what is kept of every key ``keep`` answers false for (things gone: room for others)."""
+        with self._lock:
+            self._last = {k: v for k, v in self._last.items() if keep(k)}
 
 
 #: C0 controls, DEL, C1 controls and Unicode's line and paragraph separators, each as a visible escape

@@ -60,7 +60,7 @@ STORE_QUOTA = Gauge("fabric_store_quota_bytes", "The store's limit, --max-store-
 EVICTIONS = Counter("fabric_store_evictions_total", "Cold adapters (digests) dropped to make room for a commit past --max-store-bytes.", registry=REGISTRY)
 EVICTED_BYTES = Counter("fabric_store_evicted_bytes_total", "Bytes freed by evicting cold adapters.", registry=REGISTRY)
 ENGINE_ADAPTERS = Gauge("fabric_engine_adapters", "Adapters of this node an engine (--engine-url) lists in GET /v1/models, as last read, by engine.", ["engine"], registry=REGISTRY)
-ENGINE_READS = Counter("fabric_engine_reads_total", "Reads of an engine's GET /v1/models, by engine and outcome (ok, failed).", ["engine", "outcome"], registry=REGISTRY)
+ENGINE_READS = Counter("fabric_engine_reads_total", "Reads of an engine's GET /v1/models, by engine and outcome (ok, cut, failed).", ["engine", "outcome"], registry=REGISTRY)
 ENGINE_LOADS = Counter("fabric_engine_loads_total", "Adapters loaded into the driven SGLang (--sglang-url), by outcome (ok, already, failed).", ["outcome"], registry=REGISTRY)
 ENGINE_UNLOADS = Counter("fabric_engine_unloads_total", "Adapters unloaded from the driven SGLang (--sglang-url), by outcome (ok, already, failed).", ["outcome"], registry=REGISTRY)
 HANDOFFS = Counter(

@@ -19,8 +19,12 @@ LAST_COPY = "the last complete copy among the known peers"
 #: templates, filled with the engine's host:port
 ENGINE = "registered by engine {} (its GET /v1/models names it)"
 ENGINE_UNKNOWN = "exported while engine {} has not answered GET /v1/models (what it may read is unknown)"
+#: filled with the engine's host:port and why its list was cut
+ENGINE_CUT = "exported while engine {}'s GET /v1/models list is cut ({}): what it may read is unknown"
 #: a driven engine (--sglang-url) that did not unload an adapter before its eviction
 ENGINE_NOT_UNLOADED = "loaded in engine {}, which did not unload it"
+#: a driven engine the node is loading the adapter into right now (the eviction does not wait for the load)
+ENGINE_LOADING = "being loaded into engine {} right now"
 
 
 @dataclass(frozen=True)

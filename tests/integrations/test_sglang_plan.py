@@ -6,10 +6,7 @@ SGLang's own code driven by a real node is tests/integrations/test_sglang.py (sc
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from adapter_fabric.node.engine_drive import SGLangDrive
 from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
 from tests.node.test_startup import one_line_failure, run_node, store_only
+from tests.support.fake_engines import FakeSGLang
 
 EXPORT = "/x/export"
 
@@ -60,64 +58,7 @@ def test_plan_reloads_a_held_adapter_whose_bytes_changed() -> None:
     assert todo == Plan(loads=(("a", f"{EXPORT}/a"),), unloads=("a",))
 
 
-# ---------------------------------------------------------------- a server answering as SGLang does
-
-
-class FakeSGLang:
-    """SGLang's three LoRA routes over HTTP, with its answers (texts of LoRAManager and LoRARegistry, 0.5.23)."""
-
-    def __init__(self) -> None:
-        self.loaded: dict[str, str] = {}
-        self.refuse_unload: set[str] = set()
-        self.load_delay = 0.0  # seconds each load waits before it answers (a slow SGLang)
-        self.calls: list[tuple[str, str]] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def answer(self, code: int, body: object) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                cards = [{"id": "base", "root": "base", "parent": None}]
-                cards += [{"id": n, "root": p, "parent": "base"} for n, p in fake.loaded.items()]
-                self.answer(200, {"object": "list", "data": cards})
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                name = body["lora_name"]
-                fake.calls.append((self.path, name))
-                ok, message = True, None
-                if self.path == "/load_lora_adapter":
-                    time.sleep(fake.load_delay)
-                    if name in fake.loaded:
-                        ok, message = False, f"Failed to load LoRA adapter {name} because it is already loaded"
-                    elif not Path(body["lora_path"]).is_dir():
-                        ok, message = False, f"Repository Not Found for url: {body['lora_path']}"
-                    else:
-                        fake.loaded[name] = body["lora_path"]
-                elif name in fake.refuse_unload:
-                    ok, message = False, "an unload in flight"
-                elif name not in fake.loaded:
-                    ok, message = False, f"LoRA with name {name} does not exist. Loaded LoRAs: {list(fake.loaded)}"
-                else:
-                    del fake.loaded[name]
-                self.answer(200 if ok else 400, {"success": ok, "error_message": message, "loaded_adapters": dict(fake.loaded)})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+# ---------------------------------------------------------------- a server answering as SGLang does (tests/support/fake_engines.py)
 
 
 @pytest.fixture
@@ -135,12 +76,17 @@ def exported(root: Path, *names: str) -> Path:
     return root
 
 
+def drive_of(url: str, export: Path) -> SGLangDrive:
+    """A drive of the SGLang at ``url`` over ``export``, with the engine view a node gives it."""
+    return SGLangDrive(SGLangClient(url, timeout=5), EngineViews((), str(export), driven=(url,)), str(export), 10)
+
+
 def test_the_client_loads_unloads_and_lists_and_names_the_engine_in_every_failure(sglang, tmp_path) -> None:
     export = exported(tmp_path / "export", "a")
     client = SGLangClient(sglang.url, timeout=5)
     assert client.load("a", str(export / "a")) is True
     assert client.load("a", str(export / "a")) is False  # 400 "already loaded": done already
-    assert client.loaded() == [EngineLoRA("a", str(export / "a"))]
+    assert client.loaded().adapters == (EngineLoRA("a", str(export / "a")),)
     assert client.unload("a") is True and client.unload("a") is False  # 400 "does not exist"
     with pytest.raises(InvalidArgument, match=rf"engine 127.0.0.1:\d+ refused to load 'b' .*Repository Not Found"):
         client.load("b", str(export / "b"))  # not a directory: SGLang takes it as a hub id
@@ -153,11 +99,11 @@ def test_the_drive_loads_the_export_dir_unloads_what_went_and_leaves_others_alon
     export = exported(tmp_path / "export", "team-a%2Fone", "team-a%2Ftwo")
     (export / "%old-1-ab").mkdir()  # set aside: never loaded
     sglang.loaded["operator"] = "/opt/loras/operator"
-    drive = SGLangDrive(SGLangClient(sglang.url, timeout=5), str(export), 10)
+    drive = drive_of(sglang.url, export)
     drive.reconcile()
     assert sglang.loaded == {"operator": "/opt/loras/operator", "team-a%2Fone": str(export / "team-a%2Fone"), "team-a%2Ftwo": str(export / "team-a%2Ftwo")}
-    views = EngineViews((), str(export), shown=(sglang.url,))
-    views.refresh()
+    views = drive.views
+    views.read(sglang.url)  # as the drive's next round reads it
     assert views.engines_of("team-a/one") == [views.engines[0].label] and views.hold(["team-a/one"]) == ""  # shown, not holding
 
     for path in (export / "team-a%2Ftwo").iterdir():
@@ -170,13 +116,13 @@ def test_the_drive_loads_the_export_dir_unloads_what_went_and_leaves_others_alon
     drive.reconcile()
     assert set(sglang.loaded) == {"team-a%2Fone"}
     sglang.calls.clear()
-    SGLangDrive(SGLangClient(sglang.url, timeout=5), str(export), 10).reconcile()  # the node restarted
+    drive_of(sglang.url, export).reconcile()  # the node restarted
     assert sglang.calls == []  # in step already: nothing loaded twice
 
 
 def test_a_re_staged_adapter_is_loaded_again(sglang, tmp_path) -> None:
     export = exported(tmp_path / "export", "a")
-    drive = SGLangDrive(SGLangClient(sglang.url, timeout=5), str(export), 10)
+    drive = drive_of(sglang.url, export)
     drive.reconcile()
     (tmp_path / "new").write_bytes(b"new")
     (tmp_path / "new").replace(export / "a" / WEIGHTS_FILE)  # another file, as a re-stage's hard link is
@@ -187,7 +133,7 @@ def test_a_re_staged_adapter_is_loaded_again(sglang, tmp_path) -> None:
 
 def test_release_unloads_victims_first_and_names_the_engine_for_one_it_would_not(sglang, tmp_path) -> None:
     export = exported(tmp_path / "export", "one", "two", "three")
-    drive = SGLangDrive(SGLangClient(sglang.url, timeout=5), str(export), 10)
+    drive = drive_of(sglang.url, export)
     drive.reconcile()
     sglang.refuse_unload.add("two")
     with drive.paused():
@@ -195,7 +141,7 @@ def test_release_unloads_victims_first_and_names_the_engine_for_one_it_would_not
     label = sglang.url.removeprefix("http://")
     assert refused == {"two": f"loaded in engine {label}, which did not unload it"}
     assert set(sglang.loaded) == {"two", "three"}
-    silent = SGLangDrive(SGLangClient(f"http://127.0.0.1:{free_port()}", timeout=2), str(export), 10)
+    silent = drive_of(f"http://127.0.0.1:{free_port()}", export)
     assert set(silent.release(["three", "gone"])) == {"three"}  # not answering: what is still exported is held
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
 import pytest
@@ -30,7 +29,7 @@ from adapter_fabric.errors import QuotaExceeded
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.node.eviction import ROOM_WAIT_S
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from tests.integrations.test_sglang_plan import FakeSGLang
+from tests.support.fake_engines import FakeEngine, FakeSGLang
 from tests.node.test_eviction import SMALL_CHUNK, cache_node, seeder, staged  # noqa: F401 (seeder: a module fixture)
 from tests.support.relays import HoldingRelay
 from tests.support.scrape import scrape
@@ -127,39 +126,6 @@ def test_a_hand_off_that_hangs_holds_up_no_read_and_no_stage_and_loses_no_last_c
         durable.stop()
 
 
-class DrippingEngine:
-    """An engine whose ``GET /v1/models`` answers 200, then sends one byte of its body every 2 s, for as long as it is read."""
-
-    def __init__(self) -> None:
-        stop = self.stop = threading.Event()
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", "100000")
-                self.end_headers()
-                try:
-                    while not stop.wait(2.0):
-                        self.wfile.write(b" ")
-                        self.wfile.flush()
-                except OSError:
-                    pass  # the reader gave up
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def slow_engine_case(tmp_path, seeder, newcomer, *engine_flags: str) -> None:  # noqa: F811
     """C full of two adapters the seeder holds (so either may go) and an engine that keeps the eviction waiting: every other
     call answers at once, and the Stage that needs room answers within the writer's wait, staged or refused by name."""
@@ -175,15 +141,16 @@ def slow_engine_case(tmp_path, seeder, newcomer, *engine_flags: str) -> None:  #
                 assert took < STAGE_BOUND_S and not isinstance(alias, QuotaExceeded), alias
             result, took = needing_room["result"], needing_room["took"]
             assert took < STAGE_BOUND_S, f"the Stage that needed room answered after {took:.1f}s"
-            if isinstance(result, QuotaExceeded):
-                assert "the node is making room" in str(result) and "retry" in str(result), result
+            if isinstance(result, QuotaExceeded):  # still making room, or (a driven SGLang's slow load not waited for) why none can be made
+                assert ("the node is making room" in str(result) and "retry" in str(result)) or "nothing more can be evicted" in str(result), result
             reads_answer_at_once(c, "a")
     finally:
         node.stop()
 
 
 def test_an_engine_that_drips_its_model_list_holds_up_no_other_call(tmp_path, seeder, newcomer) -> None:  # noqa: F811
-    engine = DrippingEngine()
+    engine = FakeEngine()  # tests/support/fake_engines.py
+    engine.mode = "drip"  # GET /v1/models answers 200, then one byte of its body every 2 s, for as long as it is read
     try:
         slow_engine_case(tmp_path, seeder, newcomer, "--engine-url", engine.url)
     finally:
