@@ -10,10 +10,12 @@ writes under TLS, where the bytes must be encrypted in user space).
 The same guards as gRPC Fetch, before any byte is sent: TLS and mTLS with the
 node's certificates; the bearer token when the node requires one for Fetch;
 the streams-per-peer bound, shared with gRPC Fetch; the upload rate. And its
-own: a bound on connections, a hello that must arrive within
-``HELLO_TIMEOUT_S``, and a reader that stops reading is cut once a frame has
-waited ``write_stall`` seconds (the node's --stall-timeout) plus its length
-at ``MIN_READ_RATE``.
+own (``node.data_accept``): connections counted from their accept, bounded per
+source address and in all, idle ones (no hello yet) shed first, a silent one
+holding no buffer and no TLS state; a first byte, handshake and hello that
+must come within ``HELLO_TIMEOUT_S``; and a reader that stops reading is cut
+once a frame has waited ``write_stall`` seconds (the node's --stall-timeout)
+plus its length at ``MIN_READ_RATE``.
 """
 
 from __future__ import annotations
@@ -23,32 +25,23 @@ import logging
 import ssl
 from contextlib import aclosing
 
-from adapter_fabric.errors import FabricError, InvalidArgument, QuotaExceeded, Unauthenticated
+from adapter_fabric.errors import FabricError, InvalidArgument, Unauthenticated
 from adapter_fabric.observability.metrics import DATA_STREAMS_SERVED
 from adapter_fabric.rpc import bounds
 from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.rpc.security import BearerAuth
 from adapter_fabric.rpc.status import error_detail, public_message
 from adapter_fabric.transport import data_frames
+from adapter_fabric.node.data_accept import HELLO_TIMEOUT_S, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE, Connection, Listener
 from adapter_fabric.node.gate import AccessGate
 from adapter_fabric.node.peer_reads import BytesPiece, FilePiece, PeerReads, Picked, Piece
 
-__all__ = ["DataServer", "HELLO_TIMEOUT_S", "MAX_CONNECTIONS", "MIN_READ_RATE"]
+__all__ = ["DataServer", "HELLO_TIMEOUT_S", "MAX_CONNECTIONS", "MAX_CONNECTIONS_PER_SOURCE", "MIN_READ_RATE"]
 
 log = logging.getLogger("fabric.node.data")
 
-#: seconds a connection gets to send its hello
-HELLO_TIMEOUT_S = 10.0
-#: connections open at once; the next is refused (busy) at once
-MAX_CONNECTIONS = 256
 #: bytes/s below which a reader counts as stalled
 MIN_READ_RATE = 64 << 10
-
-
-def _host(peername: object) -> str:
-    """The peer's host as gRPC Fetch's stream count names it (``adapter_fabric.rpc.limits.peer_host``): IPv6 in brackets."""
-    host = peername[0] if isinstance(peername, tuple) and peername else str(peername)
-    return f"[{host}]" if ":" in host else host
 
 
 def _sans(writer: asyncio.StreamWriter) -> list[str]:
@@ -62,46 +55,41 @@ class DataServer:
 
     def __init__(
         self, reads: PeerReads, streams: PeerStreamLimit, *, auth: BearerAuth | AccessGate | None = None, tls: ssl.SSLContext | None = None,
-        write_stall: float = 10.0, max_connections: int = MAX_CONNECTIONS,
+        write_stall: float = 10.0, max_connections: int = MAX_CONNECTIONS, max_per_source: int = MAX_CONNECTIONS_PER_SOURCE,
     ) -> None:
         """``write_stall``: seconds a frame may wait for a reader that takes nothing, beyond its length at MIN_READ_RATE."""
         self.reads = reads
         self.streams = streams
         self.auth = auth  # checked when it guards Fetch (--auth-peer-reads), or always (--policy: node.gate)
-        self.tls = tls
-        self.max_connections = max_connections
         self.write_stall = write_stall
-        self.connections = 0
-        self._open: set[asyncio.StreamWriter] = set()
-        self._server: asyncio.Server | None = None
+        # a peer may hold as many connections as it may hold Fetch streams
+        self.listener = Listener(self._serve, tls=tls, max_connections=max_connections, max_per_source=max(max_per_source, streams.limit))
+        self._open: set[asyncio.StreamWriter] = set()  # streams past their hello
+
+    @property
+    def connections(self) -> int:
+        """Connections counted now (from their accept)."""
+        return len(self.listener.admission)
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: a free port); returns the port."""
-        tls = {"ssl": self.tls, "ssl_handshake_timeout": HELLO_TIMEOUT_S} if self.tls is not None else {}
-        self._server = await asyncio.start_server(self._serve, host, port, reuse_port=False, **tls)
-        return self._server.sockets[0].getsockname()[1]
+        return await self.listener.start(host, port)
 
     async def close(self, grace: float) -> None:
         """Stop listening; open streams get ``grace`` seconds to finish (as gRPC's in-flight calls do), then are cut."""
-        if self._server is None:
-            return
-        self._server.close()
+        self.listener.stop_accepting()
         deadline = asyncio.get_running_loop().time() + grace
         while self._open and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
-        for writer in list(self._open):
-            writer.transport.abort()
-        await self._server.wait_closed()
+        await self.listener.close()  # what is left is cut, and its task ended here (not cancelled at the loop's end)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        host = _host(writer.get_extra_info("peername"))
-        self.connections += 1
-        self._open.add(writer)
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: Connection, hello_within: float) -> None:
+        host = connection.host
         counted = clean = False
         try:
-            if self.connections > self.max_connections:
-                raise QuotaExceeded(f"this node's data channel holds {self.max_connections} connections already; fetch over gRPC or retry")
-            hello = await asyncio.wait_for(self._hello(reader), HELLO_TIMEOUT_S)
+            hello = await asyncio.wait_for(self._hello(reader), hello_within)
+            self.listener.admission.busy(connection)  # no longer idle: never shed
+            self._open.add(writer)
             if isinstance(self.auth, AccessGate):
                 await self.auth.admit_data(hello.token, _sans(writer), hello.fetch)
             elif self.auth is not None and self.auth.peer_reads and not self.auth.token_matches(hello.token):
@@ -124,8 +112,7 @@ class DataServer:
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as exc:
             DATA_STREAMS_SERVED.labels("broken").inc()
             log.debug("data channel stream to %s broke: %s", host, exc)
-        finally:
-            self.connections -= 1
+        finally:  # a cancel (shed while idle, or the node stopping) passes through here too, and goes on
             self._open.discard(writer)
             if counted:
                 self.streams.leave(host)

@@ -71,6 +71,14 @@ class Holds:
 Piece = Union[FilePiece, BytesPiece, Picked, Holds]
 
 
+def _open_blob(path: os.PathLike | str, manifest: Manifest) -> IO[bytes]:
+    """A verified blob opened to serve; ``AdapterNotFound`` when it went since it was verified (unstaged or evicted: not damage)."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise AdapterNotFound(f"adapter {manifest.adapter_id!r} ({manifest.digest[:12]}) was unstaged or evicted here meanwhile; fetch it from another peer") from None
+
+
 class PeerReads:
     """GetManifest, Locate, Fetch and Availability; owns the upload rate limit and the super-seeding counts."""
 
@@ -125,6 +133,8 @@ class PeerReads:
             try:
                 digest = self.store.get(validate_adapter_id(request.adapter_id)).digest
             except AdapterNotFound:
+                if not peers:  # nothing to ask, now or on a retry: not found (was PeerUnavailable, "retry")
+                    raise AdapterNotFound(f"adapter {request.adapter_id!r} is not staged on this node, and it knows no peers to ask (--peers, --peers-dns)") from None
                 manifest, _, _ = await self.context.io(self.puller.manifest, peers, request.adapter_id)
                 digest = manifest.digest
         holdings = await asyncio.gather(*(self.context.io(self.puller.availability, peer, digest) for peer in peers))
@@ -200,7 +210,7 @@ class PeerReads:
         self.store.recency.touch(manifest.adapter_id)  # served to a peer: recently used (an evicting store keeps it longer)
         with self.context.in_use.hold(manifest.digest):  # never evicted while it is being served
             path = await self.context.io(self.store.verified_blob, manifest, entry)  # bytes at rest are re-verified before they leave
-            with open(path, "rb") as f:
+            with _open_blob(path, manifest) as f:
                 for index in chunks:
                     offset, length = entry.chunk_span(index)
                     await self._throttle(length)
@@ -233,7 +243,7 @@ class PeerReads:
         served: set[int] = set()
         try:
             yield Picked(chunks)
-            with open(await self.context.io(self.store.verified_weights, manifest), "rb") as f:
+            with _open_blob(await self.context.io(self.store.verified_weights, manifest), manifest) as f:
                 for index in chunks:
                     offset, length = weights.chunk_span(index)
                     await self._throttle(length)

@@ -54,6 +54,7 @@ from adapter_fabric.node.handoff import HandOff
 from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 
 from adapter_fabric.node.gate import AccessGate
+from adapter_fabric.node.policy_reloads import PolicyReloads
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S, PeerReads
 from adapter_fabric.node.promotes import Promotes
@@ -252,12 +253,6 @@ async def _streams_ended(streams: PeerStreamLimit, within: float) -> None:
         await asyncio.sleep(DRAIN_POLL_S)
 
 
-async def _poll_policy(gate: AccessGate) -> None:
-    while True:
-        await asyncio.sleep(POLICY_POLL_S)
-        gate.policy.reload_if_changed()
-
-
 async def start_data_channel(
     settings: NodeSettings, node: Node, streams: PeerStreamLimit, auth: BearerAuth | AccessGate | None, tls_context
 ) -> tuple[DataServer | None, int]:
@@ -343,10 +338,10 @@ async def serve(settings: NodeSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    poll_policy = None
-    if isinstance(auth, AccessGate):
-        loop.add_signal_handler(signal.SIGHUP, auth.policy.reload, "SIGHUP")
-        poll_policy = asyncio.create_task(_poll_policy(auth))
+    # SIGHUP reloads --policy (coalesced, off the loop: node.policy_reloads); without one it is logged and ignored
+    reloads = PolicyReloads(auth.policy if isinstance(auth, AccessGate) else None, node.context.io)
+    loop.add_signal_handler(signal.SIGHUP, reloads.on_sighup)
+    poll_policy = asyncio.create_task(reloads.run(POLICY_POLL_S)) if reloads.policy is not None else None
     await stopping.wait()
 
     # Drain: out of rotation first, then in-flight calls get the bound to finish; what is left is cut.

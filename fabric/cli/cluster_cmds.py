@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from adapter_fabric.cli.connect import client_for, duration_arg, node_address
+from adapter_fabric.cli.connect import client_for, duration_arg, node_address, peer_address
 from adapter_fabric.cli.output import emit
 from adapter_fabric.exit_codes import EXIT_RETRYABLE
 from adapter_fabric.cli.progress import PullWatcher, on_terminal, run_polled
@@ -106,7 +106,7 @@ def register(command) -> None:
     p = command("rollout", cmd_rollout, "promote one adapter on many nodes at once (they share chunks as they arrive); prints each node's time", long=True)
     p.add_argument("nodes", nargs="*", metavar="NODE", type=node_address, help="more nodes (host:port)")
     p.add_argument("--id", required=True, help="adapter id")
-    p.add_argument("--from", dest="peer", required=True, type=node_address, help="host:port of a seed that has the adapter")
+    p.add_argument("--from", dest="peer", required=True, type=peer_address, help="host:port of a seed that has the adapter")
     p.add_argument("--name", help="name requests will use (default: the id)")
     p.add_argument("--stage-only", action="store_true", help="pull into each node's store without loading a slot (store-only nodes)")
     p.add_argument("--no-swarm", action="store_true", help="every node pulls from the seed alone (a baseline)")

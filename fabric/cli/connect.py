@@ -54,6 +54,13 @@ def node_address(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def peer_address(text: str) -> str:
+    """An argparse type for ``--from``: a peer's ``host:port`` (a node dials its peers over TCP: a unix socket is a usage error)."""
+    if text.startswith(("unix:", "unix-abstract:")):
+        raise argparse.ArgumentTypeError(f"peer address {text[:200]!r} is a unix socket; a node reaches its peers at host:port")
+    return node_address(text)
+
+
 def duration_arg(text: str) -> float:
     """An argparse type: seconds as ``30``, ``30s``, ``15m``, ``1h`` (adapter_fabric.units); negative, nan, inf or past a year is a usage error."""
     try:

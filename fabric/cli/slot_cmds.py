@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from adapter_fabric.cli.connect import client_for, node_address
+from adapter_fabric.cli.connect import client_for, peer_address
 from adapter_fabric.cli.output import emit, pull_note
 from adapter_fabric.cli.progress import PullWatcher, on_terminal, run_polled
 from adapter_fabric.client.node_client import DEFAULT_MAX_NEW_TOKENS
@@ -78,7 +78,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def register(command) -> None:
     """Add this module's subcommands through ``command(name, handler, help)`` (see ``adapter_fabric.cli.main``)."""
     p = command("promote", cmd_promote, "load an adapter into a slot of a node, pulling it from a peer (and the swarm) if given", long=True)
-    p.add_argument("--from", dest="peer", type=node_address, help="host:port of a peer that has the adapter (omit: already staged on the node)")
+    p.add_argument("--from", dest="peer", type=peer_address, help="host:port of a peer that has the adapter (omit: already staged on the node)")
     p.add_argument("--id", required=True, help="adapter id")
     p.add_argument("--name", help="name requests will use (default: the id)")
     p.add_argument("--pin", action="store_true", help="pin the slot against eviction (refused, evicting nothing, past the pin limit of slots - 1)")

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from adapter_fabric.cli.connect import client_for, node_address
+from adapter_fabric.cli.connect import client_for, peer_address
 from adapter_fabric.cli.output import emit, pull_note
 from adapter_fabric.cli.progress import PullWatcher, byte_bar, on_terminal, run_polled
 from adapter_fabric.cli.sign import private_key_file, read_signature_file
@@ -127,7 +127,7 @@ def register(command) -> None:
     signing.add_argument("--signature", help="attach a signature made elsewhere: the file fabric sign DIR --key KEY --out FILE wrote")
 
     p = command("pull", cmd_pull, "make a node pull an adapter into its store from a peer (and the swarm), loading no slot", long=True)
-    p.add_argument("--from", dest="peer", required=True, type=node_address, help="host:port of a peer that has the adapter")
+    p.add_argument("--from", dest="peer", required=True, type=peer_address, help="host:port of a peer that has the adapter")
     p.add_argument("--id", required=True, help="adapter id")
     p.add_argument("--no-swarm", action="store_true", help="pull from --from alone, not from every peer that holds chunks")
 

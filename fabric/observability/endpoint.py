@@ -5,10 +5,14 @@ certificate, while every Fabric RPC stays behind mTLS on the gRPC port. It
 serves only what these three paths say (nothing of the store or the model).
 
 Anyone who reaches the port may connect, so it holds no one for long: a
-connection that sends nothing for ``READ_TIMEOUT_S`` (``--metrics-read-timeout``) is closed, at most
-``MAX_CONNECTIONS`` are served at once (more are closed at once, so threads
-and file descriptors stay bounded and gRPC never runs out of them), and a
-client that hangs up is one debug log record, never a traceback on stderr.
+connection gets ``READ_TIMEOUT_S`` (``--metrics-read-timeout``) in all to send
+a whole request (however slowly it drips one), and as long again between
+requests; at most ``MAX_CONNECTIONS`` are served at once, and one more sheds
+the oldest still sending its request (a probe's request is whole at once, so a
+flood of slow connections never keeps ``/healthz`` from answering), or, when
+every one is being answered, is closed at once: threads and file descriptors
+stay bounded and gRPC never runs out of them. A client that hangs up is one
+debug log record, never a traceback on stderr.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -41,6 +46,16 @@ class ProbeEndpoint:
         class Handler(BaseHTTPRequestHandler):
             timeout = read_timeout  # socketserver sets it on the connection: reads past it end the connection
 
+            def setup(self) -> None:
+                super().setup()
+                self.server.reading(self.request)
+
+            def parse_request(self) -> bool:
+                whole = super().parse_request()
+                if whole:
+                    self.server.answering(self.request)  # a whole request: no longer shed, nor cut by its deadline
+                return whole
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
@@ -59,6 +74,7 @@ class ProbeEndpoint:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                self.server.reading(self.request)  # the next request of a kept-alive connection has its own deadline
 
             def log_message(self, *args) -> None:  # probes every few seconds would drown the log
                 pass
@@ -69,24 +85,58 @@ class ProbeEndpoint:
             # socketserver's listen backlog is 5: a burst of connections (probes, scrapers, or a flood past the bound)
             # overflows it and each dropped SYN waits a 1 s retransmit; a deeper queue lets the bound below decide instead
             request_queue_size = 128
-            slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+            lock = threading.Lock()
+            #: every connection served, oldest first: when it began its current request (None: being answered)
+            connections: dict[socket.socket, float | None] = {}
+
+            def reading(self, request: socket.socket) -> None:
+                with self.lock:
+                    if request in self.connections:
+                        self.connections[request] = time.monotonic()
+
+            def answering(self, request: socket.socket) -> None:
+                with self.lock:
+                    if request in self.connections:
+                        self.connections[request] = None
 
             def process_request(self, request, client_address) -> None:
-                if not self.slots.acquire(blocking=False):
-                    log.debug("metrics endpoint: %s closed, %d connections are open already", client_address, MAX_CONNECTIONS)
-                    self.shutdown_request(request)
-                    return
+                with self.lock:
+                    if len(self.connections) >= MAX_CONNECTIONS:
+                        oldest = next((r for r, since in self.connections.items() if since is not None), None)
+                        if oldest is None:
+                            log.debug("metrics endpoint: %s closed, %d connections are being answered", client_address, MAX_CONNECTIONS)
+                            self.shutdown_request(request)
+                            return
+                        self._cut(oldest)  # still sending its request: room for this one
+                    self.connections[request] = time.monotonic()
                 try:
                     super().process_request(request, client_address)
                 except BaseException:
-                    self.slots.release()
+                    with self.lock:
+                        self.connections.pop(request, None)
                     raise
 
             def process_request_thread(self, request, client_address) -> None:
                 try:
                     super().process_request_thread(request, client_address)
                 finally:
-                    self.slots.release()
+                    with self.lock:
+                        self.connections.pop(request, None)
+
+            def service_actions(self) -> None:
+                """Every poll of the accept loop (0.5 s): a connection that has not sent a whole request in ``read_timeout`` is cut."""
+                stale = time.monotonic() - read_timeout
+                with self.lock:
+                    for request in [r for r, since in self.connections.items() if since is not None and since < stale]:
+                        self._cut(request)
+
+            def _cut(self, request: socket.socket) -> None:
+                """End a connection's reads at once (its thread then ends and lets it go); under ``lock``."""
+                self.connections.pop(request, None)
+                try:
+                    request.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
             def handle_error(self, request, client_address) -> None:
                 """A client that hung up is routine; anything else is logged as one record (never a raw traceback)."""

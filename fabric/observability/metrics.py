@@ -48,10 +48,10 @@ PULL_FAILOVERS = Counter("fabric_pull_failovers_total", "Peers dropped during a 
 SERVED_BYTES = Counter("fabric_served_bytes_total", "Adapter bytes sent to peers in Fetch responses.", registry=REGISTRY)
 FETCH_STREAMS = Counter("fabric_fetch_streams_total", "Fetch streams this node opened to peers, by channel: data (the data channel) or grpc.", ["channel"], registry=REGISTRY)
 DATA_FALLBACKS = Counter(
-    "fabric_data_channel_fallbacks_total", "Fetches sent over gRPC because a peer's announced data channel could not be reached, by reason (connect, tls).",
+    "fabric_data_channel_fallbacks_total", "Fetches sent over gRPC because a peer's announced data channel could not be reached (connect, tls), refused the stream as busy (busy), or broke before its first frame (broken), by reason.",
     ["reason"], registry=REGISTRY,
 )
-DATA_STREAMS_SERVED = Counter("fabric_data_channel_streams_total", "Streams this node's data channel answered, by outcome (ok, refused, broken).", ["outcome"], registry=REGISTRY)
+DATA_STREAMS_SERVED = Counter("fabric_data_channel_streams_total", "Streams this node's data channel answered, by outcome (ok, refused, broken; shed: an idle connection closed to make room).", ["outcome"], registry=REGISTRY)
 STAGES = Counter("fabric_stage_uploads_total", "Stage uploads from clients, by outcome.", ["outcome"], registry=REGISTRY)
 STAGE_BYTES = Counter("fabric_stage_received_bytes_total", "Adapter bytes received by Stage.", registry=REGISTRY)
 

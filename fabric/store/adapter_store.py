@@ -56,16 +56,18 @@ from adapter_fabric.trust.signing import Signed, TrustedSigners
 class _CommitEvents:
     """What follows a commit: integrity stamps, the export directory and the listing's sorted ids kept in step (called under the store's lock)."""
 
-    def __init__(self, catalog: Catalog, integrity: Integrity, exports: ExportDir | None) -> None:
+    def __init__(self, catalog: Catalog, integrity: Integrity, exports: ExportDir | None, recency: Recency) -> None:
         self.catalog = catalog
         self.integrity = integrity
         self.exports = exports
+        self.recency = recency
 
     def blob_committed(self, root: str) -> None:
         self.integrity.blob_committed(root)
 
     def ref_set(self, adapter_id: str, digest: str) -> None:
         self.catalog.index.ref_set(adapter_id)
+        self.recency.touch(adapter_id)  # its stamp, past every other (the file's own mtime is the wall clock's)
         if self.exports is None:
             return  # no manifest read on a commit that exports nothing
         manifest = self.catalog.load_manifest(digest)
@@ -132,16 +134,18 @@ class AdapterStore:
             if self.exports is not None:
                 # Only whole adapters: a blob quarantined before the restart has nothing to link to.
                 self.exports.sync(m for m in self.catalog.each() if self.catalog.complete(m.digest) is not None)
+        #: when each id was last used (its ref's stamp, ``adapter_fabric.store.keeping``)
+        self.recency = Recency(self.layout)
         self.committer = Committer(
-            self.layout, self.lock, TempFiles(self.layout.tmp), self.catalog, collector, self.quota, _CommitEvents(self.catalog, self.integrity, self.exports)
+            self.layout, self.lock, TempFiles(self.layout.tmp), self.catalog, collector, self.quota,
+            _CommitEvents(self.catalog, self.integrity, self.exports, self.recency),
         )
         #: per-tenant quotas and the room open writers reserved of them
         self.tenants = TenantQuotas(self.catalog, tuple(tenant_quotas))
         self.partials = Partials(self.catalog, self.committer, self.quota, self.tenants)
         self.uploads = Uploads(self.committer, self.quota, self.tenants, chunk_size)
         self._stager = DirectoryStager(self.catalog, self.committer, self.quota, self.tenants, chunk_size)
-        #: when each id was last used (its ref's mtime), and which ids an operator kept (``adapter_fabric.store.keeping``)
-        self.recency = Recency(self.layout)
+        #: which ids an operator kept (``adapter_fabric.store.keeping``)
         self.kept = KeptIds(self.layout)
 
     # ------------------------------------------------------------ limits
@@ -243,9 +247,11 @@ class AdapterStore:
         return found
 
     def collect_garbage(self) -> None:
-        """Remove what no ref reaches (a crash's orphans) and build the index later collections use; O(adapters)."""
+        """Remove what no ref reaches (a crash's orphans) and build the index later collections use, then read every ref's
+        recency stamp (outside the lock: a clock stepped back since they were written); O(adapters)."""
         with self.lock.held():
             self._collector.collect()
+        self.recency.warm()
 
     def census(self) -> tuple[list[str], list[DamagedEntry]]:
         """Every id, in one pass: the sound ones and the damaged ones (``Integrity.census``)."""
@@ -304,6 +310,10 @@ class AdapterStore:
         """The download of ``manifest``'s weights, keyed by digest; resumes what an earlier one left verified."""
         self.check_present()
         return self.partials.open(manifest)
+
+    def refer(self, manifest: Manifest) -> Manifest:
+        """``manifest.adapter_id`` pointed at its digest's bytes committed here already; ``AdapterNotFound`` when they left."""
+        return self.partials.refer(manifest)
 
     def partial_for(self, digest: str) -> PartialDownload | None:
         """The download of ``digest`` open in this store object, if any."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from adapter_fabric.errors import AdapterNotFound, IntegrityError
+from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError
 from adapter_fabric.store.catalog import Catalog, is_digest
 from adapter_fabric.store.durable import StoreLock
 from adapter_fabric.store.export import ExportDir
@@ -94,17 +94,26 @@ class Integrity:
         try:
             before = _stamp(path)
         except FileNotFoundError:
-            raise self._damage(manifest, IntegrityError(f"{what}: its {entry.name} (blob {entry.root}) is missing or quarantined; promote it from a peer or re-stage it")) from None
+            raise self._missing(manifest, entry, what) from None
         if not force and self._verified_at.get(entry.root) == before:
             return path
         try:
             self._verify_file(path, entry, manifest)
+        except FileNotFoundError:
+            raise self._missing(manifest, entry, what) from None
         except IntegrityError as exc:
             self.quarantine(entry.root, before)
             raise self._damage(manifest, IntegrityError(f"{what}: {exc}; the blob was quarantined (promote the adapter from a peer or re-stage it)")) from None
         if _stamp(path) == before:  # nobody wrote it while we read it
             self._verified_at[entry.root] = before
         return path
+
+    def _missing(self, manifest: Manifest, entry: FileEntry, what: str) -> FabricError:
+        """A blob not there: the id was unstaged or evicted meanwhile (``AdapterNotFound``: nothing is damaged), or, while the id
+        still names the digest, damage (``IntegrityError``: quarantined, or removed by hand)."""
+        if self.catalog.read_ref(manifest.adapter_id) != manifest.digest:
+            return AdapterNotFound(f"{what} was unstaged or evicted meanwhile: its bytes left this store; pull it again")
+        return self._damage(manifest, IntegrityError(f"{what}: its {entry.name} (blob {entry.root}) is missing or quarantined; promote it from a peer or re-stage it"))
 
     def _damage(self, manifest: Manifest, error: IntegrityError) -> IntegrityError:
         """Tell ``on_damage`` of ``error`` (unless the id was unstaged meanwhile: nothing to repair); ``error`` to raise."""

@@ -71,6 +71,20 @@ class Partials:
         self._open[manifest.digest] = partial
         return partial
 
+    def refer(self, manifest: Manifest) -> Manifest:
+        """Point ``manifest.adapter_id`` at its digest's bytes, committed here already (a second id, or a download another
+        caller finished); ``AdapterNotFound`` when they left meanwhile (an unstage, an eviction), nothing changed.
+
+        Opens no download: one another pull has under way for the digest is never touched (``open`` hands back the one
+        open, and closing it there cut that pull with "partial download ... was closed or discarded").
+        """
+        tenant = self.tenants.reserve(manifest.adapter_id, {f.root: f.size for f in manifest.files}, f"downloading {manifest.adapter_id!r}")
+        try:
+            self.committer.require_ref(manifest)
+        finally:
+            tenant.release()
+        return manifest
+
     def find(self, digest: str) -> PartialDownload | None:
         """The download of ``digest`` open in this store object, if any (to answer Availability and serve its verified chunks).
 

@@ -100,8 +100,10 @@ class Uploads:
                 # What a resumed upload holds on disk is counted already.
                 self.quota.check_room(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")
                 lock_fd = lock_held_dir(directory, f"upload of {adapter_id!r} (BLAKE3 {blake3})")
-            except BaseException:
+            except BaseException as exc:
                 tenant.release()
+                if isinstance(exc, OSError):  # a full disk: an empty directory made just now stays out of the listing
+                    _remove_if_empty(directory)
                 raise
             self._opening.add(key)
             self._tenant_holds[key] = tenant
@@ -110,6 +112,8 @@ class Uploads:
         try:
             upload = Upload(self, directory, lock_fd, adapter_id, bytes(config_json), size, blake3, weights_root, reserved)
         except BaseException:
+            if not _holds_bytes(directory):  # nothing to resume (a full disk refused its first write): nothing left listed
+                shutil.rmtree(directory, ignore_errors=True)
             os.close(lock_fd)
             with self._lock:
                 self._opening.discard(key)
@@ -257,10 +261,10 @@ class Upload:
                 self._close_locked(remove=True)
 
     def close(self) -> None:
-        """Let go of the upload, keeping its bytes for a later resume."""
+        """Let go of the upload, keeping its bytes for a later resume (one that holds none leaves nothing behind)."""
         with self._lock:
             if self._fd is not None:
-                self._close_locked(remove=False)
+                self._close_locked(remove=self._offset == 0)
 
     def _require_open(self) -> None:
         if self._fd is None:
@@ -273,3 +277,19 @@ class Upload:
         os.close(self._lock_fd)
         self._fd = self._lock_fd = None
         self._release(self._directory.name)
+
+
+def _holds_bytes(directory: Path) -> bool:
+    """Whether an upload directory holds received bytes (a resume's worth keeping)."""
+    try:
+        return os.stat(directory / "data").st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def _remove_if_empty(directory: Path) -> None:
+    """Remove ``directory`` if it holds nothing (made just now by a refused open); a directory another writer uses stays."""
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass

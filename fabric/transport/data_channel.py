@@ -10,7 +10,10 @@ which the caller verifies and writes from before asking for the next
 The channel is an optimisation, never a requirement: a peer that announces
 none, or whose port cannot be reached (a firewall, an older node), is fetched
 from over gRPC, and a failed connect keeps that peer on gRPC for
-``RETRY_AFTER_S`` (``fabric_data_channel_fallbacks_total`` counts both).
+``RETRY_AFTER_S``. A stream the channel refuses as busy (its connections are
+bounded), or that breaks before its first frame, goes over gRPC at once, the
+same request (nothing of it was received), and keeps that peer on gRPC for
+``BUSY_RETRY_AFTER_S`` (``fabric_data_channel_fallbacks_total`` counts each, by reason).
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
-from adapter_fabric.errors import FabricError, IntegrityError, PeerUnavailable
+from adapter_fabric.errors import FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
 from adapter_fabric.observability.metrics import DATA_FALLBACKS
 from adapter_fabric.rpc.status import error_from_detail
 from adapter_fabric.transport import data_frames, fetch_metadata
@@ -30,7 +33,10 @@ from adapter_fabric.transport.discovery import split_host_port
 from adapter_fabric.v1 import fabric_pb2
 from adapter_fabric.store.lock_watch import check_no_store_lock
 
-__all__ = ["CONNECT_TIMEOUT_S", "DataCall", "DataChannelFailed", "DataChannels", "RETRY_AFTER_S"]
+__all__ = ["BUSY_RETRY_AFTER_S", "CONNECT_TIMEOUT_S", "DataCall", "DataChannelFailed", "DataChannels", "RETRY_AFTER_S"]
+
+#: a gRPC Fetch of the same request: what a stream the channel refuses or drops before its first frame becomes
+Fallback = Callable[[], Any]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 3.0
 #: seconds a peer whose channel could not be reached is fetched from over gRPC before the channel is tried again
 RETRY_AFTER_S = 60.0
+#: the same, for a channel that refused a stream as busy, or broke before its first frame
+BUSY_RETRY_AFTER_S = 10.0
 #: a socket-level bound on one read: the swarm's stall watchdog cuts a silent stream long before this
 READ_TIMEOUT_S = 300.0
 
@@ -78,14 +86,21 @@ class DataChannels:
                 return None
             return port
 
-    def _fall_back(self, peer: str, reason: str, exc: BaseException) -> None:
+    def fall_back(self, peer: str, reason: str, exc: BaseException, for_s: float = RETRY_AFTER_S) -> None:
+        """Fetch from ``peer`` over gRPC for ``for_s`` seconds (its channel failed for ``reason``)."""
         with self._lock:
-            self._down_until[peer] = time.monotonic() + RETRY_AFTER_S
+            self._down_until[peer] = time.monotonic() + for_s
         DATA_FALLBACKS.labels(reason).inc()
-        log.warning("data channel of %s unreachable (%s: %s): fetching from it over gRPC for %.0fs", peer, type(exc).__name__, exc, RETRY_AFTER_S)
+        log.warning("data channel of %s unreachable (%s: %s): fetching from it over gRPC for %.0fs", peer, type(exc).__name__, exc, for_s)
 
-    def open(self, peer: str, request: fabric_pb2.FetchRequest, holder: tuple[int, bytes] | None, chunk_size: int) -> DataCall | None:
-        """A stream of ``request`` from ``peer`` over its channel; None when there is none to use (the caller uses gRPC)."""
+    def open(
+        self, peer: str, request: fabric_pb2.FetchRequest, holder: tuple[int, bytes] | None, chunk_size: int, fallback: Fallback | None = None
+    ) -> DataCall | None:
+        """A stream of ``request`` from ``peer`` over its channel; None when there is none to use (the caller uses gRPC).
+
+        ``fallback``: the same request over gRPC, which the call becomes when the channel refuses it as busy or breaks
+        before its first frame.
+        """
         port = self.port(peer)
         if port is None:
             return None
@@ -97,7 +112,7 @@ class DataChannels:
         try:
             sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:
-            self._fall_back(peer, "connect", exc)
+            self.fall_back(peer, "connect", exc)
             return None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -107,26 +122,36 @@ class DataChannels:
             sock.sendall(data_frames.encode_hello(hello))
         except ssl.SSLError as exc:  # the same certificates as gRPC: a mismatch is a configuration error, named
             sock.close()
-            self._fall_back(peer, "tls", exc)
+            self.fall_back(peer, "tls", exc)
             return None
         except OSError as exc:
             sock.close()
-            self._fall_back(peer, "connect", exc)
+            self.fall_back(peer, "connect", exc)
             return None
-        return DataCall(sock, peer, port, chunk_size)
+        on_refusal = (lambda reason, exc: self.fall_back(peer, reason, exc, BUSY_RETRY_AFTER_S)) if fallback is not None else None
+        return DataCall(sock, peer, port, chunk_size, fallback, on_refusal)
 
 
 class DataCall:
     """One Fetch over the data channel, with gRPC ``FetchCall``'s interface: iterate ``(offset, data)``, cancel from any thread.
 
-    ``data`` is a view of the call's one buffer: valid until the next item is asked for.
+    ``data`` is a view of the call's one buffer: valid until the next item is asked for. With a ``fallback``, a stream
+    refused as busy or broken before its first frame becomes that gRPC call (``on_refusal`` is told why, first).
     """
 
-    def __init__(self, sock: socket.socket, peer: str, port: int, chunk_size: int) -> None:
+    def __init__(
+        self, sock: socket.socket, peer: str, port: int, chunk_size: int,
+        fallback: Fallback | None = None, on_refusal: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
         self._sock = sock
         self._peer = peer
         self._port = port
         self._chunk_size = chunk_size
+        self._fallback = fallback
+        self._on_refusal = on_refusal
+        self._grpc: Any = None  # the gRPC call this one became, if it did
+        self._began = False
+        self._failure: BaseException | None = None  # how the stream failed before its first frame, raised by the first next()
         self._buffer = bytearray(chunk_size)
         self._view = memoryview(self._buffer)
         self._header = bytearray(data_frames.FRAME.size)
@@ -162,10 +187,56 @@ class DataCall:
         self._read_exact(memoryview(payload))
         return bytes(payload)
 
-    def __iter__(self) -> DataCall:
+    def _begin(self) -> None:
+        """Read the first frame's header (once): a refusal as busy, or a break before it, hands the request to gRPC."""
+        if self._began:
+            return
+        self._began = True
+        try:
+            header = self._next_header()
+            if header[0] == data_frames.ERROR:
+                error = self._error(header[2])
+                if isinstance(error, QuotaExceeded) and self._switch("busy", error):
+                    return
+                raise DataChannelFailed(error)
+            self._pending = header
+        except DataChannelFailed as exc:
+            if not self._cancelled and isinstance(exc.error, PeerUnavailable) and self._switch("broken", exc.error):
+                return
+            self._fail(exc)
+        except IntegrityError as exc:
+            self._fail(exc)
+
+    def _switch(self, reason: str, error: FabricError) -> bool:
+        """Become the gRPC call of the same request (nothing of it was received here); False when there is none to become."""
+        if self._fallback is None:
+            return False
+        self.close()
+        if self._on_refusal is not None:
+            self._on_refusal(reason, error)
+        self._grpc = self._fallback()
+        if self._cancelled:
+            self._grpc.cancel()
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        """The stream failed before its first frame: the first next() raises ``exc``."""
+        self.close()
+        self._failure = exc
+
+    def _error(self, length: int) -> FabricError:
+        return error_from_detail(self._payload(length)) or PeerUnavailable(f"{self._peer} ended the data channel stream with an error")
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
         return self
 
-    def __next__(self) -> tuple[int, memoryview]:
+    def __next__(self) -> tuple[int, Any]:
+        self._begin()
+        if self._grpc is not None:
+            return next(self._grpc)
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
         if self._trailer is not None or self._closed:
             raise StopIteration
         try:
@@ -181,8 +252,7 @@ class DataCall:
                 self.close()
                 raise StopIteration
             if kind == data_frames.ERROR:
-                error = error_from_detail(self._payload(length)) or PeerUnavailable(f"{self._peer} ended the data channel stream with an error")
-                raise DataChannelFailed(error)
+                raise DataChannelFailed(self._error(length))
             raise IntegrityError(f"{self._peer} sent a {data_frames.KINDS[kind]} frame in the middle of a data channel stream")
         except (DataChannelFailed, IntegrityError):
             self.close()
@@ -192,19 +262,21 @@ class DataCall:
 
     def initial_metadata(self) -> tuple[tuple[str, str], ...]:
         """What a super-seeding node picked (``fetch_metadata.picked``), read from the first frame; empty when it did not say."""
-        if self._picked is None and self._pending is None and self._trailer is None and not self._closed:
+        self._begin()
+        if self._grpc is not None:
+            return self._grpc.initial_metadata()
+        if self._picked is None and self._pending is not None and self._pending[0] == data_frames.PICKED:
+            header, self._pending = self._pending, None
             try:
-                header = self._next_header()
-            except (DataChannelFailed, IntegrityError):
-                return ()  # the stream's failure is raised by the first next()
-            if header[0] == data_frames.PICKED:
                 self._picked = data_frames.decode_picked(self._payload(header[2]))
-            else:
-                self._pending = header
+            except (DataChannelFailed, IntegrityError) as exc:
+                self._fail(exc)  # raised by the first next()
         return fetch_metadata.picked(self._picked) if self._picked is not None else ()
 
     def trailing_metadata(self) -> tuple[tuple[str, Any], ...]:
         """What the node holds, as Fetch's trailer says it (``fetch_metadata.holding`` reads it), and this channel's port."""
+        if self._grpc is not None:
+            return self._grpc.trailing_metadata()
         announced = fetch_metadata.announce_data_port(self._port)
         if self._trailer is None:
             return announced
@@ -214,9 +286,12 @@ class DataCall:
 
     def cancel(self) -> None:
         """Cut the stream (any thread): a read blocked on it returns at once."""
+        self._cancelled = True
+        if self._grpc is not None:
+            self._grpc.cancel()
+            return
         if self._closed:
             return
-        self._cancelled = True
         try:
             socket.socket.shutdown(self._sock, socket.SHUT_RDWR)  # the base method: an SSL socket keeps its state for the reader
         except OSError:

@@ -116,14 +116,18 @@ def fetch(
     """Start a Fetch stream of ``request`` from ``peer``: a call that yields ``(offset, data)`` and can be cancelled from any thread.
 
     Over the peer's data channel when it announced one that answers, else over
-    gRPC. No deadline (see above). ``holder`` is ``(port, verified bitmap)`` of
+    gRPC (also when the channel refuses the stream as busy or breaks before its first frame). No deadline (see above). ``holder`` is ``(port, verified bitmap)`` of
     this node when it serves what it pulls (``fetch_metadata.holder``).
     """
+    metadata = fetch_metadata.holder(*holder) if holder is not None else ()
+
+    def over_grpc() -> wire.FetchCall:
+        FETCH_STREAMS.labels("grpc").inc()
+        return wire.fetch_stub(channels.get(peer))(request, metadata=metadata)
+
     if channels.data is not None:
-        call = channels.data.open(peer, request, holder, chunk_size)
+        call = channels.data.open(peer, request, holder, chunk_size, fallback=over_grpc)  # refused busy, or broken before a frame: gRPC
         if call is not None:
             FETCH_STREAMS.labels("data").inc()
             return call
-    FETCH_STREAMS.labels("grpc").inc()
-    metadata = fetch_metadata.holder(*holder) if holder is not None else ()
-    return wire.fetch_stub(channels.get(peer))(request, metadata=metadata)
+    return over_grpc()

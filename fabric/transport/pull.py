@@ -177,20 +177,19 @@ class PeerPuller:
             return False
 
     def _commit_existing(self, manifest: Manifest) -> Manifest:
-        """A reference to bytes found committed here; ``AdapterNotFound`` when they left meanwhile (nothing is changed)."""
-        partial = self.store.open_partial(manifest)
-        if not partial.committed:
-            # The digest is no longer committed here: leave no trace, but what a later pull may resume from.
-            partial.close() if partial.verified_chunks else partial.discard()
-            raise AdapterNotFound(f"the bytes of {manifest.digest} left this store (unstaged) before {manifest.adapter_id!r} could refer to them; pull again")
-        return partial.commit(manifest.adapter_id)
+        """A reference to bytes found committed here; ``AdapterNotFound`` when they left meanwhile (nothing is changed, and
+        no download is opened: one another pull has under way for the digest is never touched)."""
+        return self.store.refer(manifest)
 
     def _download(self, manifest: Manifest, peers: list[str], sink: Any = None) -> tuple[Manifest, PullStats]:
         """``peers[0]`` served the manifest, so it holds every chunk; the others say what they hold."""
         stats = PullStats(digest=manifest.digest)
         if self.store.by_digest(manifest.digest) is not None:
             # The bytes are here already (another id, or an earlier pull): only the reference is new.
-            return self._commit_existing(manifest), stats
+            try:
+                return self._commit_existing(manifest), stats
+            except AdapterNotFound:
+                pass  # they left between the look and the reference (an unstage, an eviction): downloaded again below
         started = time.monotonic()
         partial = opened_with_room(lambda: self.store.open_partial(manifest), self.make_room)
         stats.resumed_from = partial.verified_offset

@@ -20,6 +20,8 @@ import pytest
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.observability.endpoint import MAX_CONNECTIONS
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from tests.support.flood import Flood
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -98,3 +100,14 @@ def test_clients_that_hang_up_leave_no_traceback(node):
         if line.startswith("{"):
             json.loads(line)
     assert len(banner) <= 2, banner[:5]  # only the node's own banner lines, if any, are not JSON
+
+
+@pytest.mark.slow
+def test_healthz_answers_while_a_flood_of_slow_connections_holds_the_port(node):
+    port = int(node.metrics_address.rsplit(":", 1)[1])
+    with Flood(port, 1100, reopen_per_s=100) as flood:  # connections that never finish a request, from another address
+        wait_for(lambda: flood.opened >= 1100, "the flood to open its connections")
+        for _ in range(5):  # each sheds the oldest connection still sending its request (was: closed at once, 32 slots held)
+            assert get(node, "/healthz").endswith(b"ok\n")
+    grpc_answers(node)
+    assert threads(node) <= 64 + MAX_CONNECTIONS * 2

@@ -585,7 +585,7 @@ def test_a_pull_that_finds_its_bytes_gone_before_referring_to_them_says_not_foun
     store.unstage("a")
     puller = PeerPuller(store)
     try:
-        with pytest.raises(AdapterNotFound, match="left this store .* before 'again' could refer to them; pull again"):
+        with pytest.raises(AdapterNotFound, match="removed from this store before 'again' referred to them; pull again"):
             puller._commit_existing(manifests["a"].with_id("again"))
     finally:
         puller.channels.close()
