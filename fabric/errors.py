@@ -159,6 +159,17 @@ class ClientClosed(FabricError):
     """A call on a ``NodeClient`` after ``close()`` (or after its ``with`` block ended): make a new client."""
 
 
+# --- origins (adapter_fabric.origins) ---------------------------------------
+
+
+class OriginUnavailable(PeerUnavailable):
+    """An origin (S3, the Hub, an HTTP server, a directory) did not answer, or answered an error, after its retries."""
+
+
+class OriginTooSlow(DeadlineExceeded):
+    """An origin sent an adapter slower than its timeout allows (a slow drip): nothing of it was staged."""
+
+
 # --- who is calling ---------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from adapter_fabric.transport.discovery import PeerSource
 from adapter_fabric.node.in_use import InUse
 
 if TYPE_CHECKING:  # the model module loads torch: named for the type checker only
+    from adapter_fabric.node.origin_fetch import OriginFetches
     from adapter_fabric.serving.multi_lora import MultiLoraModel
 
 T = TypeVar("T")
@@ -41,6 +42,8 @@ class NodeContext:
         self._model_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         #: adapters being served, pulled or loaded now: an evicting store never drops them (``adapter_fabric.node.eviction``)
         self.in_use = InUse()
+        #: a request without a peer: held, else the peers, else the origins (``adapter_fabric.node.origin_fetch``); set by the node
+        self.origins: OriginFetches | None = None
 
     def close(self) -> None:
         """Let the model worker finish its queued jobs, then stop it."""

@@ -30,7 +30,7 @@ from adapter_fabric.integrations.sglang import SGLangClient, failure, plan
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import StateLog, event
 from adapter_fabric.store.eviction import ENGINE_CUT, ENGINE_LOADING, ENGINE_NOT_UNLOADED, ENGINE_UNKNOWN
-from adapter_fabric.store.export import adapter_id_of, export_name
+from adapter_fabric.store.export import VERSION_MARK, adapter_id_of, export_name
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import WEIGHTS_FILE
 from adapter_fabric.node.engines import EngineViews, guarded
@@ -75,8 +75,8 @@ class SGLangDrive:
         except OSError:
             return found
         for entry in entries:
-            if entry.name.startswith("%"):
-                continue  # being built or set aside (adapter_fabric.store.export)
+            if entry.name.startswith("%") or VERSION_MARK in entry.name:
+                continue  # being built or set aside, or a digest's version entry for vLLM (adapter_fabric.store.export)
             try:
                 validate_adapter_id(adapter_id_of(entry.name))
                 weights = os.stat(os.path.join(entry.path, WEIGHTS_FILE))

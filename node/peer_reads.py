@@ -120,6 +120,10 @@ class PeerReads:
         self.signed.check_stored(manifest)  # a node that trusts signers serves only signed adapters
         reply = manifest.to_proto()
         signatures_to_proto(reply, await self.context.io(self.store.signatures_of, manifest.digest))
+        if self.context.origins is not None:  # where the id's digest came from, when an origin (fabric inspect shows it)
+            record = await self.context.io(self.context.origins.record_of, manifest.adapter_id, manifest.digest)
+            if record is not None:
+                reply.origin, reply.revision = record.revision.origin, record.revision.revision
         if request.with_sha256:
             for name, sha256 in (await self.context.io(self.store.file_sha256, manifest)).items():
                 reply.file_sha256[name] = sha256

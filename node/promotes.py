@@ -15,6 +15,7 @@ from typing import Callable
 
 from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
 from adapter_fabric.format.base_model import base_model_matches
+from adapter_fabric.access.caller import caller
 from adapter_fabric.format.peft_fields import check_agrees
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
@@ -95,6 +96,7 @@ class Promotes:
             source_peer=",".join(stats.source_peers),
             pull_seconds=stats.pull_seconds,
             joined=stats.shared,
+            **dict(zip(("origin", "revision"), await self._origin_of(adapter_id, manifest))),
         )
 
     def _check_base_model(self, manifest: Manifest, adapter_id: str) -> None:
@@ -122,8 +124,7 @@ class Promotes:
             if request.peer:
                 manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check, sink_for)
             else:
-                manifest = await self.context.io(self.store.get, adapter_id)
-                self.signed.check_stored(manifest)
+                manifest, stats = await self._resolved(adapter_id, request)
                 check(manifest)
             return manifest, stats, await self.context.io(self.store.verified_weights, manifest)
         except IntegrityError as exc:
@@ -153,12 +154,17 @@ class Promotes:
         requested = request.peft if request.HasField("peft") else None
         stats = PullStats()
         if request.peer:
-            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, lambda m: check_agrees(requested, m.config, adapter_id))
+            manifest, stats = await self._signed_pull(
+                await self._pull_peers(request), adapter_id, lambda m: (check_agrees(requested, m.config, adapter_id), _check_base(request, m))
+            )
         else:
-            manifest = await self.context.io(self.store.get, adapter_id)
-            self.signed.check_stored(manifest)
+            manifest, stats = await self._resolved(adapter_id, request)
             check_agrees(requested, manifest.config, adapter_id)
         await self.context.io(self.store.verified_weights, manifest)
+        origin, revision = await self._origin_of(adapter_id, manifest)
+        export = ""
+        if request.export_version and self.store.exports is not None:
+            export = (await self.context.io(self.store.exports.export_version, adapter_id, manifest)).name
         log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
         return fabric_pb2.PromoteResponse(
             slot=-1,
@@ -168,7 +174,41 @@ class Promotes:
             source_peer=",".join(stats.source_peers),
             pull_seconds=stats.pull_seconds,
             joined=stats.shared,
+            origin=origin,
+            revision=revision,
+            export_name=export,
         )
+
+    async def _resolved(self, adapter_id: str, request: fabric_pb2.PromoteRequest) -> tuple[Manifest, PullStats]:
+        """No peer named: held here (revalidated past --origin-ttl), else from the known peers, else the origins (node.origin_fetch)."""
+        if self.context.origins is None:
+            manifest, stats = await self.context.io(self.store.get, adapter_id), PullStats()
+        else:
+            # An engine's base model is checked before a byte of a miss moves (and a fetch for another base is not shared).
+            check = (lambda m: _check_base(request, m)) if request.base_model else None
+            # The caller's own grants decide whether bytes are brought for it, from a peer or an origin (invariant 18).
+            who = caller()
+            resolved = await self.context.origins.resolve(adapter_id, check, flight=request.base_model, may_fetch=lambda: who.check("pull", adapter_id))
+            manifest, stats = resolved.manifest, resolved.stats
+        self.signed.check_stored(manifest)
+        _check_base(request, manifest)
+        return manifest, stats
+
+    async def _origin_of(self, adapter_id: str, manifest: Manifest) -> tuple[str, str]:
+        """(origin, revision) the id's digest came from; ("", "") when staged or pulled from a peer."""
+        if self.context.origins is None:
+            return "", ""
+        record = await self.context.io(self.context.origins.record_of, adapter_id, manifest.digest)
+        return (record.revision.origin, record.revision.revision) if record is not None else ("", "")
+
+
+def _check_base(request: fabric_pb2.PromoteRequest, manifest: Manifest) -> None:
+    """The caller's base model (an engine's resolver knows its names, comma-separated), against the adapter's config, before
+    it is used: by ``adapter_fabric.format.base_model``'s rule (without case, whole or by the last part of a path or hub id)."""
+    named = manifest.config.base_model_name_or_path
+    names = [name for name in request.base_model.split(",") if name.strip()]
+    if names and not base_model_matches(named, names):
+        raise IncompatibleAdapter(f"adapter {manifest.adapter_id!r} is for base model {str(named)[:200]!r}, and the engine serves {', '.join(names)[:300]}")
 
 
 def _check_peer_address(address: str) -> None:

@@ -54,6 +54,8 @@ from adapter_fabric.node.handoff import HandOff
 from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 
 from adapter_fabric.node.gate import AccessGate
+from adapter_fabric.node.engine_retarget import retarget_for
+from adapter_fabric.node.origin_fetch import build_origin_fetches
 from adapter_fabric.node.policy_reloads import PolicyReloads
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S, PeerReads
@@ -209,6 +211,13 @@ class Node:
             listen_port=port, make_room=room.make_room,
         )
         signed = SignedAdapters(store, self.puller, trusted)
+        try:
+            #: a request without a peer: held, else the peers, else the --origin list (node.origin_fetch)
+            self.context.origins = build_origin_fetches(settings, self.context, signed, make_room=room.make_room)
+        except FabricError as exc:
+            fail(f"--origin: {exc}")
+        #: the vLLM engines beside the node drop an adapter whose id moved to its origin's new revision (node.engine_retarget)
+        self.retarget = retarget_for(settings, store, self.context.origins, export_dir)
         promotes = Promotes(self.context, signed, model_names=(settings.model, *settings.base_model) if model is not None else ())
         self.peer_reads = PeerReads(self.context, self.puller, signed, upload_rate=settings.upload_rate, durable=settings.durable)
         self.servicer = FabricServicer(
@@ -334,6 +343,7 @@ async def serve(settings: NodeSettings) -> None:
     hygiene = asyncio.create_task(_expire_periodically(store, settings.expire_abandoned_after)) if settings.expire_abandoned_after > 0 else None
     watch_engines = asyncio.create_task(node.engines.watch(node.context.io)) if node.engines is not None else None
     drive_sglang = asyncio.create_task(node.drive.watch(node.context.io)) if node.drive is not None else None
+    retarget = asyncio.create_task(node.retarget.watch(node.context.io, node.context.origins.resolve)) if node.retarget is not None else None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -353,7 +363,7 @@ async def serve(settings: NodeSettings) -> None:
     streams.close(refusal)
     node.peer_reads.start_draining(settings.drain_timeout)  # Fetch streams still sending near the bound end by name
     await health.enter_graceful_shutdown()
-    for task in (collecting, hygiene, poll_policy, watch_engines, drive_sglang):
+    for task in (collecting, hygiene, poll_policy, watch_engines, drive_sglang, retarget):
         if task is not None:
             task.cancel()
     # Listening on while peers' Fetch streams run: a receiver's next request hears the refusal above, not "connection refused".

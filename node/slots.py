@@ -8,6 +8,7 @@ from adapter_fabric.access.caller import caller
 from adapter_fabric.errors import DeadlineExceeded, InvalidArgument
 from adapter_fabric.format.peft_fields import peft_fields_of
 from adapter_fabric.serving.names import ACTIVE
+from adapter_fabric.origins.records import RevisionRecord
 from adapter_fabric.store.catalog import Listed, is_digest
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.v1 import fabric_pb2
@@ -21,7 +22,7 @@ DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE_SIZE = 5000
 
 
-def _staged(entry: Listed, engines: list[str]) -> fabric_pb2.StagedAdapter:
+def _staged(entry: Listed, engines: list[str], record: RevisionRecord | None = None) -> fabric_pb2.StagedAdapter:
     """A listed id on the wire; a damaged one carries its problem (adapter_fabric.store.integrity) instead of failing the list."""
     m = entry.manifest
     if m is None:
@@ -31,6 +32,7 @@ def _staged(entry: Listed, engines: list[str]) -> fabric_pb2.StagedAdapter:
     return fabric_pb2.StagedAdapter(
         adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config),
         damaged=entry.problem, engines=engines,
+        **({"origin": record.revision.origin, "revision": record.revision.revision, "checked_at": record.checked_at} if record is not None else {}),
     )
 
 
@@ -59,7 +61,11 @@ class Slots:
         readable = None if who.may_everywhere("read") else (lambda adapter_id: who.allows("read", adapter_id))
         listed = await self.context.io(self.store.page, after, size + 1, readable)  # one more: is there a next page?
         engines_of = self.engines.engines_of if self.engines is not None else (lambda _: [])
-        staged = [_staged(entry, engines_of(entry.adapter_id)) for entry in listed[:size]]
+        origins = self.context.origins
+        records: dict[str, RevisionRecord | None] = {}
+        if origins is not None and origins.origins:  # each id's revision record: one small read, off the event loop
+            records = await self.context.io(lambda: {e.adapter_id: origins.record_of(e.adapter_id, e.digest) for e in listed[:size]})
+        staged = [_staged(entry, engines_of(entry.adapter_id), records.get(entry.adapter_id)) for entry in listed[:size]]
         reply = fabric_pb2.ListAdaptersResponse(staged=staged, next_page_token=staged[-1].adapter_id if len(listed) > size else "")
         model = self.context.model
         if model is not None:

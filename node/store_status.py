@@ -68,6 +68,9 @@ class StoreReport:
                     bytes=tenant.bytes, adapters=tenant.adapters,
                 )
             )
+        origins = self.context.origins
+        for state in origins.states.values() if origins is not None else ():  # one per --origin (at most 16)
+            reply.origins.append(fabric_pb2.OriginState(origin=state.label, answering=state.answering, error=state.error, since=state.since))
         for entry in damaged[:MAX_LISTED]:  # ids listed apart from adapters: adapter_fabric.store.integrity
             reply.damaged.append(fabric_pb2.DamagedEntry(adapter_id=entry.adapter_id, digest=entry.digest, reason=entry.problem))
         kept_aside = [item for item in leftovers(self.store) if shown(item.adapter_id)]

@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapter_fabric.errors import AdapterNotFound, QuotaExceeded  # noqa: E402
+from adapter_fabric.errors import QuotaExceeded  # noqa: E402
 from adapter_fabric.harness import adapter_sets  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode, free_port  # noqa: E402
 
@@ -111,16 +111,10 @@ class Requester:
         """Make adapter ``adapter`` ready on node ``node``: ``(was it there, seconds)``."""
         client, adapter_id = self.clients[node], adapter_sets.adapter_id(adapter)
         start = time.perf_counter()
-        try:
-            client.pull(adapter_id)  # found here (and marked used), or AdapterNotFound
-            return True, time.perf_counter() - start
-        except AdapterNotFound:
-            pass
-        holders = client.locate(adapter_id).peers
-        # The resolver's choice: a complete copy first, in the node's peer order (adapter_fabric.integrations.vllm_resolver).
-        seed = sorted(holders, key=lambda p: (not p.complete, -p.verified_chunks))[0]
-        client.pull(adapter_id, peer=seed.address)
-        return False, time.perf_counter() - start
+        # The resolver's way: one pull naming no peer; the node answers what it holds (a hit: nothing moved), else pulls
+        # it from its known peers (the swarm) itself (node.origin_fetch).
+        reply = client.pull(adapter_id)
+        return not reply.source_peers and not reply.joined, time.perf_counter() - start
 
     def request(self, node: int, adapter: int) -> None:
         try:

@@ -143,4 +143,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     install_vllm_for_tests
     echo "$want" > "$stamp"
 fi
+# nginx serves the HTTP origin tests (tests/support/origin_servers.py). Soft, like vLLM: as root with apt-get it is
+# installed when missing (a fresh CI machine); otherwise those tests skip, naming the reason.
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing nginx-light for the HTTP origin tests" >&2
+    if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light) >/dev/null 2>&1; then
+        echo "bootstrap: could not install nginx-light: the HTTP origin tests will skip" >&2
+    fi
+fi
 export PATH="$venv/bin:$PATH"

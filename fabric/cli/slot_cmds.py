@@ -24,8 +24,10 @@ def cmd_promote(args: argparse.Namespace) -> None:
     # "(evicted X)" sits by the slot it left: after the peer, it read as if the peer had evicted it
     notes = ([f"evicted {reply.evicted_name}"] if reply.evicted_name else []) + (["pinned"] if args.pin else [])
     where = f"into slot {reply.slot}" + (f" ({', '.join(notes)})" if notes else "")
-    moved = f"; {pull_note(reply)}" if args.peer else ""  # without --from it came from the node's own store
-    emit(args.json, {"adapter_id": args.id, "name": args.name or args.id, **reply.to_dict()}, f"promoted {args.id} as {args.name or args.id} {where}{moved}")
+    # without --from it came from the node's own store, unless the node found it (a known peer or an origin)
+    moved = f"; {pull_note(reply)}" if args.peer or reply.source_peers else ""
+    origin = f"; digest={reply.digest[:16]} origin={reply.origin} revision={reply.revision}" if reply.origin else ""
+    emit(args.json, {"adapter_id": args.id, "name": args.name or args.id, **reply.to_dict()}, f"promoted {args.id} as {args.name or args.id} {where}{moved}{origin}")
 
 
 def _pin(args: argparse.Namespace, pinned: bool) -> None:
@@ -78,7 +80,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def register(command) -> None:
     """Add this module's subcommands through ``command(name, handler, help)`` (see ``adapter_fabric.cli.main``)."""
     p = command("promote", cmd_promote, "load an adapter into a slot of a node, pulling it from a peer (and the swarm) if given", long=True)
-    p.add_argument("--from", dest="peer", type=peer_address, help="host:port of a peer that has the adapter (omit: already staged on the node)")
+    p.add_argument("--from", dest="peer", type=peer_address, help="host:port of a peer that has the adapter (omit: the node finds it: held, its known peers, then its --origin list)")
     p.add_argument("--id", required=True, help="adapter id")
     p.add_argument("--name", help="name requests will use (default: the id)")
     p.add_argument("--pin", action="store_true", help="pin the slot against eviction (refused, evicting nothing, past the pin limit of slots - 1)")

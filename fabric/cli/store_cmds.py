@@ -35,11 +35,20 @@ def cmd_stage(args: argparse.Namespace) -> None:
 
 def cmd_pull(args: argparse.Namespace) -> None:
     show = on_terminal(args.json)
-    with client_for(args, timeout=args.timeout) as client, client_for(args, args.peer) as source:
-        watcher = PullWatcher(client, source, args.id, f"pull {args.id}", show)
-        reply = run_polled(lambda: client.pull(args.id, peer=args.peer, named_peer_only=args.no_swarm), watcher.poll)
-        watcher.finish(f"from {reply.source_peer or 'local store'}")
-    emit(args.json, {"adapter_id": args.id, **reply.to_dict()}, f"{args.id} digest={reply.digest}: {pull_note(reply)}")
+    if not args.peer:  # the node finds it: held, its known peers, then its origins (no peer to watch the progress of)
+        with client_for(args, timeout=args.timeout) as client:
+            reply = run_polled(lambda: client.pull(args.id), None)
+    else:
+        with client_for(args, timeout=args.timeout) as client, client_for(args, args.peer) as source:
+            watcher = PullWatcher(client, source, args.id, f"pull {args.id}", show)
+            reply = run_polled(lambda: client.pull(args.id, peer=args.peer, named_peer_only=args.no_swarm), watcher.poll)
+            watcher.finish(f"from {reply.source_peer or 'local store'}")
+    emit(args.json, {"adapter_id": args.id, **reply.to_dict()}, f"{args.id} digest={reply.digest}{origin_note(reply)}: {pull_note(reply)}")
+
+
+def origin_note(reply) -> str:
+    """`` origin=URI revision=REV`` for an id from an origin; "" otherwise."""
+    return f" origin={reply.origin} revision={reply.revision}" if reply.origin else ""
 
 
 def cmd_keep(args: argparse.Namespace) -> None:
@@ -62,7 +71,8 @@ def cmd_ls(args: argparse.Namespace) -> None:
     for a in listing.staged:
         damage = f"  DAMAGED: {a.damaged}" if a.damaged else ""
         engines = f"  engines: {','.join(a.engines)}" if a.engines else ""
-        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B stored  r={a.peft.r} alpha={a.peft.lora_alpha:g}{engines}{damage}")
+        origin = f"  origin: {a.origin} @ {a.revision[:40]}" if a.origin else ""
+        lines.append(f"  {a.adapter_id:<32} {a.digest[:16]}  {a.size:>10} B stored  r={a.peft.r} alpha={a.peft.lora_alpha:g}{engines}{origin}{damage}")
     if listing.slots:
         lines.append(f"slots (device {listing.device}, max rank {listing.max_rank}; * active, P pinned):")
         for s in listing.slots:
@@ -97,8 +107,11 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         "tensors": tensors,
         # each signer's raw Ed25519 public key in hex, as fabric keygen and fabric sign print it ("" for one not recorded)
         "signers": [signed.signer for signed in signatures_from_proto(reply)],
+        "origin": reply.origin,
+        "revision": reply.revision,
     }
     lines = [f"{m.adapter_id}  digest={m.digest}  content_id={m.content_id:#018x}"]
+    lines += [f"  from origin {reply.origin}  revision={reply.revision}"] if reply.origin else []
     lines += [f"  {f['name']:<28} {f['size']:>11} B  root={f['root'][:16]}…  {f['chunks']} chunk(s) of {f['chunk_size']} B" for f in files]
     lines += [f"  {f['name']:<28} sha256={f['sha256']}" for f in files if "sha256" in f]
     c = m.config
@@ -127,8 +140,9 @@ def register(command) -> None:
     signing.add_argument("--signature", help="attach a signature made elsewhere: the file fabric sign DIR --key KEY --out FILE wrote")
 
     p = command("pull", cmd_pull, "make a node pull an adapter into its store from a peer (and the swarm), loading no slot", long=True)
-    p.add_argument("--from", dest="peer", required=True, type=peer_address, help="host:port of a peer that has the adapter")
-    p.add_argument("--id", required=True, help="adapter id")
+    p.add_argument("--from", dest="peer", type=peer_address,
+                   help="host:port of a peer that has the adapter (omit: the node looks itself: held, its known peers, then its --origin list)")
+    p.add_argument("--id", required=True, help="adapter id (ID@REVISION pins an origin's revision)")
     p.add_argument("--no-swarm", action="store_true", help="pull from --from alone, not from every peer that holds chunks")
 
     p = command("unstage", cmd_unstage, "remove an adapter id from a node's store (its export directory entry goes too)")

@@ -43,6 +43,9 @@ def cmd_store_status(args: argparse.Namespace) -> None:
             state = "in use" if item.in_use else f"idle {item.age_seconds:.0f}s"
             lines.append(f"  {kind:8} {item.adapter_id or '?':30} {_size(item.bytes):>10}  {state}  {item.digest[:16]}")
         lines.extend(_more(total - len(items), f"{kind}s", "the oldest are shown"))
+    for origin in reply.origins:
+        state = "answering" if origin.answering else f"NOT ANSWERING: held ids it gave are served as held; a miss there is refused ({origin.error})"
+        lines.append(f"  origin   {origin.origin:30} {state}")
     for entry in reply.damaged:
         lines.append(f"  damaged  {entry.adapter_id or '?':30} {entry.digest[:16] or '-':16}  {entry.reason}")
     lines.extend(_more(reply.damaged_total - len(reply.damaged), "damaged entries", "fabric ls pages through every one"))

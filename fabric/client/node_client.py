@@ -310,6 +310,8 @@ class NodeClient:
         pin: bool = False,
         stage_only: bool = False,
         named_peer_only: bool = False,
+        base_model: str = "",
+        export_version: bool = False,
         timeout: float | None = None,
     ) -> PromoteResult:
         """Make the node pull ``adapter_id`` (from ``peer`` and the swarm) and load it as ``name``; the result names slot and evicted adapter.
@@ -320,15 +322,25 @@ class NodeClient:
         A promote that loads a slot makes the adapter the node's active one (replacing a ``set_active`` choice).
         """
         request = fabric_pb2.PromoteRequest(
-            peer=peer, adapter_id=adapter_id, name=name, pin=pin, stage_only=stage_only, named_peer_only=named_peer_only
+            peer=peer, adapter_id=adapter_id, name=name, pin=pin, stage_only=stage_only, named_peer_only=named_peer_only, base_model=base_model,
+            export_version=export_version,
         )
         if peft is not None:
             request.peft.CopyFrom(peft)
         return PromoteResult.from_proto(self._call(self.stub.Promote, request, timeout=self._long(timeout)))
 
-    def pull(self, adapter_id: str, *, peer: str = "", named_peer_only: bool = False, timeout: float | None = None) -> PromoteResult:
-        """Pull ``adapter_id`` into the node's store from ``peer`` (and the swarm) without loading a slot (``slot`` is -1)."""
-        return self.promote(adapter_id, peer=peer, stage_only=True, named_peer_only=named_peer_only, timeout=timeout)
+    def pull(
+        self, adapter_id: str, *, peer: str = "", named_peer_only: bool = False, base_model: str = "", export_version: bool = False,
+        timeout: float | None = None,
+    ) -> PromoteResult:
+        """Pull ``adapter_id`` into the node's store without loading a slot (``slot`` is -1): from ``peer`` (and the swarm), or,
+        with no ``peer``, from wherever the node finds it (held, its known peers, its origins).
+
+        ``base_model``: refuse an adapter for another base model; ``export_version``: also export it under a name of its digest.
+        """
+        return self.promote(
+            adapter_id, peer=peer, stage_only=True, named_peer_only=named_peer_only, base_model=base_model, export_version=export_version, timeout=timeout
+        )
 
     def locate(self, adapter_id: str = "", digest: str = "", *, timeout: float | None = None) -> Location:
         """Which of the node's known peers hold an adapter, fully or in part. ``timeout``: seconds (None: the client's ``timeout``; 0: none)."""

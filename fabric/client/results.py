@@ -70,6 +70,11 @@ class PromoteResult(_Result):
     source_peers: list[str]
     pull_seconds: float
     joined: bool = False
+    #: the origin the id's digest came from (--origin) and its revision there; empty when staged or from a peer
+    origin: str = ""
+    revision: str = ""
+    #: with ``export_version``: the export directory entry named by this digest
+    export_name: str = ""
 
     @property
     def source_peer(self) -> str:
@@ -87,6 +92,9 @@ class PromoteResult(_Result):
             source_peers=[p for p in pb.source_peer.split(",") if p],
             pull_seconds=pb.pull_seconds,
             joined=pb.joined,
+            origin=pb.origin,
+            revision=pb.revision,
+            export_name=pb.export_name,
         )
 
 
@@ -129,6 +137,10 @@ class StagedAdapter(_Result):
     damaged: str = ""
     #: the engines beside the node (host:port, --engine-url) whose GET /v1/models lists it, as the node last read them
     engines: tuple[str, ...] = ()
+    #: from an origin (--origin): its URI, the revision this digest is, and when the node last confirmed it (unix seconds)
+    origin: str = ""
+    revision: str = ""
+    checked_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -162,7 +174,8 @@ class Listing(_Result):
 
     @classmethod
     def from_proto(cls, pb: fabric_pb2.ListAdaptersResponse) -> "Listing":
-        staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft), a.damaged, tuple(a.engines)) for a in pb.staged]
+        staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft), a.damaged, tuple(a.engines),
+                                a.origin, a.revision, a.checked_at) for a in pb.staged]
         slots = [SlotInfo(s.slot, s.name or None, s.content_id, s.ref_count, s.pinned, s.active, s.last_used, s.rank, s.digest) for s in pb.slots]
         return cls(staged=staged, slots=slots, max_rank=pb.max_rank, device=pb.device)
 
@@ -277,6 +290,13 @@ class EvictedAdapter(_Result):
     bytes: int
     age_seconds: float
     reason: str
+class OriginState(_Result):
+    """How one --origin answered the node last: ids it gave are served on while it does not answer."""
+
+    origin: str
+    answering: bool
+    error: str  # why it did not answer last ("" when it did)
+    since: float  # unix seconds of the last change (0: not asked yet)
 
 
 @dataclass(frozen=True)
@@ -299,6 +319,7 @@ class StoreStatus(_Result):
     partials_total: int = 0
     damaged_total: int = 0
     recent_evictions: list[EvictedAdapter] = field(default_factory=list)  # the latest (at most 20), newest first
+    origins: list[OriginState] = field(default_factory=list)  # one per --origin: how it answered last
 
     @classmethod
     def from_proto(cls, pb: fabric_pb2.StoreStatusResponse) -> "StoreStatus":
@@ -312,4 +333,5 @@ class StoreStatus(_Result):
             [TenantUsage(t.prefix, t.max_bytes, t.max_adapters, t.bytes, t.adapters) for t in pb.tenants],
             pb.uploads_total, pb.partials_total, pb.damaged_total,
             [EvictedAdapter(list(e.adapter_ids), e.digest, e.bytes, e.age_seconds, e.reason) for e in pb.recent_evictions],
+            [OriginState(o.origin, o.answering, o.error, o.since) for o in pb.origins],
         )

@@ -1,10 +1,15 @@
 """A vLLM LoRA resolver backed by a fabric node running beside vLLM (a sidecar with ``--export-dir``).
 
 On a request for an adapter vLLM has not loaded, vLLM asks its resolvers.
-This one asks the local node to pull the adapter from whichever peer holds
-it (``Locate``, then a stage-only ``Promote``), and hands vLLM the node's
-exported PEFT directory for it. Nothing is copied: the export is hard links
-into the node's store.
+This one asks the local node for the adapter (a stage-only ``Promote`` with
+no peer: the node answers what it holds, revalidated with its origin past
+``--origin-ttl``, else pulls it from its peers, else fetches it from its
+``--origin`` list) and hands vLLM the node's exported PEFT directory for that
+digest (``<id>#<digest prefix>``: one path per digest, so vLLM's prefix cache,
+keyed by name and path, never mixes two digests of one id). Nothing is
+copied: the export is hard links into the node's store. When the id moves,
+the node unloads it from vLLM (``node.engine_retarget``) and the next request
+comes here again.
 
 It fails safe inside the engine: vLLM calls resolvers outside any ``try``
 (``OpenAIServingModels.resolve_lora``) and does not guard its plugin loader,
@@ -12,8 +17,8 @@ so ``register`` never raises (bad settings, or a vLLM without the resolver
 interface, are logged and the resolver is not registered) and the resolver
 never raises (a fabric error is logged with its type and the answer is None:
 vLLM then asks its other resolvers and answers 404, not 500). Every pull has
-a deadline, and an adapter for another base model is refused from its peer's
-manifest before any byte moves.
+a deadline, and an adapter for another base model is refused by the node from
+its manifest before any byte moves.
 
 Names: vLLM's ``model`` field is the adapter id (``team-a/support-v3``), one
 canonical name per adapter; the export directory's escaped name
@@ -24,8 +29,8 @@ Base model: an adapter is resolved when its ``base_model_name_or_path`` names th
 loaded (what vLLM hands resolvers: the model path or hub id given to ``vllm serve``, not
 ``--served-model-name``) or a name in FABRIC_BASE_MODEL, by ``adapter_fabric.format.base_model``'s
 rules (without case; whole, or by the last part: ``meta-llama/Llama-3.1-8B-Instruct`` matches
-``/models/Llama-3.1-8B-Instruct``). A model mounted under another name (``/models/base``) needs
-FABRIC_BASE_MODEL.
+``/models/Llama-3.1-8B-Instruct``); the node checks it (PromoteRequest.base_model carries the
+names). A model mounted under another name (``/models/base``) needs FABRIC_BASE_MODEL.
 
 Logs go to vLLM's own log (the ``vllm.adapter_fabric`` logger, under vLLM's ``vllm`` handler):
 why the resolver is not registered, an adapter for another base model, a failed resolve.
@@ -44,16 +49,14 @@ import json
 import logging
 import math
 import os
-import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from adapter_fabric.client.node_client import NodeClient
-from adapter_fabric.errors import AdapterNotFound, FabricError, InvalidArgument
+from adapter_fabric.errors import AdapterNotFound, FabricError, IncompatibleAdapter, InvalidArgument
 from adapter_fabric.format.base_model import base_model_matches
 from adapter_fabric.rpc.security import TlsFiles, read_token
-from adapter_fabric.store.export import export_name
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import CONFIG_FILE
 from adapter_fabric.transport.discovery import split_host_port
@@ -80,17 +83,7 @@ def _matches(directory: Path, names: tuple[str, ...] | None) -> bool:
     if config.get("peft_type") != "LORA":
         return False
     base = config.get("base_model_name_or_path")
-    if names is not None and not base_model_matches(base if isinstance(base, str) else None, names):
-        _say_other_base(directory.name, base, names)
-        return False
-    return True
-
-
-def _say_other_base(adapter: str, base: object, names: tuple[str, ...]) -> None:
-    log.warning(
-        "adapter-fabric: not resolving %r: its base_model_name_or_path is %r, and this engine serves %s; if that is this "
-        "model under another name, add it to FABRIC_BASE_MODEL", adapter[:200], str(base)[:200], ", ".join(repr(n[:200]) for n in names),
-    )
+    return names is None or base_model_matches(base if isinstance(base, str) else None, names)
 
 
 def resolve(
@@ -104,52 +97,41 @@ def resolve(
     timeout: float = DEFAULT_RESOLVE_TIMEOUT_S,
     base_model_aliases: tuple[str, ...] = (),
 ) -> Path | None:
-    """The exported directory of adapter ``lora_name``, pulled onto the node at ``node_addr`` first if needed.
+    """The export directory of the digest adapter id ``lora_name`` names now, brought onto the node at ``node_addr`` first.
 
-    ``lora_name`` is an adapter id (``team-a/support-v3``). None when it is not
-    one, when no known peer holds it, or when it is not a LoRA for
-    ``base_model_name`` (checked on the holder's manifest before the pull).
-    Other failures (a node unreachable, the ``timeout`` passed) raise the
-    library's errors; the vLLM resolver turns them into None.
+    The node finds it (held, revalidated past its --origin-ttl; else its known peers; else its --origin list) and
+    keeps it under a name of its digest (``export.version_name``): vLLM keys its prefix cache by a LoRA's name and
+    path, so when the id moves to new bytes, the new ones come from a new path and no cached block of the old
+    ones is reused. None when ``lora_name`` is not an id, when neither the fabric nor an origin has it, or when it
+    is not a LoRA for ``base_model_name`` (checked by the node before any byte moves). Other failures (a node
+    unreachable, the ``timeout`` passed) raise the library's errors; the vLLM resolver turns them into None.
     ``base_model_aliases``: more names of the served model (FABRIC_BASE_MODEL).
     """
-    names = None if base_model_name is None else (base_model_name, *base_model_aliases)
-    if "%" in lora_name:
-        log.info("not resolving %r: ask for the adapter by its id (the export directory's name is escaped)", lora_name[:200])
+    names = None if base_model_name is None else tuple(n for n in (base_model_name, *base_model_aliases) if n and "," not in n)
+    if "%" in lora_name or "#" in lora_name:
+        log.info("not resolving %r: ask for the adapter by its id (an export directory's names are escaped)", lora_name[:200])
         return None
     try:
         adapter_id = validate_adapter_id(lora_name)
     except InvalidArgument:
         return None  # not a name the fabric can hold
-    directory = Path(export_dir) / export_name(adapter_id)
+    with NodeClient(node_addr, tls=tls, token=token, timeout=timeout, long_timeout=timeout) as node:
+        try:
+            reply = node.pull(adapter_id, base_model=",".join(names or ()), export_version=True, timeout=timeout)
+        except AdapterNotFound as exc:
+            log.info("adapter-fabric: not resolving %r: %s", adapter_id, str(exc)[:500])
+            return None
+        except IncompatibleAdapter as exc:  # another base model: said in vLLM's log with what to set (it was a bare 404)
+            log.warning("adapter-fabric: not resolving %r: %s; if that is this model under another name, add it to FABRIC_BASE_MODEL",
+                        adapter_id, str(exc)[:500])
+            return None
+    if not reply.export_name:
+        raise InvalidArgument(f"node {node_addr} exports nothing: start it with --export-dir {export_dir}")
+    directory = Path(export_dir) / reply.export_name
     if not (directory / CONFIG_FILE).is_file():
-        deadline = time.monotonic() + timeout
-        with NodeClient(node_addr, tls=tls, token=token, timeout=timeout, long_timeout=timeout) as node:
-            try:
-                holders = node.locate(adapter_id).peers
-            except AdapterNotFound:
-                holders = []
-            if not holders:
-                log.info("adapter-fabric: no peer of node %s holds %r", node_addr, adapter_id)
-                return None
-            # A complete copy first; the swarm fills in from partial holders too.
-            seed = sorted(holders, key=lambda p: (not p.complete, -p.verified_chunks))[0]
-            if names is not None and not _for_base(seed.address, adapter_id, names, tls, token, deadline):
-                return None
-            node.pull(adapter_id, peer=seed.address, timeout=max(0.001, deadline - time.monotonic()))
-        if not (directory / CONFIG_FILE).is_file():
-            raise InvalidArgument(f"node {node_addr} pulled {adapter_id!r} but its export entry is absent: is the node's --export-dir {export_dir}?")
+        raise InvalidArgument(f"node {node_addr} exported {adapter_id!r} but {directory} is absent: is the node's --export-dir {export_dir}?")
+    log.info("resolved %r: digest %s%s", adapter_id, reply.digest[:16], f" (origin {reply.origin} revision {reply.revision[:40]})" if reply.origin else "")
     return directory if _matches(directory, names) else None
-
-
-def _for_base(peer: str, adapter_id: str, names: tuple[str, ...], tls: TlsFiles | None, token: str | None, deadline: float) -> bool:
-    """Whether ``peer``'s manifest of ``adapter_id`` is a LoRA for a model going by ``names`` (asked before any byte moves)."""
-    with NodeClient(peer, tls=tls, token=token, timeout=max(0.001, deadline - time.monotonic())) as holder:
-        config = holder.manifest(adapter_id).config
-    if not base_model_matches(config.base_model_name_or_path, names):
-        _say_other_base(adapter_id, config.base_model_name_or_path, names)
-        return False
-    return True
 
 
 def lora_int_id(lora_name: str) -> int:

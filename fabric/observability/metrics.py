@@ -60,6 +60,23 @@ STORE_QUOTA = Gauge("fabric_store_quota_bytes", "The store's limit, --max-store-
 EVICTIONS = Counter("fabric_store_evictions_total", "Cold adapters (digests) dropped to make room for a commit past --max-store-bytes.", registry=REGISTRY)
 EVICTED_BYTES = Counter("fabric_store_evicted_bytes_total", "Bytes freed by evicting cold adapters.", registry=REGISTRY)
 ENGINE_ADAPTERS = Gauge("fabric_engine_adapters", "Adapters of this node an engine (--engine-url) lists in GET /v1/models, as last read, by engine.", ["engine"], registry=REGISTRY)
+ORIGIN_FETCHES = Counter(
+    "fabric_origin_fetches_total", "Fetches of an adapter from an origin (--origin), by origin and outcome (ok, or the error type: AdapterNotFound, "
+    "OriginUnavailable, OriginTooSlow, LimitExceeded, InvalidHeader, ...).", ["origin", "outcome"], registry=REGISTRY,
+)
+ORIGIN_BYTES = Counter("fabric_origin_received_bytes_total", "Adapter bytes received from origins, by origin.", ["origin"], registry=REGISTRY)
+ORIGIN_REVALIDATIONS = Counter(
+    "fabric_origin_revalidations_total", "Ids revalidated with their origin after --origin-ttl, by origin and result (unchanged, changed, failed).",
+    ["origin", "result"], registry=REGISTRY,
+)
+ORIGIN_ERRORS = Counter(
+    "fabric_origin_errors_total", "Origin fetches that failed other than by a miss (the origin down, slow, or its content refused), by origin and error type.",
+    ["origin", "kind"], registry=REGISTRY,
+)
+ENGINE_MOVED_UNLOADS = Counter(
+    "fabric_engine_moved_unloads_total", "Adapters unloaded from an engine (--engine-url, vLLM) because their id moved to a new digest, by engine "
+    "and outcome (ok, already, failed).", ["engine", "outcome"], registry=REGISTRY,
+)
 ENGINE_READS = Counter("fabric_engine_reads_total", "Reads of an engine's GET /v1/models, by engine and outcome (ok, cut, failed).", ["engine", "outcome"], registry=REGISTRY)
 ENGINE_LOADS = Counter("fabric_engine_loads_total", "Adapters loaded into the driven SGLang (--sglang-url), by outcome (ok, already, failed).", ["outcome"], registry=REGISTRY)
 ENGINE_UNLOADS = Counter("fabric_engine_unloads_total", "Adapters unloaded from the driven SGLang (--sglang-url), by outcome (ok, already, failed).", ["outcome"], registry=REGISTRY)

@@ -288,10 +288,10 @@ class AdapterStore:
         if gone is not None:
             raise gone
 
-    def stage(self, directory: Path | str, adapter_id: str) -> Manifest:
-        """Copy a PEFT adapter directory in under ``adapter_id``; everything is checked before a byte is written."""
+    def stage(self, directory: Path | str, adapter_id: str, check: Callable[[Manifest], None] | None = None) -> Manifest:
+        """Copy a PEFT adapter directory in under ``adapter_id``; everything is checked before a byte is written (``check`` too)."""
         self.check_present()
-        return self._stager.stage(directory, adapter_id)
+        return self._stager.stage(directory, adapter_id, check)
 
     def unstage(self, adapter_id: str) -> bool:
         """Remove an id; True when its bytes were removed too (no other id refers to its digest)."""

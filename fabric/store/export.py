@@ -53,8 +53,21 @@ def export_name(adapter_id: str) -> str:
 
 
 def adapter_id_of(name: str) -> str:
-    """The adapter id an export directory entry stands for (the inverse of ``export_name``)."""
-    return decode_id(name)
+    """The adapter id an export directory entry stands for (the inverse of ``export_name``; a version entry's id too)."""
+    return decode_id(name.partition(VERSION_MARK)[0])
+
+
+#: between an id's export name and its digest's first characters in a version entry (outside the id alphabet)
+VERSION_MARK = "#"
+
+
+def version_name(adapter_id: str, digest: str) -> str:
+    """The export entry named by one digest of an id, ``team-a%2Fsupport#3f2a9c0d1e2f3a4b``: it never holds other bytes.
+
+    For an engine that keys its caches by the path it loaded from (vLLM's prefix cache keys on the LoRA's name and
+    path): after the id moves, the new digest comes from a new path, so no cache entry of the old bytes is reused.
+    """
+    return f"{export_name(adapter_id)}{VERSION_MARK}{digest[:16]}"
 
 
 def check_apart(export_root: Path, store_root: Path) -> None:
@@ -78,6 +91,18 @@ def is_export(entry: Path) -> bool:
     except (InvalidArgument, OSError):
         return False
     return all(child.name in FILE_NAMES and child.is_file() and not child.is_symlink() for child in names)
+
+
+def _is_version(entry: Path) -> bool:
+    """A version entry (``version_name``) of an id, holding nothing but an adapter's files: what ``export_version`` makes."""
+    name, mark, digest = entry.name.partition(VERSION_MARK)
+    if not mark or len(digest) != 16 or not all(c in "0123456789abcdef" for c in digest) or entry.is_symlink() or not entry.is_dir():
+        return False
+    try:
+        validate_adapter_id(adapter_id_of(name))
+        return all(child.name in FILE_NAMES and child.is_file() for child in entry.iterdir())
+    except (InvalidArgument, OSError):
+        return False
 
 
 class ExportDir:
@@ -123,6 +148,22 @@ class ExportDir:
             return None
         if self._holds(dest, manifest):
             return dest
+        self._place(dest, manifest)
+        self._drop_versions(adapter_id, keep=manifest.digest)
+        fsync_dir(self.root)
+        self._changed()
+        return dest
+
+    def export_version(self, adapter_id: str, manifest: Manifest) -> Path:
+        """``<root>/<version_name>/`` holding ``manifest``'s files (made once; dropped when the id moves or goes)."""
+        dest = self.root / version_name(adapter_id, manifest.digest)
+        if not self._holds(dest, manifest):
+            self._place(dest, manifest)
+            fsync_dir(self.root)
+        return dest
+
+    def _place(self, dest: Path, manifest: Manifest) -> None:
+        """Build ``manifest``'s links under a temporary name, then rename them over ``dest`` in one step (the old one set aside)."""
         building = self.root / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         building.mkdir()
         try:
@@ -134,13 +175,18 @@ class ExportDir:
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
             raise
-        fsync_dir(self.root)
-        self._changed()
-        return dest
+
+    def _drop_versions(self, adapter_id: str, keep: str | None) -> None:
+        """Set aside the version entries of ``adapter_id`` but ``keep``'s (None: all of them)."""
+        kept = version_name(adapter_id, keep) if keep is not None else None
+        for entry in self.root.glob(f"{export_name(adapter_id)}{VERSION_MARK}*"):
+            if entry.name != kept:
+                self._set_aside(entry)
 
     def remove(self, adapter_id: str) -> None:
-        """Take an id's directory away in one step (renamed aside, then deleted)."""
+        """Take an id's directory away in one step (renamed aside, then deleted), and its version entries."""
         self._set_aside(self.path_of(adapter_id))
+        self._drop_versions(adapter_id, keep=None)
         fsync_dir(self.root)
         self._changed()
 
@@ -170,9 +216,9 @@ class ExportDir:
         keep = set()
         for manifest in staged:
             if (dest := self.export(manifest.adapter_id, manifest)) is not None:
-                keep.add(dest.name)
+                keep.update((dest.name, version_name(manifest.adapter_id, manifest.digest)))
         for entry in self.root.iterdir():
-            if entry.name not in keep and is_export(entry):  # an operator's own files here are never touched
+            if entry.name not in keep and (is_export(entry) or _is_version(entry)):  # an operator's own files here are never touched
                 self._set_aside(entry)
 
     def _changed(self) -> None:

@@ -12,7 +12,9 @@ import re
 from adapter_fabric.errors import InvalidAdapterId, InvalidArgument
 
 MAX_ID_LENGTH = 128
-_ID_CHARS = re.compile(r"[A-Za-z0-9._\-/]+")
+_ID_CHARS = re.compile(r"[A-Za-z0-9._\-/@]+")
+#: ``ID@REVISION``: a revision pinned at an origin (adapter_fabric.origins), in the last segment, after one "@"
+_PIN = re.compile(r"[A-Za-z0-9._\-]+")
 MAX_NAME_LENGTH = 128
 _NAME_CHARS = re.compile(r"[A-Za-z0-9._\-/:@+]+")
 #: names a slot may not take: "base" is how a Generate asks for the base model
@@ -35,7 +37,9 @@ def validate_adapter_id(value: object) -> str:
     - only characters from ``[A-Za-z0-9._-/]`` (ASCII letters, digits, dot,
       underscore, hyphen and slash; no NUL, whitespace or other characters);
     - no leading or trailing ``/``;
-    - ``/`` separates segments, and no segment is empty, ``.`` or ``..``.
+    - ``/`` separates segments, and no segment is empty, ``.`` or ``..``;
+    - at most one ``@``, in the last segment, with a name before it and a revision after it
+      (``team-a/support@3f2a9c``: that revision of ``team-a/support`` at its origin, which never moves).
     """
     if not isinstance(value, str):
         raise InvalidAdapterId(f"adapter id {_show(value)} must be a string, not {type(value).__name__}")
@@ -45,13 +49,23 @@ def validate_adapter_id(value: object) -> str:
         raise InvalidAdapterId(f"adapter id {_show(value)} has {len(value)} characters: at most {MAX_ID_LENGTH} are allowed")
     if _ID_CHARS.fullmatch(value) is None:
         bad = next(c for c in value if _ID_CHARS.fullmatch(c) is None)
-        raise InvalidAdapterId(f"adapter id {_show(value)} holds {bad!r}: only [A-Za-z0-9._-/] are allowed")
+        raise InvalidAdapterId(f"adapter id {_show(value)} holds {bad!r}: only [A-Za-z0-9._-/] are allowed (and one '@' before a revision)")
     if value.startswith("/") or value.endswith("/"):
         raise InvalidAdapterId(f"adapter id {_show(value)} starts or ends with '/'")
     for segment in value.split("/"):
         if segment in ("", ".", ".."):
             raise InvalidAdapterId(f"adapter id {_show(value)} has an empty, '.' or '..' segment between '/'")
+    if "@" in value:
+        name, _, revision = value.rpartition("@")
+        if "@" in name or "/" in revision or not name or name.endswith("/") or _PIN.fullmatch(revision) is None or name.rsplit("/", 1)[-1] in (".", ".."):
+            raise InvalidAdapterId(f"adapter id {_show(value)}: '@' comes once, in the last segment, between a name and a revision (ID@REVISION)")
     return value
+
+
+def split_pin(adapter_id: str) -> tuple[str, str]:
+    """``team-a/x@rev`` -> ("team-a/x", "rev"); an id without a pin -> (id, "")."""
+    name, at, revision = adapter_id.rpartition("@")
+    return (name, revision) if at else (adapter_id, "")
 
 
 def validate_name(value: object) -> str:

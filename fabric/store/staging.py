@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 from adapter_fabric.errors import IntegrityError, InvalidAdapter
 from adapter_fabric.store.catalog import Catalog
@@ -25,8 +26,11 @@ class DirectoryStager:
         self.tenants = tenants
         self.chunk_size = chunk_size
 
-    def stage(self, directory: Path | str, adapter_id: str) -> Manifest:
-        """Copy a PEFT adapter directory in under ``adapter_id``; everything is checked before a byte is written."""
+    def stage(self, directory: Path | str, adapter_id: str, check: Callable[[Manifest], None] | None = None) -> Manifest:
+        """Copy a PEFT adapter directory in under ``adapter_id``; everything is checked before a byte is written.
+
+        ``check`` sees the manifest before anything is committed (an origin's fetch: this node's model, a pinned digest).
+        """
         validate_adapter_id(adapter_id)
         source = Path(directory)
         config_path, weights_path = source / CONFIG_FILE, source / WEIGHTS_FILE
@@ -36,6 +40,8 @@ class DirectoryStager:
         what = f"staging {adapter_id!r}"
         self.quota.check_adapter_size(config_path.stat().st_size + weights_path.stat().st_size, what)
         manifest = build_manifest(adapter_id, config_path.read_bytes(), weights_path, self.chunk_size, max_header_bytes=self.quota.max_header_bytes)
+        if check is not None:
+            check(manifest)
         # The tenant's quota first: a tenant past it never makes an evicting store drop other tenants' adapters.
         with self.tenants.reserve(adapter_id, {f.root: f.size for f in manifest.files}, what):
             if self.committer.commit_ref(manifest):

@@ -23,7 +23,7 @@ recorded: only a node that trusts signers can tell whose it is (``attribute``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -161,6 +161,12 @@ class TrustedSigners:
     """The public keys a node trusts; empty = trust is not required (every adapter is accepted, signed or not)."""
 
     keys: tuple = ()
+    #: digests the node takes unsigned all the same: content an origin marked #trusted gave (adapter_fabric.origins)
+    vouched: set = field(default_factory=set, compare=False)
+
+    def vouch(self, digest: str) -> None:
+        """Take ``digest`` unsigned from now on (the operator vouched for the origin it came from)."""
+        self.vouched.add(digest)
 
     @classmethod
     def from_files(cls, paths: Iterable[Path | str]) -> "TrustedSigners":
@@ -200,7 +206,7 @@ class TrustedSigners:
 
     def check(self, digest: str, signatures: Sequence[Signed], what: str) -> None:
         """Refuse (``Untrusted``) unless one of ``signatures`` is a trusted signer's over ``digest``; a no-op when none are configured."""
-        if not self.keys:
+        if not self.keys or digest in self.vouched:
             return
         if not signatures:
             raise Untrusted(f"{what} is not signed, and this node serves only adapters signed by its trusted signers (--trusted-signers)")

@@ -85,7 +85,7 @@ class SignerSignature(_message.Message):
     def __init__(self, public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class Manifest(_message.Message):
-    __slots__ = ("adapter_id", "digest", "content_id", "files", "config_json", "peft", "tensors", "header_size", "signature", "signatures", "digest_scheme", "file_sha256")
+    __slots__ = ("adapter_id", "digest", "content_id", "files", "config_json", "peft", "tensors", "header_size", "signature", "signatures", "digest_scheme", "file_sha256", "origin", "revision")
     class FileSha256Entry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,8 @@ class Manifest(_message.Message):
     SIGNATURES_FIELD_NUMBER: _ClassVar[int]
     DIGEST_SCHEME_FIELD_NUMBER: _ClassVar[int]
     FILE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     digest: str
     content_id: int
@@ -117,7 +119,9 @@ class Manifest(_message.Message):
     signatures: _containers.RepeatedCompositeFieldContainer[SignerSignature]
     digest_scheme: DigestScheme
     file_sha256: _containers.ScalarMap[str, str]
-    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., config_json: _Optional[bytes] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., header_size: _Optional[int] = ..., signature: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[SignerSignature, _Mapping]]] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ..., file_sha256: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    origin: str
+    revision: str
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., config_json: _Optional[bytes] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., header_size: _Optional[int] = ..., signature: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[SignerSignature, _Mapping]]] = ..., digest_scheme: _Optional[_Union[DigestScheme, str]] = ..., file_sha256: _Optional[_Mapping[str, str]] = ..., origin: _Optional[str] = ..., revision: _Optional[str] = ...) -> None: ...
 
 class StageBegin(_message.Message):
     __slots__ = ("adapter_id", "config_json", "safetensors_size", "offset", "safetensors_blake3", "weights_root", "digest_scheme", "signature", "signer_public_key")
@@ -278,7 +282,7 @@ class ListAdaptersRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StagedAdapter(_message.Message):
-    __slots__ = ("adapter_id", "digest", "content_id", "size", "peft", "damaged", "engines")
+    __slots__ = ("adapter_id", "digest", "content_id", "size", "peft", "damaged", "engines", "origin", "revision", "checked_at")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +290,9 @@ class StagedAdapter(_message.Message):
     PEFT_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_AT_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     digest: str
     content_id: int
@@ -293,7 +300,10 @@ class StagedAdapter(_message.Message):
     peft: PeftFields
     damaged: str
     engines: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., size: _Optional[int] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., damaged: _Optional[str] = ..., engines: _Optional[_Iterable[str]] = ...) -> None: ...
+    origin: str
+    revision: str
+    checked_at: float
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., size: _Optional[int] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., damaged: _Optional[str] = ..., engines: _Optional[_Iterable[str]] = ..., origin: _Optional[str] = ..., revision: _Optional[str] = ..., checked_at: _Optional[float] = ...) -> None: ...
 
 class SlotInfo(_message.Message):
     __slots__ = ("slot", "name", "content_id", "ref_count", "pinned", "active", "last_used", "rank", "digest")
@@ -332,7 +342,7 @@ class ListAdaptersResponse(_message.Message):
     def __init__(self, staged: _Optional[_Iterable[_Union[StagedAdapter, _Mapping]]] = ..., slots: _Optional[_Iterable[_Union[SlotInfo, _Mapping]]] = ..., max_rank: _Optional[int] = ..., device: _Optional[str] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class PromoteRequest(_message.Message):
-    __slots__ = ("peer", "adapter_id", "name", "peft", "pin", "stage_only", "named_peer_only")
+    __slots__ = ("peer", "adapter_id", "name", "peft", "pin", "stage_only", "named_peer_only", "base_model", "export_version")
     PEER_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +350,8 @@ class PromoteRequest(_message.Message):
     PIN_FIELD_NUMBER: _ClassVar[int]
     STAGE_ONLY_FIELD_NUMBER: _ClassVar[int]
     NAMED_PEER_ONLY_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_VERSION_FIELD_NUMBER: _ClassVar[int]
     peer: str
     adapter_id: str
     name: str
@@ -347,10 +359,12 @@ class PromoteRequest(_message.Message):
     pin: bool
     stage_only: bool
     named_peer_only: bool
-    def __init__(self, peer: _Optional[str] = ..., adapter_id: _Optional[str] = ..., name: _Optional[str] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., pin: _Optional[bool] = ..., stage_only: _Optional[bool] = ..., named_peer_only: _Optional[bool] = ...) -> None: ...
+    base_model: str
+    export_version: bool
+    def __init__(self, peer: _Optional[str] = ..., adapter_id: _Optional[str] = ..., name: _Optional[str] = ..., peft: _Optional[_Union[PeftFields, _Mapping]] = ..., pin: _Optional[bool] = ..., stage_only: _Optional[bool] = ..., named_peer_only: _Optional[bool] = ..., base_model: _Optional[str] = ..., export_version: _Optional[bool] = ...) -> None: ...
 
 class PromoteResponse(_message.Message):
-    __slots__ = ("slot", "evicted_name", "content_id", "digest", "bytes_transferred", "source_peer", "pull_seconds", "joined")
+    __slots__ = ("slot", "evicted_name", "content_id", "digest", "bytes_transferred", "source_peer", "pull_seconds", "joined", "origin", "revision", "export_name")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     EVICTED_NAME_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +373,9 @@ class PromoteResponse(_message.Message):
     SOURCE_PEER_FIELD_NUMBER: _ClassVar[int]
     PULL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     slot: int
     evicted_name: str
     content_id: int
@@ -367,7 +384,10 @@ class PromoteResponse(_message.Message):
     source_peer: str
     pull_seconds: float
     joined: bool
-    def __init__(self, slot: _Optional[int] = ..., evicted_name: _Optional[str] = ..., content_id: _Optional[int] = ..., digest: _Optional[str] = ..., bytes_transferred: _Optional[int] = ..., source_peer: _Optional[str] = ..., pull_seconds: _Optional[float] = ..., joined: _Optional[bool] = ...) -> None: ...
+    origin: str
+    revision: str
+    export_name: str
+    def __init__(self, slot: _Optional[int] = ..., evicted_name: _Optional[str] = ..., content_id: _Optional[int] = ..., digest: _Optional[str] = ..., bytes_transferred: _Optional[int] = ..., source_peer: _Optional[str] = ..., pull_seconds: _Optional[float] = ..., joined: _Optional[bool] = ..., origin: _Optional[str] = ..., revision: _Optional[str] = ..., export_name: _Optional[str] = ...) -> None: ...
 
 class SetActiveRequest(_message.Message):
     __slots__ = ("name",)
@@ -500,7 +520,7 @@ class DamagedEntry(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StoreStatusResponse(_message.Message):
-    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts", "tenants", "uploads_total", "partials_total", "damaged_total", "recent_evictions")
+    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts", "tenants", "uploads_total", "partials_total", "damaged_total", "origins", "recent_evictions")
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
@@ -515,6 +535,7 @@ class StoreStatusResponse(_message.Message):
     UPLOADS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PARTIALS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ORIGINS_FIELD_NUMBER: _ClassVar[int]
     RECENT_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     used_bytes: int
     quota_bytes: int
@@ -530,8 +551,21 @@ class StoreStatusResponse(_message.Message):
     uploads_total: int
     partials_total: int
     damaged_total: int
+    origins: _containers.RepeatedCompositeFieldContainer[OriginState]
     recent_evictions: _containers.RepeatedCompositeFieldContainer[Eviction]
-    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ..., uploads_total: _Optional[int] = ..., partials_total: _Optional[int] = ..., damaged_total: _Optional[int] = ..., recent_evictions: _Optional[_Iterable[_Union[Eviction, _Mapping]]] = ...) -> None: ...
+    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ..., uploads_total: _Optional[int] = ..., partials_total: _Optional[int] = ..., damaged_total: _Optional[int] = ..., origins: _Optional[_Iterable[_Union[OriginState, _Mapping]]] = ..., recent_evictions: _Optional[_Iterable[_Union[Eviction, _Mapping]]] = ...) -> None: ...
+
+class OriginState(_message.Message):
+    __slots__ = ("origin", "answering", "error", "since")
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    ANSWERING_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    origin: str
+    answering: bool
+    error: str
+    since: float
+    def __init__(self, origin: _Optional[str] = ..., answering: _Optional[bool] = ..., error: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
 
 class Eviction(_message.Message):
     __slots__ = ("adapter_ids", "digest", "bytes", "age_seconds", "reason")

@@ -21,7 +21,7 @@ from adapter_fabric.cli.main import run as cli
 from adapter_fabric.errors import QuotaExceeded
 from adapter_fabric.harness.cluster import LocalNode, free_port
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
-from adapter_fabric.store.export import export_name
+from adapter_fabric.store.export import export_name, version_name
 from adapter_fabric.store.manifest import CONFIG_FILE
 from tests.support import ROOT
 from tests.support.scrape import scrape
@@ -95,8 +95,9 @@ def test_an_adapter_vllm_registered_is_held_and_shown_and_goes_once_vllm_unloads
     ).start()  # fmt: skip
     label = engine.url.removeprefix("http://")
     try:
-        assert engine.post("/test/request", {"model": IDS[0]})["path"] == str(export / export_name(IDS[0]))  # vLLM registered it
+        path = engine.post("/test/request", {"model": IDS[0]})["path"]  # vLLM registered it, from its digest's entry
         with sidecar.client() as client:
+            assert path == str(export / version_name(IDS[0], client.manifest(IDS[0]).digest))
             client.pull(IDS[1], peer=seed_node.address)
             client.pull(IDS[2], peer=seed_node.address)  # past the limit: the least recently used is IDS[0], but vLLM names it
         left = staged(sidecar)

@@ -14,7 +14,7 @@ from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.integrations.vllm_resolver import resolve
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.store.adapter_store import AdapterStore
-from adapter_fabric.store.export import adapter_id_of, export_name
+from adapter_fabric.store.export import adapter_id_of, export_name, version_name
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
 
 PROMPT = torch.tensor([[1, 17, 42, 99, 5, 23]])
@@ -128,9 +128,10 @@ def test_resolver_pulls_from_a_peer_and_returns_a_dir_peft_loads(tmp_path: Path,
         with LocalNode(tmp_path / "sidecar", model="none", peers=[seed.address], extra_args=["--export-dir", str(export)]) as sidecar:
             assert resolve(sidecar.address, "team-a/missing", "tiny", export) is None  # no peer holds it
             path = resolve(sidecar.address, "team-a/support", "tiny", export)
-            assert path == export / "team-a%2Fsupport"
             with sidecar.client() as client:
                 assert [a.adapter_id for a in client.list().staged] == ["team-a/support"]
+                digest = client.manifest("team-a/support").digest
+            assert path == export / version_name("team-a/support", digest)  # the entry of this digest: a new digest is a new path
             assert torch.allclose(peft_logits(path), peft_logits(adapters["a"]), atol=0, rtol=0)
             # One name per adapter: the escaped export name is not resolved (vLLM would hold two LoRAs for one directory);
             # a base model it was not made for is no match (as vLLM's own resolver).
@@ -169,3 +170,18 @@ def test_the_vllm_plugin_reads_its_connection_from_the_fabric_variables(tmp_path
     settings = settings_from_env()
     assert settings["token"] == "s3cret" and settings["tls"].ca == tmp_path / "ca.pem" and settings["tls"].cert is None
     assert lora_int_id("team-a/x") == lora_int_id("team-a/x") > 0 and lora_int_id("team-a/x") != lora_int_id("team-a/y")
+
+
+def test_a_version_entry_holds_one_digest_and_goes_when_the_id_moves_or_goes(tmp_path: Path, adapters) -> None:
+    """What the vLLM resolver hands vLLM: <id>#<digest prefix>, never other bytes; set aside when the id moves on or is unstaged."""
+    store = AdapterStore(tmp_path / "store", export_dir=tmp_path / "export")
+    first = store.stage(adapters["a"], "team-a/x")
+    old = store.exports.export_version("team-a/x", first)
+    assert old.name == version_name("team-a/x", first.digest) and (old / "adapter_model.safetensors").read_bytes() == (adapters["a"] / "adapter_model.safetensors").read_bytes()
+    assert store.exports.export_version("team-a/x", first) == old  # made once
+    second = store.stage(adapters["b"], "team-a/x")  # the id moves to other bytes
+    assert not old.exists() and (tmp_path / "export" / export_name("team-a/x")).is_dir()
+    new = store.exports.export_version("team-a/x", second)
+    assert new != old and adapter_id_of(new.name) == "team-a/x"
+    store.unstage("team-a/x")
+    assert not new.exists() and not [p for p in (tmp_path / "export").iterdir() if not p.name.startswith("%old-")]

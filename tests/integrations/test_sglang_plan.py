@@ -20,6 +20,7 @@ from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
 from tests.node.test_startup import one_line_failure, run_node, store_only
 from tests.support.fake_engines import FakeSGLang
+from tests.support.waiting import wait_for
 
 EXPORT = "/x/export"
 
@@ -187,3 +188,34 @@ def test_bad_sglang_flags_are_one_line_with_status_2(tmp_path, args, needles) ->
 def test_a_bad_sglang_variable_is_one_line_naming_it(tmp_path) -> None:
     done = run_node(store_only(tmp_path, "--export-dir", str(tmp_path / "export")), env={"FABRIC_SGLANG_URL": "localhost:30000"})
     one_line_failure(done, "FABRIC_SGLANG_URL", "http://", code=2)
+
+
+@pytest.mark.slow
+def test_a_node_unloads_and_reloads_into_sglang_an_id_that_moved_at_its_origin(sglang, tmp_path, store_adapters) -> None:
+    """A real node with a file:// origin and --origin-ttl 0: the origin's new bytes move the id to a new digest, and the
+    driven SGLang is made to unload the old weights and load the new ones under the same name, right after the move."""
+    import shutil
+
+    origin = tmp_path / "origin" / "team-a" / "support"
+    shutil.copytree(store_adapters["a"], origin)
+    node = LocalNode(
+        tmp_path / "node", model="none", port=free_port(),
+        extra_args=["--export-dir", str(tmp_path / "export"), "--sglang-url", sglang.url, "--sglang-sync-interval", "1h",
+                    "--origin", f"file://{tmp_path / 'origin'}", "--origin-ttl", "0"],
+    ).start()  # fmt: skip
+    name = "team-a%2Fsupport"
+    try:
+        with node.client() as client:
+            first = client.pull("team-a/support")
+            wait_for(lambda: name in sglang.loaded, "SGLang to load the fetched adapter")  # exported: the drive loads it at once, not at its 1h tick
+            sglang.calls.clear()
+            for file in (CONFIG_FILE, WEIGHTS_FILE):  # retrained at the origin
+                (origin / file).unlink()
+                shutil.copyfile(store_adapters["b"] / file, origin / file)
+            moved = client.pull("team-a/support")
+        assert moved.digest != first.digest
+        wait_for(lambda: sglang.calls == [("/unload_lora_adapter", name), ("/load_lora_adapter", name)], "SGLang to unload and load the moved id")
+        assert sglang.loaded == {name: str(tmp_path / "export" / name)}
+    finally:
+        node.stop()
+

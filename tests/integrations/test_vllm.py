@@ -22,6 +22,7 @@ import pytest
 from adapter_fabric.harness.cluster import LocalNode, free_port
 from adapter_fabric.integrations.vllm_resolver import RESOLVER_NAME
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store.export import version_name
 from adapter_fabric.store.manifest import CONFIG_FILE
 from tests.support import ROOT
 
@@ -72,9 +73,11 @@ def test_the_plugin_is_found_through_its_entry_point_and_resolves_a_pull_from_a_
     answer = probe({"FABRIC_EXPORT_DIR": str(export), "FABRIC_NODE": sidecar.address}, "tiny", "team-a/support")
     assert RESOLVER_NAME in answer["registered"]
     assert answer["kind"] == "lora" and answer["added"] == 1, answer
-    assert Path(answer["path"]) == export / "team-a%2Fsupport" and (Path(answer["path"]) / CONFIG_FILE).is_file()
     with sidecar.client() as client:
         assert "team-a/support" in [a.adapter_id for a in client.list().staged]  # pulled from the seed on the miss
+        digest = client.manifest("team-a/support").digest
+    # the entry named by the digest: vLLM keys its prefix cache by (name, path), so a new digest is a new path
+    assert Path(answer["path"]) == export / version_name("team-a/support", digest) and (Path(answer["path"]) / CONFIG_FILE).is_file()
 
 
 def test_an_unreachable_node_gives_vllms_404_not_a_500(cluster, tmp_path) -> None:
@@ -93,7 +96,7 @@ def test_a_wrong_base_model_is_refused_without_a_pull(cluster, tmp_path) -> None
         answer = probe({"FABRIC_EXPORT_DIR": str(export), "FABRIC_NODE": fresh.address}, "another-model", "team-a/support")
         assert answer["kind"] == "error" and answer["code"] == 404, answer
         # said in vLLM's own log (it was a bare 404): which model the adapter is for, and what to set
-        assert "base_model_name_or_path is 'tiny'" in answer["log"] and "FABRIC_BASE_MODEL" in answer["log"], answer["log"]
+        assert "is for base model 'tiny'" in answer["log"] and "FABRIC_BASE_MODEL" in answer["log"], answer["log"]
         with fresh.client() as client:
             assert client.list().staged == [] and client.store_status().partials == []  # not a byte moved
     finally:

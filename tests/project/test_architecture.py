@@ -31,6 +31,7 @@ LAYERS = {
     "serving": 3,
     "access": 3,  # principals and verbs on id prefixes: over store's id rules, checked by the node's edge
     "transport": 3,
+    "origins": 3,  # S3, the Hub, HTTP, a directory: fetched into a scratch directory the store then stages; revision records
     "client": 4,
     "harness": 5,
     "integrations": 5,

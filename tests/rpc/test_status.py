@@ -54,10 +54,11 @@ def test_no_error_type_falls_through_to_internal() -> None:
         assert status_code_for(kind("x")) != grpc.StatusCode.INTERNAL, kind.__name__
 
 
-def test_only_pool_full_quota_busy_and_peers_are_retryable() -> None:
+def test_only_pool_full_quota_busy_peers_and_origins_are_retryable() -> None:
     retryable = {kind for kind in _every_error_type() if kind.retryable}
     # a deadline (a node that did not answer in time) may pass too: a kind of PeerUnavailable (issue 33)
-    assert retryable == {errors.PoolFull, errors.QuotaExceeded, errors.StoreFull, errors.Busy, errors.PeerUnavailable, errors.DeadlineExceeded}
+    assert retryable == {errors.PoolFull, errors.QuotaExceeded, errors.StoreFull, errors.Busy, errors.PeerUnavailable, errors.OriginUnavailable,
+                         errors.DeadlineExceeded}
     assert not errors.PinLimitReached.retryable  # only an operator's unpin frees a pin
 
 

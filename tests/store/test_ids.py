@@ -62,12 +62,13 @@ def test_a_huge_id_is_shown_truncated() -> None:
 def _obeys_rules(value: str) -> bool:
     return (
         1 <= len(value) <= MAX_ID_LENGTH
-        and re.fullmatch(r"[A-Za-z0-9._\-/]+", value) is not None
-        and all(seg not in ("", ".", "..") for seg in value.split("/"))
+        and re.fullmatch(r"[A-Za-z0-9._\-/]+(@[A-Za-z0-9._\-]+)?", value) is not None
+        and all(seg not in ("", ".", "..") for seg in value.split("@")[0].split("/"))
+        and not value.split("@")[0].endswith("/")
     )
 
 
-@given(st.text(alphabet=ALPHABET + " %\0\u00e9", max_size=140))
+@given(st.text(alphabet=ALPHABET + " %@\0\u00e9", max_size=140))
 def test_validation_agrees_with_the_documented_rules(value: str) -> None:
     if _obeys_rules(value):
         assert validate_adapter_id(value) == value
@@ -84,3 +85,14 @@ def test_digests_are_64_lowercase_hex() -> None:
             validate_digest(bad)
     with pytest.raises(InvalidArgument, match="file sha256"):
         validate_digest("zz", "file sha256")
+
+
+def test_a_pinned_revision_follows_one_at_in_the_last_segment() -> None:
+    from adapter_fabric.store.ids import split_pin
+
+    assert validate_adapter_id("team-a/support@3f2a9c") == "team-a/support@3f2a9c"
+    assert split_pin("team-a/support@3f2a9c") == ("team-a/support", "3f2a9c")
+    assert split_pin("team-a/support") == ("team-a/support", "")
+    for bad in ("@rev", "team-a/@rev", "team-a@x/support", "a@b@c", "team-a/support@", "x/..@r"):
+        with pytest.raises(InvalidAdapterId, match="'@'|segment"):
+            validate_adapter_id(bad)
