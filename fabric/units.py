@@ -29,6 +29,8 @@ _BYTES = {
 }
 #: what --help says of sizes (fabric-node's epilog, fabric's size flags)
 SIZE_UNITS_HELP = "sizes: 64KiB or 64Ki = 64 x 1024 bytes; 64KB or 64k = 64 x 1000 (likewise Mi/MiB, Gi/GiB, Ti/TiB against M/MB, G/GB, T/TB); a plain number is bytes"
+#: what fabric-node --help says of every duration and size
+UNITS_HELP = f"Durations: 30s, 15m, 24h, 7d (a plain number is seconds); {SIZE_UNITS_HELP}."
 _SIZE_NAMES = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 _DURATION_NAMES = (("h", 3600), ("m", 60))  # hours at most: the README writes 24h
 

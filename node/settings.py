@@ -24,7 +24,7 @@ from adapter_fabric.integrations.engine_models import check_engine_url
 from adapter_fabric.origins.uri import origin_list as origin_uris
 from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
-from adapter_fabric.units import SIZE_UNITS_HELP, format_duration, format_size, parse_chunk_size, parse_duration, parse_size
+from adapter_fabric.units import UNITS_HELP, format_duration, format_size, parse_chunk_size, parse_duration, parse_size
 
 STORE_ONLY = "none"
 PROG = "fabric-node"
@@ -377,8 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Run an adapter-fabric node: stage adapters, serve them to peers, promote them into a slot pool.",
         epilog="Every flag can also be set by an environment variable: --max-rank is FABRIC_MAX_RANK, and so on "
-        "(booleans: true/false, 1/0, yes/no, on/off; an empty variable counts as unset). Durations: 30s, 15m, 24h, 7d "
-        f"(a plain number is seconds); {SIZE_UNITS_HELP}.",
+        "(booleans: true/false, 1/0, yes/no, on/off; an empty variable counts as unset). " + UNITS_HELP,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     groups: dict[str, argparse._ArgumentGroup] = {}
