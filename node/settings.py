@@ -106,8 +106,7 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def chunk_size(text: str) -> int:
-    return parse_chunk_size(text)
+chunk_size = parse_chunk_size  # 4KiB to 4MiB
 
 
 def duration(text: str) -> float:
@@ -183,8 +182,7 @@ def peer_list(text: str) -> tuple[str, ...]:
 
 
 def choice(*options: str) -> Callable[[str], str]:
-    """One of ``options``, in any case (``--log-level debug`` is DEBUG), returned as ``options`` writes it."""
-    by_folded = {option.casefold(): option for option in options}
+    by_folded = {option.casefold(): option for option in options}  # any case (--log-level debug), returned as options writes it
 
     def parse(text: str) -> str:
         if text.strip().casefold() not in by_folded:
@@ -256,8 +254,7 @@ _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--listen", host_port, "127.0.0.1:50051", "HOST:PORT to serve on (port 0 picks a free one)", ""),
     ("--store", path, Path("./fabric-store"), "directory of the adapter store", ""),
     ("--model", str, "tiny", "'tiny', 'tiny-mistral', 'tiny-qwen2', a local transformers model directory, or 'none' (store-only seeder)", ""),
-    ("--base-model", csv, (), "other names of --model that adapters may give as base_model_name_or_path, comma-separated (a promote "
-     "refuses an adapter for another model; --model's own name and its directory's name always match, without case or hub organisation)", ""),
+    ("--base-model", csv, (), "more names of --model an adapter's base_model_name_or_path may give, comma-separated (a promote refuses another model's)", ""),
     ("--device", choice("auto", "cpu", "cuda"), "auto", "where the slot pool lives: auto, cpu or cuda (auto = CUDA when present)", ""),
     ("--slots", positive_int, 4, "adapter slots in the pool", ""),
     ("--max-rank", positive_int, 16, "largest LoRA rank a slot holds", ""),

@@ -290,6 +290,9 @@ class EvictedAdapter(_Result):
     bytes: int
     age_seconds: float
     reason: str
+
+
+@dataclass(frozen=True)
 class OriginState(_Result):
     """How one --origin answered the node last: ids it gave are served on while it does not answer."""
 

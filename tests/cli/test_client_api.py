@@ -79,3 +79,18 @@ def test_the_top_level_exports_what_the_methods_return_and_nothing_else() -> Non
     for helper in ("Any", "TYPE_CHECKING", "importlib", "annotations"):
         assert helper not in shown, helper
     assert set(adapter_fabric.__all__) <= set(shown)
+
+
+def test_store_status_reads_every_list_the_reply_carries() -> None:
+    """Each result type of StoreStatus is built from its message (OriginState was left without its dataclass by a merge)."""
+    from adapter_fabric.v1 import fabric_pb2
+
+    reply = fabric_pb2.StoreStatusResponse(
+        used_bytes=10, origins=[fabric_pb2.OriginState(origin="s3://bucket/x", answering=False, error="timed out", since=5.0)],
+        recent_evictions=[fabric_pb2.Eviction(adapter_ids=["b"], digest="d" * 64, bytes=7, age_seconds=1.5, reason="downloading 'c'")],
+    )
+    status = adapter_fabric.StoreStatus.from_proto(reply)
+    (origin,) = status.origins
+    assert (origin.origin, origin.answering, origin.error, origin.since) == ("s3://bucket/x", False, "timed out", 5.0)
+    (evicted,) = status.recent_evictions
+    assert (evicted.adapter_ids, evicted.bytes, evicted.reason) == (["b"], 7, "downloading 'c'")
