@@ -185,5 +185,9 @@ class PermissionDenied(FabricError):
     """The caller is known but its principal lacks the verb on the id's prefix (the message never says whether the id exists)."""
 
 
+class NotAMember(PermissionDenied):
+    """A caller named a peer address that is not a member of the node's cluster: the node sends its credentials only to members."""
+
+
 class InvalidPolicy(InvalidArgument):
     """An access policy file that is not valid TOML or breaks one of its rules (the message names which)."""

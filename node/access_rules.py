@@ -5,7 +5,7 @@
 | Stage, UploadOffset | publish | the id (Stage: its first message, the StageBegin) |
 | Unstage | unstage | the id |
 | Keep, Pin, SetActive | operate | the id or the slot's name |
-| Promote | operate | the id, and the name it loads under (the bytes are pulled by this node, as itself) |
+| Promote | operate | the id, and the name it loads under (the bytes are pulled for the caller: ``node.promotes.pull_authority``) |
 | GetManifest | read | the id (describing an adapter) |
 | Fetch, Availability | pull | the id, or the ids that refer to the digest |
 | Locate | read | the id, or the ids that refer to the digest |
@@ -19,8 +19,9 @@ An RPC missing from the table is refused to every principal but one holding
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from adapter_fabric.v1 import fabric_pb2
 

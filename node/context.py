@@ -12,17 +12,17 @@ Threads, and what may block them:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from adapter_fabric.errors import AdapterNotFound, AdaptersUnsupported
+from adapter_fabric.node.in_use import InUse
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport.discovery import PeerSource
-from adapter_fabric.node.in_use import InUse
 
 if TYPE_CHECKING:  # the model module loads torch: named for the type checker only
-    from adapter_fabric.node.origin_fetch import OriginFetches
     from adapter_fabric.serving.multi_lora import MultiLoraModel
 
 T = TypeVar("T")
@@ -42,8 +42,6 @@ class NodeContext:
         self._model_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         #: adapters being served, pulled or loaded now: an evicting store never drops them (``adapter_fabric.node.eviction``)
         self.in_use = InUse()
-        #: a request without a peer: held, else the peers, else the origins (``adapter_fabric.node.origin_fetch``); set by the node
-        self.origins: OriginFetches | None = None
 
     def close(self) -> None:
         """Let the model worker finish its queued jobs, then stop it."""

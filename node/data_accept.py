@@ -18,16 +18,16 @@ import logging
 import resource
 import socket
 import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
 
 from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.node.data_admission import Admission
 from adapter_fabric.observability.logs import StateLog
 from adapter_fabric.observability.metrics import DATA_STREAMS_SERVED
 from adapter_fabric.rpc.status import error_detail, public_message
 from adapter_fabric.transport import data_frames
-from adapter_fabric.node.data_admission import Admission
 
 log = logging.getLogger("fabric.node.data")
 
@@ -95,6 +95,14 @@ class _HandshakeSlots:
                 del self._sources[source]
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket listening on ``host:port`` (0: a free port; no port reuse); OSError when it cannot."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=ACCEPT_BACKLOG, reuse_port=False)
+    sock.setblocking(False)
+    return sock
+
+
 class Listener:
     """Accepts on one port, counts and sheds, and hands each connection that speaks to ``serve`` as a stream."""
 
@@ -108,13 +116,10 @@ class Listener:
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: a free port); returns the port. OSError when it cannot."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.create_server((host, port), family=family, backlog=ACCEPT_BACKLOG, reuse_port=False)
-        self._sock.setblocking(False)
+    async def start(self, sock: socket.socket) -> None:
+        """Accept on ``sock`` (``listen_socket``'s), until ``close``."""
+        self._sock = sock
         self._accepting = asyncio.create_task(self._accept_loop(self._sock))
-        return self._sock.getsockname()[1]
 
     def stop_accepting(self) -> None:
         if self._accepting is not None:

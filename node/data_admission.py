@@ -11,8 +11,8 @@ Pure bookkeeping over plain data (``Admission`` holds keys, never sockets); ``no
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Hashable
 
 __all__ = ["Admission", "Admitted"]
 

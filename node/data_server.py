@@ -22,19 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from contextlib import aclosing
 
-from adapter_fabric.errors import FabricError, InvalidArgument, Unauthenticated
-from adapter_fabric.observability.metrics import DATA_STREAMS_SERVED
-from adapter_fabric.rpc import bounds
-from adapter_fabric.rpc.limits import PeerStreamLimit
-from adapter_fabric.rpc.security import BearerAuth
-from adapter_fabric.rpc.status import error_detail, public_message
-from adapter_fabric.transport import data_frames
+from adapter_fabric.errors import FabricError, InvalidArgument, PermissionDenied, Unauthenticated
 from adapter_fabric.node.data_accept import HELLO_TIMEOUT_S, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE, Connection, Listener
 from adapter_fabric.node.gate import AccessGate
 from adapter_fabric.node.peer_reads import BytesPiece, FilePiece, PeerReads, Picked, Piece
+from adapter_fabric.observability.metrics import DATA_STREAMS_SERVED
+from adapter_fabric.rpc import bounds
+from adapter_fabric.rpc.limits import PeerStreamLimit
+from adapter_fabric.rpc.security import BEHALF_WITHOUT_POLICY, BearerAuth
+from adapter_fabric.rpc.status import error_detail, public_message
+from adapter_fabric.transport import data_frames
 
 __all__ = ["DataServer", "HELLO_TIMEOUT_S", "MAX_CONNECTIONS", "MAX_CONNECTIONS_PER_SOURCE", "MIN_READ_RATE"]
 
@@ -71,9 +72,9 @@ class DataServer:
         """Connections counted now (from their accept)."""
         return len(self.listener.admission)
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: a free port); returns the port."""
-        return await self.listener.start(host, port)
+    async def start(self, sock: socket.socket) -> None:
+        """Serve on ``sock``, listening already (``data_accept.listen_socket``: its port was announced before the server existed)."""
+        await self.listener.start(sock)
 
     async def close(self, grace: float) -> None:
         """Stop listening; open streams get ``grace`` seconds to finish (as gRPC's in-flight calls do), then are cut."""
@@ -90,15 +91,21 @@ class DataServer:
             hello = await asyncio.wait_for(self._hello(reader), hello_within)
             self.listener.admission.busy(connection)  # no longer idle: never shed
             self._open.add(writer)
+            still = None
             if isinstance(self.auth, AccessGate):
-                await self.auth.admit_data(hello.token, _sans(writer), hello.fetch)
-            elif self.auth is not None and self.auth.peer_reads and not self.auth.token_matches(hello.token):
-                raise Unauthenticated(f"the data channel needs this cluster's bearer token; the hello carried {'a wrong' if hello.token else 'no'} token")
+                still = await self.auth.admit_data(hello, _sans(writer))
+            elif self.auth is not None and self.auth.peer_reads:
+                if not self.auth.token_matches(hello.token):
+                    raise Unauthenticated(f"the data channel needs this cluster's bearer token; the hello carried {'a wrong' if hello.token else 'no'} token")
+                if hello.on_behalf_of:
+                    raise PermissionDenied(BEHALF_WITHOUT_POLICY)
             self.streams.enter(host)
             counted = True
             holder = (host.strip("[]"), hello.holder_port, hello.holder_bitmap) if 0 < hello.holder_port < 65536 and hello.holder_bitmap else None
             async with aclosing(self.reads.pieces(hello.fetch, holder)) as pieces:
                 async for piece in pieces:
+                    if still is not None:
+                        await still.check()  # a policy reload since: the next chunk goes only if it still allows the stream
                     await self._send(writer, piece)
             DATA_STREAMS_SERVED.labels("ok").inc()
             clean = True

@@ -22,18 +22,19 @@ import logging
 import os
 import threading
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any
 
 from adapter_fabric.errors import FabricError, InvalidArgument, PeerUnavailable
 from adapter_fabric.integrations.sglang import SGLangClient, failure, plan
+from adapter_fabric.node.engines import EngineViews, guarded
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import StateLog, event
 from adapter_fabric.store.eviction import ENGINE_CUT, ENGINE_LOADING, ENGINE_NOT_UNLOADED, ENGINE_UNKNOWN
 from adapter_fabric.store.export import VERSION_MARK, adapter_id_of, export_name
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import WEIGHTS_FILE
-from adapter_fabric.node.engines import EngineViews, guarded
 
 log = logging.getLogger("fabric.node")
 
@@ -230,7 +231,7 @@ class SGLangDrive:
             except RuntimeError:
                 pass  # the loop closed: the node is stopping
 
-    async def watch(self, io: Callable[..., "asyncio.Future"]) -> None:
+    async def watch(self, io: Callable[..., Awaitable[Any]]) -> None:
         """Reconcile now, after each poke and every ``interval`` (on the node's I/O threads) until cancelled; nothing ends it early."""
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         while True:

@@ -23,7 +23,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from adapter_fabric.errors import FabricError, InvalidArgument
 from adapter_fabric.integrations.engine_models import EngineList, EngineLoRA, engine_label, read_models
@@ -129,7 +130,7 @@ class EngineRetarget:
 
     # ------------------------------------------------------------ the loop
 
-    async def watch(self, io: Callable[..., "asyncio.Future"], revalidate: Callable[[str], "asyncio.Future"]) -> None:
+    async def watch(self, io: Callable[..., Awaitable[Any]], revalidate: Callable[[str], Awaitable[Any]]) -> None:
         """A round now and every ``interval`` until cancelled; ``revalidate(id)`` resolves a due id (a move calls on_move)."""
         while True:
             started = time.monotonic()
@@ -148,7 +149,7 @@ def retarget_for(settings, store, origins, export_dir: str | None) -> EngineReta
         return None
 
     def current(adapter_id: str) -> str | None:
-        return store.catalog.read_ref(adapter_id)
+        return store.digest_of(adapter_id)
 
     retarget = EngineRetarget(settings.engine_url, export_dir, current, origins.stale, interval=max(1.0, min(INTERVAL_S, settings.origin_ttl)))
     origins.on_move.append(lambda adapter_id, old, new: origins.context.io(retarget.on_move, adapter_id, old, new))

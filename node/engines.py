@@ -25,8 +25,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 from adapter_fabric.errors import FabricError, InvalidArgument
 from adapter_fabric.integrations.engine_models import EngineList, EngineLoRA, engine_label, read_models
@@ -172,14 +173,14 @@ class EngineViews:
                 return ENGINE.format(engine.label)
         return ""
 
-    async def watch(self, io: Callable[..., "asyncio.Future"]) -> None:
+    async def watch(self, io: Callable[..., Awaitable[Any]]) -> None:
         """Read every watched engine now and every POLL_S (on the node's I/O threads) until cancelled; nothing ends it early."""
         while True:
             await guarded(io, self.refresh, self._log, "engine watch")
             await asyncio.sleep(POLL_S)
 
 
-async def guarded(io: Callable[..., "asyncio.Future"], job: Callable[[], object], states: StateLog, what: str) -> None:
+async def guarded(io: Callable[..., Awaitable[Any]], job: Callable[[], object], states: StateLog, what: str) -> None:
     """Run ``job`` on an I/O thread; a failure no check foresaw is logged once per kind (its traceback at debug) and the loop goes on."""
     try:
         await io(job)

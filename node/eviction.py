@@ -30,17 +30,18 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from adapter_fabric.errors import QuotaExceeded, StoreFull
+from adapter_fabric.node.handoff import HANDOFF_TIMEOUT_S, HandOffs
+from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.eviction import LAST_COPY, Candidate, choose_victims
-from adapter_fabric.node.handoff import HANDOFF_TIMEOUT_S, HandOffs
-from adapter_fabric.node.victims import Candidates, CopiesElsewhere
 
 if TYPE_CHECKING:
     from adapter_fabric.node.engine_drive import SGLangDrive
@@ -50,8 +51,6 @@ log = logging.getLogger("fabric.node")
 
 #: evictions StoreStatus lists (the count covers all of them)
 RECENT_EVICTIONS = 20
-#: what an eviction frees down to, as a share of --max-store-bytes (--evict-to): room for the next few commits without evicting again
-LOW_WATER = 0.9
 #: seconds a writer waits for room before it is refused, naming what is under way
 ROOM_WAIT_S = 5.0
 #: seconds between two background looks at the store's usage (a few stats each: ``Quota.usage``)
@@ -67,11 +66,14 @@ def high_water(low_water: float) -> float:
 
 @dataclass
 class _Demand:
-    """A writer waiting for room: its bytes, itself in words, and the refusal of the last round that could not make it."""
+    """A writer waiting for room: its bytes, itself in words, and what the last round that counted it answered."""
 
     needed: int
     what: str
+    #: why the last round could not make the room ("" when it did, or none ran yet)
     refusal: str = ""
+    #: a round made the room: later rounds no longer count it (its writer may be filling that room already)
+    served: bool = False
 
 
 class RefuseRoom:
@@ -93,14 +95,14 @@ class Evictor:
         self,
         store: AdapterStore,
         candidates: Candidates,
+        low_water: float,
         copies: CopiesElsewhere | None = None,
         hand_off: Callable[[Candidate], bool] | None = None,
-        low_water: float = LOW_WATER,
         engines: EngineViews | None = None,
         drive: SGLangDrive | None = None,
         room_wait: float = ROOM_WAIT_S,
     ) -> None:
-        """``copies``: which victims are last copies (None: none is; no peers to lose it to). ``hand_off``: has a durable peer
+        """``low_water``: the share of the limit a round frees down to (--evict-to). ``copies``: which victims are last copies (None: none is; no peers to lose it to). ``hand_off``: has a durable peer
         take a last copy, true once one holds it (None: last copies stay). ``engines`` are read afresh before each round;
         a driven SGLang (``drive``) unloads each victim before its directory goes."""
         self.store = store
@@ -115,14 +117,14 @@ class Evictor:
         self.evictions = 0
         #: the latest evictions, newest last, for StoreStatus (fabric store-status shows them): (ids, digest, bytes, time, reason)
         self.recent: deque[tuple[tuple[str, ...], str, int, float, str]] = deque(maxlen=RECENT_EVICTIONS)
-        self.hand_offs = HandOffs(hand_off, self._wake) if hand_off is not None else None
+        self.hand_offs = HandOffs(hand_off, self._hand_off_ended) if hand_off is not None else None
         self._cond = threading.Condition()  # guards _demands, _woken, _stopped; never held across a round
         self._demands: list[_Demand] = []
         self._woken = False
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="evictor", daemon=True)
 
-    def start(self) -> "Evictor":
+    def start(self) -> Evictor:
         self._thread.start()
         return self
 
@@ -154,7 +156,11 @@ class Evictor:
                 while True:
                     if self.store.usage() + demand.needed <= limit:
                         return
-                    if demand.refusal and not self._handing_off():
+                    if demand.served:  # room was made, and another writer took it first: ask for a round again
+                        demand.served = False
+                        self._woken = True
+                        self._cond.notify_all()
+                    elif demand.refusal and not self._handing_off():
                         raise QuotaExceeded(demand.refusal)
                     left = deadline - time.monotonic()
                     if left <= 0 or self._stopped:
@@ -182,8 +188,11 @@ class Evictor:
 
     # ------------------------------------------------------------ the worker
 
-    def _wake(self) -> None:
+    def _hand_off_ended(self) -> None:
+        """A hand-off ended: what the rounds answered while it ran is stale (a last copy may go now, or is held): choose again."""
         with self._cond:
+            for demand in self._demands:
+                demand.refusal = ""
             self._woken = True
             self._cond.notify_all()
 
@@ -195,28 +204,27 @@ class Evictor:
                 if self._stopped:
                     return
                 self._woken = False
-                demands = list(self._demands)
+                demands = [d for d in self._demands if not d.served]  # a served writer's bytes are in the usage already, or soon
             try:
-                refusal, dropped = self._round(demands)
+                refusal = self._round(demands)
             except Exception as exc:  # noqa: BLE001 (the worker lives on: the waiting writers hear why, and the next round tries again)
                 log.exception("an eviction round failed")
-                refusal, dropped = f"the eviction failed: {exc}", False
+                refusal = f"the eviction failed: {exc}"
             with self._cond:
                 for demand in demands:
-                    demand.refusal = refusal
-                if dropped and self._demands:
-                    self._woken = True  # room made, but a writer may still lack it (another took it): one more round
+                    demand.refusal, demand.served = refusal, not refusal
                 self._cond.notify_all()
 
-    def _round(self, demands: list[_Demand]) -> tuple[str, bool]:
-        """One eviction: the refusal ("" when room was made or none was needed), and whether anything was dropped."""
+    def _round(self, demands: list[_Demand]) -> str:
+        """One eviction for ``demands`` (none: a background round past the high-water mark); the refusal, "" when room was
+        made or none was needed."""
         limit = self.store.max_bytes
         if limit is None:
-            return "", False
+            return ""
         needed = sum(d.needed for d in demands)
         used = self.store.usage()
         if used + needed <= (limit if demands else int(limit * self.high_water)):
-            return "", False
+            return ""
         what = demands[0].what if len(demands) == 1 else f"{len(demands)} writers" if demands else "keeping the store under its high-water mark"
         # The drive paused throughout: no load may come between a victim's unload and its directory going (invariant 14).
         with self.drive.paused() if self.drive is not None else nullcontext():
@@ -227,10 +235,11 @@ class Evictor:
                 try:
                     victims = choose_victims(candidates, needed, used, limit, self.low_water, what)
                 except QuotaExceeded as refused:
-                    return str(refused), False
+                    return str(refused)
                 held = self._last_copies(victims) or self._not_unloaded(victims)
                 if not held:
-                    return "", self._drop(victims, what) > 0
+                    self._drop(victims, what)
+                    return ""
                 # Each pass holds one more candidate at least, so the passes end.
                 candidates = [dataclasses.replace(c, held=held[c.digest]) if c.digest in held else c for c in candidates]
 
@@ -263,17 +272,14 @@ class Evictor:
         refused = self.drive.release([i for v in victims for i in v.ids])
         return {v.digest: next(refused[i] for i in v.ids if i in refused) for v in victims if any(i in refused for i in v.ids)}
 
-    def _drop(self, victims: list[Candidate], what: str) -> int:
-        """Drop each victim's ids (each only while it still names the victim's digest); the count of digests dropped."""
-        dropped = 0
+    def _drop(self, victims: list[Candidate], what: str) -> None:
+        """Drop each victim's ids (each only while it still names the victim's digest)."""
         for victim in victims:
             gone = [adapter_id for adapter_id in victim.ids if self.store.evict(adapter_id, victim.digest)]
             if not gone:
                 continue  # unstaged or restaged meanwhile: nothing of it to drop
-            dropped += 1
             self.evictions += 1
             self.recent.append((tuple(gone), victim.digest, victim.size, time.time(), what))
             metrics.EVICTIONS.inc()
             metrics.EVICTED_BYTES.inc(victim.size)
             event(log, "evicted a cold adapter", adapter=",".join(gone), digest=victim.digest, bytes=victim.size, reason=what)
-        return dropped

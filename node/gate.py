@@ -20,34 +20,41 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 
 from adapter_fabric.access.caller import set_caller
-from adapter_fabric.access.policy import CLUSTER, Principal, canonical_id
+from adapter_fabric.access.policy import CLUSTER, Principal, canonical_id, on_behalf, token_sha256
 from adapter_fabric.access.policy_file import PolicyFile
-from adapter_fabric.errors import AdapterNotFound, FabricError, PermissionDenied, Unauthenticated
+from adapter_fabric.errors import FabricError, PermissionDenied, Unauthenticated
+from adapter_fabric.node.access_rules import CHANGES, RULES, Need
 from adapter_fabric.observability.audit import audit
 from adapter_fabric.observability.metrics import ACCESS_REFUSALS
-from adapter_fabric.rpc.security import AUTH_METADATA_KEY, OPEN_SERVICES
+from adapter_fabric.rpc.security import AUTH_METADATA_KEY, ON_BEHALF_OF_KEY, OPEN_SERVICES
 from adapter_fabric.rpc.status import FABRIC_PREFIX, abort_with
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.access_rules import CHANGES, RULES, Need
 
 _BEARER = "Bearer "
 #: the auth-context key of a client certificate's subject alternative names
 SAN_KEY = "x509_subject_alternative_name"
 
 
-def _bearer(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
+def _header(metadata: Sequence[tuple[str, Any]] | None, name: str) -> str | None:
     for key, value in metadata or ():
-        if key == AUTH_METADATA_KEY:
-            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-            return text[len(_BEARER):] if text.startswith(_BEARER) else ""
+        if key == name:
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     return None
+
+
+def _bearer(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
+    text = _header(metadata, AUTH_METADATA_KEY)
+    if text is None:
+        return None
+    return text[len(_BEARER):] if text.startswith(_BEARER) else ""
 
 
 def _sans(context: grpc.aio.ServicerContext) -> list[str]:
@@ -65,6 +72,7 @@ class AccessGate(grpc.aio.ServerInterceptor):
         self.policy = policy
         self.store = store
         self._cluster = (_BEARER + cluster_token).encode() if cluster_token else None
+        self._cluster_hash = token_sha256(cluster_token) if cluster_token else ""
 
     # ------------------------------------------------------------ who
 
@@ -81,6 +89,20 @@ class AccessGate(grpc.aio.ServerInterceptor):
         if found is None:
             raise Unauthenticated("this node's policy knows no principal for the call: send a bearer token, or a client certificate it names")
         return found
+
+    def acting(self, sender: Principal, behalf: str | None) -> Principal:
+        """The principal a call runs as: ``sender``, or, when a member names the caller it calls for
+        (``fabric-on-behalf-of``), what both may do. A caller this node's policy does not know is ``PermissionDenied``."""
+        if not behalf:
+            return sender
+        kind, _, value = behalf.partition(":")
+        if kind == "sha256" and self._cluster_hash and hmac.compare_digest(value.encode("utf-8", "replace"), self._cluster_hash.encode()):
+            caller = CLUSTER
+        else:
+            caller = self.policy.policy.by_identity(behalf)
+        if caller is None:
+            raise PermissionDenied(f"principal {sender.name!r} calls for a principal this node's policy does not know ({kind[:16]!r} identity)")
+        return on_behalf(sender, caller)
 
     # ------------------------------------------------------------ may it
 
@@ -103,22 +125,25 @@ class AccessGate(grpc.aio.ServerInterceptor):
             raise PermissionDenied(f"principal {principal.name!r} lacks {verb!r} on every prefix")
 
     def _ids_of(self, digest: str) -> list[str]:
-        """The ids referring to ``digest``: committed, or the one a download still arriving here is for."""
-        ids = [i for i, d in self.store.catalog.refs().items() if d == digest]
-        partial = self.store.partial_for(digest)
-        return ids + [partial.manifest.adapter_id] if partial is not None else ids
+        """The ids referring to ``digest``: committed, or the one a download of it (here, or left to resume) is for."""
+        return self.store.ids_of(digest)
 
-    async def admit_data(self, token: str, sans: Sequence[str], fetch: fabric_pb2.FetchRequest) -> Principal:
-        """The data channel's hello: the same principal and the same pull check as a gRPC Fetch."""
-        principal = self._who("Fetch", token or None, sans)
-        await self._check(principal, "Fetch", fetch)
-        return principal
+    async def admit_data(self, hello: fabric_pb2.DataHello, sans: Sequence[str]) -> StillAdmitted:
+        """The data channel's hello: the same principal and the same pull check as a gRPC Fetch; what the stream asks again
+        before each chunk (``StillAdmitted``)."""
+        principal = self._who("Fetch", hello.token or None, sans, hello.on_behalf_of or None)
+        await self._check(principal, "Fetch", hello.fetch)
+        return StillAdmitted(self, "Fetch", hello.token or None, sans, hello.on_behalf_of or None, hello.fetch)
 
-    def _who(self, method: str, token: str | None, sans: Sequence[str]) -> Principal:
+    def _who(self, method: str, token: str | None, sans: Sequence[str], behalf: str | None = None) -> Principal:
         try:
-            return self.principal(token, sans)
+            return self.acting(self.principal(token, sans), behalf)
         except Unauthenticated as exc:
             audit(method, "-", "unauthenticated", detail=str(exc))
+            raise
+        except PermissionDenied as exc:
+            ACCESS_REFUSALS.labels("on-behalf").inc()
+            audit(method, "-", "refused", detail=str(exc))
             raise
 
     async def _check(self, principal: Principal, method: str, request: Any) -> None:
@@ -143,15 +168,16 @@ class AccessGate(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(OPEN_SERVICES) or not details.method.startswith(FABRIC_PREFIX):
             return handler
-        return self._wrap(handler, details.method[len(FABRIC_PREFIX):], _bearer(details.invocation_metadata))
+        metadata = details.invocation_metadata
+        return self._wrap(handler, details.method[len(FABRIC_PREFIX):], _bearer(metadata), _header(metadata, ON_BEHALF_OF_KEY))
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str, token: str | None) -> grpc.RpcMethodHandler:
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str, token: str | None, behalf: str | None = None) -> grpc.RpcMethodHandler:
         gate = self
         serializers = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
 
         async def admitted(request: Any, context: grpc.aio.ServicerContext, principal: Principal | None = None) -> Principal:
             try:
-                principal = principal or gate._who(method, token, _sans(context))
+                principal = principal or gate._who(method, token, _sans(context), behalf)
                 await gate._check(principal, method, request)
             except FabricError as exc:
                 await abort_with(context, exc)
@@ -162,7 +188,7 @@ class AccessGate(grpc.aio.ServerInterceptor):
 
             async def stream_unary(request_iterator, context):
                 try:
-                    principal = gate._who(method, token, _sans(context))  # before a byte of the stream is read
+                    principal = gate._who(method, token, _sans(context), behalf)  # before a byte of the stream is read
                 except FabricError as exc:
                     await abort_with(context, exc)
                 messages = request_iterator.__aiter__()
@@ -183,8 +209,13 @@ class AccessGate(grpc.aio.ServerInterceptor):
 
             async def unary_stream(request, context):
                 await admitted(request, context)
+                still = StillAdmitted(gate, method, token, _sans(context), behalf, request)
                 async with aclosing(inner_gen(request, context)) as items:
                     async for item in items:
+                        try:
+                            await still.check()  # a policy reload since: the next chunk goes only if it still allows the stream
+                        except FabricError as exc:
+                            await abort_with(context, exc)
                         yield item
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, **serializers)
@@ -219,3 +250,21 @@ class AccessGate(grpc.aio.ServerInterceptor):
             return self.store.get(adapter_id).digest
         except (FabricError, OSError):
             return ""
+
+
+class StillAdmitted:
+    """A running Fetch stream's admission, made again before each chunk once the policy changed (a SIGHUP, an edited file):
+    a revoked principal's stream ends at its next chunk, ``PERMISSION_DENIED`` (``UNAUTHENTICATED`` once its token is gone)."""
+
+    def __init__(self, gate: AccessGate, method: str, token: str | None, sans: Sequence[str], behalf: str | None, request: Any) -> None:
+        self._gate = gate
+        self._call = (method, token, tuple(sans), behalf, request)
+        self._generation = gate.policy.generation
+
+    async def check(self) -> None:
+        """Nothing while the policy admitted under is in force (one comparison); else the call's admission again."""
+        if self._gate.policy.generation == self._generation:
+            return
+        self._generation = self._gate.policy.generation
+        method, token, sans, behalf, request = self._call
+        await self._gate._check(self._gate._who(method, token, sans, behalf), method, request)

@@ -18,13 +18,14 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 import grpc
 
 from adapter_fabric.errors import FabricError
+from adapter_fabric.node.victims import ASK_TIMEOUT_S
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.rpc.status import error_from_rpc
@@ -33,7 +34,6 @@ from adapter_fabric.transport import peer_calls
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.discovery import WILDCARD_HOSTS, split_host_port
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
-from adapter_fabric.node.victims import ASK_TIMEOUT_S
 
 log = logging.getLogger("fabric.node")
 

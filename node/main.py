@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+from collections.abc import Sequence
 
 from adapter_fabric.node.settings import fail, parse_settings
 
@@ -14,8 +14,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     setup_logging(settings.log_format, settings.log_level)
     from adapter_fabric.errors import FabricError
-    from adapter_fabric.transport import wire
     from adapter_fabric.node.server import serve  # after argument parsing: --help stays instant
+    from adapter_fabric.transport import wire
 
     wire.tune_malloc()  # process-wide; 30-45% faster streams (docs/BENCHMARKS.md)
     try:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -196,10 +197,10 @@ class ObservedPuller(PeerPuller):
         super().__init__(*args, **kwargs)
         self.known_peers = known_peers
 
-    def pull(self, peers: Sequence[str], adapter_id: str, check=None, sink_for=None) -> tuple[Any, PullStats]:
+    def pull(self, peers: Sequence[str], adapter_id: str, check=None, sink_for=None, **authority) -> tuple[Any, PullStats]:
         started = time.monotonic()
         try:
-            manifest, stats = super().pull(peers, adapter_id, check, sink_for)
+            manifest, stats = super().pull(peers, adapter_id, check, sink_for, **authority)
         except BaseException as exc:
             elapsed = time.monotonic() - started
             metrics.PULLS.labels(outcome_of(exc)).inc()
@@ -222,8 +223,12 @@ class ObservedPuller(PeerPuller):
         return manifest, stats
 
 
-def refresh_gauges(store: AdapterStore, model: MultiLoraModel | None) -> Callable[[], None]:
-    """A scrape hook setting the slot and store gauges from their current state."""
+def refresh_gauges(store: AdapterStore, model: MultiLoraModel | None, adapter_labels: bool = False) -> Callable[[], None]:
+    """A scrape hook setting the slot and store gauges from their current state.
+
+    ``adapter_labels`` (--metrics-adapter-labels): name each resident adapter by id. Off, its ``adapter`` label is empty:
+    /metrics answers anyone who reaches the port, and an id would tell one tenant what another has resident.
+    """
 
     def refresh() -> None:
         metrics.STORE_USED.set(store.usage())
@@ -236,6 +241,7 @@ def refresh_gauges(store: AdapterStore, model: MultiLoraModel | None) -> Callabl
         metrics.SLOTS_BUSY.set(sum(1 for s in slots if s.ref_count > 0))
         for s in slots:
             if s.name is not None:
-                metrics.RESIDENT.labels(str(s.slot), s.name, f"{s.content_id:x}" if isinstance(s.content_id, int) else str(s.content_id)).set(1)
+                name = s.name if adapter_labels else ""
+                metrics.RESIDENT.labels(str(s.slot), name, f"{s.content_id:x}" if isinstance(s.content_id, int) else str(s.content_id)).set(1)
 
     return refresh

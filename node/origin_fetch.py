@@ -28,10 +28,14 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
+from adapter_fabric.access.policy import CLUSTER, Principal, identity_of
 from adapter_fabric.errors import AdapterNotFound, FabricError, OriginUnavailable, PeerUnavailable, PermissionDenied, Untrusted
+from adapter_fabric.node.authority import pull_authority
+from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.origins.base import FetchLimits, Origin, Revision
@@ -39,10 +43,9 @@ from adapter_fabric.origins.records import RevisionRecord, RevisionRecords
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.ids import split_pin
 from adapter_fabric.store.lock_watch import check_no_store_lock
-from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.transport.pull import PullStats
-from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 
@@ -127,14 +130,18 @@ class OriginFetches:
     # ------------------------------------------------------------ entry
 
     async def resolve(
-        self, adapter_id: str, check: Callable[[Manifest], None] | None = None, flight: str = "", may_fetch: Callable[[], None] | None = None
+        self, adapter_id: str, check: Callable[[Manifest], None] | None = None, flight: str = "", may_fetch: Callable[[], None] | None = None,
+        who: Principal = CLUSTER,
     ) -> Resolved:
         """The adapter ``adapter_id`` names now (see the module docstring); AdapterNotFound or OriginUnavailable naming why not.
 
         ``check``: the caller's own refusal (an engine's base model), made before any byte of a miss moves and before
         anything is committed; callers with another ``flight`` (the check's key) never share a fetch. ``may_fetch``: raises
         unless the caller may have the bytes brought for it (its own grants: invariant 18); without it, a held id is
-        answered as held (no revalidation) and a miss is refused by it, before any peer or origin is asked.
+        answered as held (no revalidation) and a miss is refused by it, before any peer or origin is asked. ``who``: the
+        caller a miss is fetched for: its peers are told who, and bytes held here under other ids go under ``adapter_id``
+        (an ``ID@DIGEST`` pin) only if it may pull one of those ids (``node.authority``); a restricted caller's miss is
+        not shared with another caller's.
         """
         held = await self.context.io(self._held, adapter_id)
         if held is not None:
@@ -146,7 +153,8 @@ class OriginFetches:
         else:
             if may_fetch is not None:
                 may_fetch()
-            resolved = await self._joined(f"{adapter_id}\0{flight}", lambda: self._miss(adapter_id, check))
+            own = "" if who.may_everywhere("pull") else identity_of(who) or who.name
+            resolved = await self._joined(f"{adapter_id}\0{flight}\0{own}", lambda: self._miss(adapter_id, check, who))
         if check is not None:
             check(resolved.manifest)
         return resolved
@@ -219,17 +227,18 @@ class OriginFetches:
 
     # ------------------------------------------------------------ miss
 
-    async def _miss(self, adapter_id: str, check: Callable[[Manifest], None] | None) -> Resolved:
+    async def _miss(self, adapter_id: str, check: Callable[[Manifest], None] | None, who: Principal = CLUSTER) -> Resolved:
         admit = self._admit_with(check)
         base, pin = split_pin(adapter_id)
+        authority = pull_authority(who, self.store)
         if pin and len(pin) == 64 and set(pin) <= _DIGEST_CHARS:
-            local = await self.context.io(self._by_digest, adapter_id, pin)
+            local = await self.context.io(self._by_digest, adapter_id, pin, authority.get("may_reuse"))
             if local is not None:
                 return Resolved(local, PullStats(), "store")
         peers = await self.context.known_peers()
         if peers:
             try:
-                manifest, stats = await self.context.io(self.signed.pull, peers, adapter_id, admit)
+                manifest, stats = await self.context.io(self.signed.pull, peers, adapter_id, admit, None, who, **authority)
                 return Resolved(manifest, stats, "peer")
             except (AdapterNotFound, PeerUnavailable, Untrusted) as exc:
                 if not self.origins:
@@ -263,13 +272,13 @@ class OriginFetches:
             raise Untrusted(summary)
         raise AdapterNotFound(summary)
 
-    def _by_digest(self, adapter_id: str, digest: str) -> Manifest | None:
-        """``ID@DIGEST`` when those bytes are here under another id: a ref to them, nothing fetched."""
+    def _by_digest(self, adapter_id: str, digest: str, may_reuse: Callable[[str], bool] | None = None) -> Manifest | None:
+        """``ID@DIGEST`` when those bytes are here under another id the caller may pull (``may_reuse``; None: any): a ref to
+        them, nothing fetched. Otherwise None: the bytes must come from a peer or an origin, as a miss's do."""
         manifest = self.store.by_digest(digest)
-        if manifest is None:
+        if manifest is None or (may_reuse is not None and not may_reuse(digest)):
             return None
-        self.store.committer.commit_ref(manifest.with_id(adapter_id))
-        return self.store.get(adapter_id)
+        return self.store.refer(manifest.with_id(adapter_id))
 
     # ------------------------------------------------------------ one origin fetch (an I/O thread)
 

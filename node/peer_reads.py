@@ -10,14 +10,18 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import IO, AsyncIterator, Callable, Sequence, Union
+from typing import IO
 
 import grpc
 from aiolimiter import AsyncLimiter
 
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument, PeerUnavailable, QuotaExceeded
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.origin_fetch import OriginFetches
+from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.observability.metrics import SERVED_BYTES
 from adapter_fabric.store.digests import check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
@@ -26,8 +30,6 @@ from adapter_fabric.transport import fetch_metadata, swarm, wire
 from adapter_fabric.transport.pull import PeerPuller
 from adapter_fabric.trust.signing import signatures_to_proto
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.context import NodeContext
-from adapter_fabric.node.signed import SignedAdapters
 
 #: adapters whose per-chunk hand-out counts are kept for super-seeding (least recently served dropped)
 SENT_COUNTS_KEPT = 16
@@ -68,7 +70,7 @@ class Holds:
     bitmap: bytes | None = None
 
 
-Piece = Union[FilePiece, BytesPiece, Picked, Holds]
+Piece = FilePiece | BytesPiece | Picked | Holds
 
 
 def _open_blob(path: os.PathLike | str, manifest: Manifest) -> IO[bytes]:
@@ -82,8 +84,14 @@ def _open_blob(path: os.PathLike | str, manifest: Manifest) -> IO[bytes]:
 class PeerReads:
     """GetManifest, Locate, Fetch and Availability; owns the upload rate limit and the super-seeding counts."""
 
-    def __init__(self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False) -> None:
+    def __init__(
+        self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False,
+        announce: tuple[tuple[str, str], ...] = (), origins: OriginFetches | None = None,
+    ) -> None:
+        """``announce``: metadata naming this node's data channel port (``fetch_metadata.announce_data_port``), sent in replies.
+        ``origins``: where ids fetched from an origin came from (GetManifest names the revision)."""
         self.context = context
+        self.origins = origins
         #: this node never evicts (--when-full refuse): said in every Availability reply, so peers hand it their last copies
         self.durable = durable
         self.store = context.store
@@ -95,8 +103,7 @@ class PeerReads:
         self._sent: dict[str, list[int]] = {}
         self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
         self._rng = random.Random()
-        #: metadata announcing this node's data channel (``fetch_metadata.announce_data_port``); set once it listens
-        self.announce: tuple[tuple[str, str], ...] = ()
+        self.announce = announce
         self._cut: str = ""  # set while draining, once streams still sending must end: why
 
     def start_draining(self, bound: float) -> None:
@@ -120,8 +127,8 @@ class PeerReads:
         self.signed.check_stored(manifest)  # a node that trusts signers serves only signed adapters
         reply = manifest.to_proto()
         signatures_to_proto(reply, await self.context.io(self.store.signatures_of, manifest.digest))
-        if self.context.origins is not None:  # where the id's digest came from, when an origin (fabric inspect shows it)
-            record = await self.context.io(self.context.origins.record_of, manifest.adapter_id, manifest.digest)
+        if self.origins is not None:  # where the id's digest came from, when an origin (fabric inspect shows it)
+            record = await self.context.io(self.origins.record_of, manifest.adapter_id, manifest.digest)
             if record is not None:
                 reply.origin, reply.revision = record.revision.origin, record.revision.revision
         if request.with_sha256:
@@ -205,13 +212,13 @@ class PeerReads:
         end = entry.size if request.length == 0 else min(entry.size, request.offset + request.length)
         chunks: Sequence[int] = range(request.offset // entry.chunk_size, -(-end // entry.chunk_size))
         if request.accept_bitmap and entry.name == manifest.weights.name:
-            self.store.recency.touch(manifest.adapter_id)
+            self.store.touch(manifest.adapter_id)
             with self.context.in_use.hold(manifest.digest):
                 async with aclosing(self._seed(manifest, chunks, request)) as pieces:  # its counts are settled in its finally
                     async for piece in pieces:
                         yield piece
             return
-        self.store.recency.touch(manifest.adapter_id)  # served to a peer: recently used (an evicting store keeps it longer)
+        self.store.touch(manifest.adapter_id)  # served to a peer: recently used (an evicting store keeps it longer)
         with self.context.in_use.hold(manifest.digest):  # never evicted while it is being served
             path = await self.context.io(self.store.verified_blob, manifest, entry)  # bytes at rest are re-verified before they leave
             with _open_blob(path, manifest) as f:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from adapter_fabric.access.policy import Policy
 from adapter_fabric.access.policy_file import PolicyFile
 from adapter_fabric.observability.logs import StateLog
 
@@ -22,10 +24,14 @@ log = logging.getLogger("fabric.node")
 class PolicyReloads:
     """Asks (``on_sighup``, from the event loop) and the one loop that reloads (``run``)."""
 
-    def __init__(self, policy: PolicyFile | None, io: Callable[..., "asyncio.Future"]) -> None:
-        """``policy``: the file in force (None: the node has none); ``io``: runs a blocking call on an I/O thread."""
+    def __init__(
+        self, policy: PolicyFile | None, io: Callable[..., Awaitable[Any]], applied: Callable[[Policy], None] | None = None
+    ) -> None:
+        """``policy``: the file in force (None: the node has none); ``io``: runs a blocking call on an I/O thread;
+        ``applied``: told each policy a reload puts in force (the node hands the store its new [[quota]] tables)."""
         self.policy = policy
         self._io = io
+        self._applied = applied
         self._asked = asyncio.Event()
         self._why = ""
         self._states = StateLog(log)
@@ -46,7 +52,14 @@ class PolicyReloads:
             try:
                 await asyncio.wait_for(self._asked.wait(), poll_s)
             except asyncio.TimeoutError:
-                await self._io(self.policy.reload_if_changed)
+                await self._io(self._reload, None)
                 continue
             self._asked.clear()  # a signal from here on asks for one more parse, after this one
-            await self._io(self.policy.reload, self._why)
+            await self._io(self._reload, self._why)
+
+    def _reload(self, why: str | None) -> None:
+        """On an I/O thread: read the file again (when asked, or when it changed: ``why`` None) and apply what took effect."""
+        assert self.policy is not None
+        took = self.policy.reload(why) if why is not None else self.policy.reload_if_changed()
+        if took and self._applied is not None:
+            self._applied(self.policy.policy)

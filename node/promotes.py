@@ -10,19 +10,21 @@ quiescent point is a memory copy.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from adapter_fabric.access.caller import caller
 from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
 from adapter_fabric.format.base_model import base_model_matches
-from adapter_fabric.access.caller import caller
 from adapter_fabric.format.peft_fields import check_agrees
+from adapter_fabric.node.authority import pull_authority
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.origin_fetch import OriginFetches
+from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport.pull import PullStats, SinkFor
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.context import NodeContext
-from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 
@@ -30,12 +32,14 @@ log = logging.getLogger("fabric.node")
 class Promotes:
     """Promote (into a slot, or ``stage_only`` into the store)."""
 
-    def __init__(self, context: NodeContext, signed: SignedAdapters, model_names: tuple[str, ...] = ()) -> None:
+    def __init__(self, context: NodeContext, signed: SignedAdapters, origins: OriginFetches | None = None, model_names: tuple[str, ...] = ()) -> None:
+        """``origins``: a request naming no peer: held, else the peers, else the --origin list (``node.origin_fetch``)."""
         self.context = context
         #: the names the node's model goes by (--model, --base-model): a promote refuses an adapter made for another model
         self.model_names = model_names
         self.store = context.store
         self.signed = signed
+        self.origins = origins
 
     async def promote(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
         """Bring the adapter here (pulled from the peers, or staged already), verified, then into a slot (or the store only).
@@ -45,7 +49,7 @@ class Promotes:
         adapter_id = validate_adapter_id(request.adapter_id)
         with self.context.in_use.hold(adapter_id):
             reply = await (self._pull_only(request) if request.stage_only else self._promote(request))
-        await self.context.io(self.store.recency.touch, adapter_id)
+        await self.context.io(self.store.touch, adapter_id)
         return reply
 
     async def _promote(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
@@ -96,7 +100,7 @@ class Promotes:
             source_peer=",".join(stats.source_peers),
             pull_seconds=stats.pull_seconds,
             joined=stats.shared,
-            **dict(zip(("origin", "revision"), await self._origin_of(adapter_id, manifest))),
+            **dict(zip(("origin", "revision"), await self._origin_of(adapter_id, manifest), strict=True)),
         )
 
     def _check_base_model(self, manifest: Manifest, adapter_id: str) -> None:
@@ -138,12 +142,23 @@ class Promotes:
     async def _signed_pull(
         self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
     ) -> tuple[Manifest, PullStats]:
-        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves."""
-        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for)
+        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves.
+
+        It runs with the calling principal's authority (``pull_authority``), read here, in the RPC's own context.
+        """
+        who = caller()
+        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for, who, **pull_authority(who, self.store))
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
-        """The named peer first, then every known one (unless the caller asked for the named one alone)."""
+        """The named peer first, then every known one (unless the caller asked for the named one alone).
+
+        A named peer that is not a member of this node's cluster is refused before it is dialled (``NotAMember``), unless the
+        node has no credential to withhold or pulls from such peers anonymously (``adapter_fabric.transport.membership``).
+        """
         _check_peer_address(request.peer)
+        members = self.signed.puller.channels.members
+        if members is not None:
+            members.check_named(request.peer)
         if request.named_peer_only:
             return [request.peer]
         return list(dict.fromkeys([request.peer, *await self.context.known_peers()]))  # the named peer may be a known one too
@@ -163,8 +178,9 @@ class Promotes:
         await self.context.io(self.store.verified_weights, manifest)
         origin, revision = await self._origin_of(adapter_id, manifest)
         export = ""
-        if request.export_version and self.store.exports is not None:
-            export = (await self.context.io(self.store.exports.export_version, adapter_id, manifest)).name
+        if request.export_version:
+            exported = await self.context.io(self.store.export_version, adapter_id, manifest)
+            export = exported.name if exported is not None else ""
         log.info("pulled %s (stage only, %d bytes moved from %s)", adapter_id, stats.bytes_transferred, ",".join(stats.source_peers) or "-")
         return fabric_pb2.PromoteResponse(
             slot=-1,
@@ -181,14 +197,16 @@ class Promotes:
 
     async def _resolved(self, adapter_id: str, request: fabric_pb2.PromoteRequest) -> tuple[Manifest, PullStats]:
         """No peer named: held here (revalidated past --origin-ttl), else from the known peers, else the origins (node.origin_fetch)."""
-        if self.context.origins is None:
+        if self.origins is None:
             manifest, stats = await self.context.io(self.store.get, adapter_id), PullStats()
         else:
             # An engine's base model is checked before a byte of a miss moves (and a fetch for another base is not shared).
             check = (lambda m: _check_base(request, m)) if request.base_model else None
             # The caller's own grants decide whether bytes are brought for it, from a peer or an origin (invariant 18).
             who = caller()
-            resolved = await self.context.origins.resolve(adapter_id, check, flight=request.base_model, may_fetch=lambda: who.check("pull", adapter_id))
+            resolved = await self.origins.resolve(
+                adapter_id, check, flight=request.base_model, may_fetch=lambda: who.check("pull", adapter_id), who=who
+            )
             manifest, stats = resolved.manifest, resolved.stats
         self.signed.check_stored(manifest)
         _check_base(request, manifest)
@@ -196,9 +214,9 @@ class Promotes:
 
     async def _origin_of(self, adapter_id: str, manifest: Manifest) -> tuple[str, str]:
         """(origin, revision) the id's digest came from; ("", "") when staged or pulled from a peer."""
-        if self.context.origins is None:
+        if self.origins is None:
             return "", ""
-        record = await self.context.io(self.context.origins.record_of, adapter_id, manifest.digest)
+        record = await self.context.io(self.origins.record_of, adapter_id, manifest.digest)
         return (record.revision.origin, record.revision.revision) if record is not None else ("", "")
 
 

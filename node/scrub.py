@@ -6,8 +6,8 @@ import logging
 import threading
 
 from adapter_fabric.errors import IntegrityError
+from adapter_fabric.node.repair import DamageReports
 from adapter_fabric.store import AdapterStore
-from adapter_fabric.node.repair import Repairs
 
 log = logging.getLogger("fabric.node")
 
@@ -18,9 +18,9 @@ SCRUB_INTERVAL_S = 6 * 3600.0
 class Scrubber:
     """Re-reads the store at --scrub-rate bytes/s on its own thread (started here when the rate is above 0)."""
 
-    def __init__(self, store: AdapterStore, repairs: Repairs, rate: int) -> None:
+    def __init__(self, store: AdapterStore, reports: DamageReports, rate: int) -> None:
         self.store = store
-        self.repairs = repairs
+        self.reports = reports
         self._stop = threading.Event()
         if rate > 0:
             threading.Thread(target=self._loop, args=(rate,), name="scrub", daemon=True).start()
@@ -39,4 +39,4 @@ class Scrubber:
             self._stop.wait(SCRUB_INTERVAL_S)
 
     def _repair(self, adapter_id: str, digest: str, error: IntegrityError) -> None:
-        self.repairs.damage_found(adapter_id, digest, error, found_by="the scrub")
+        self.reports.found(adapter_id, digest, error, found_by="the scrub")

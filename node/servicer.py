@@ -1,6 +1,6 @@
 """The fabric.v1 servicer: the service edge, each RPC handed to the group that owns it.
 
-The groups (composed by ``adapter_fabric.node.server``): ``Staging`` (Stage, UploadOffset,
+The groups (composed by ``adapter_fabric.node.assembly.build_node``): ``Staging`` (Stage, UploadOffset,
 Unstage), ``PeerReads`` (GetManifest, Locate, Fetch, Availability),
 ``Promotes`` (Promote), ``Slots`` (ListAdapters, SetActive, Pin, Generate)
 and ``StoreReport`` (StoreStatus). Library errors become status codes here and nowhere
@@ -9,19 +9,19 @@ else: every RPC is wrapped by ``adapter_fabric.rpc.status.rpc_errors``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import AsyncIterator
 
 import grpc
 
 from adapter_fabric.access.caller import caller
-from adapter_fabric.rpc.status import rpc_errors
-from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from adapter_fabric.node.peer_reads import PeerReads
 from adapter_fabric.node.promotes import Promotes
 from adapter_fabric.node.slots import Slots
 from adapter_fabric.node.staging import Staging
 from adapter_fabric.node.store_status import StoreReport
+from adapter_fabric.rpc.status import rpc_errors
+from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 
 class FabricServicer(fabric_pb2_grpc.FabricServicer):

@@ -7,13 +7,14 @@ import grpc
 from adapter_fabric.access.caller import caller
 from adapter_fabric.errors import DeadlineExceeded, InvalidArgument
 from adapter_fabric.format.peft_fields import peft_fields_of
-from adapter_fabric.serving.names import ACTIVE
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.engines import EngineViews
+from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.origins.records import RevisionRecord
+from adapter_fabric.serving.names import ACTIVE
 from adapter_fabric.store.catalog import Listed, is_digest
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.context import NodeContext
-from adapter_fabric.node.engines import EngineViews
 
 #: the name a GenerateRequest uses for the base model
 BASE_NAME = "base"
@@ -39,8 +40,12 @@ def _staged(entry: Listed, engines: list[str], record: RevisionRecord | None = N
 class Slots:
     """ListAdapters, SetActive, Pin and Generate: what is staged and resident, and the work on resident adapters."""
 
-    def __init__(self, context: NodeContext, max_new_tokens: int, engines: EngineViews | None = None) -> None:
+    def __init__(
+        self, context: NodeContext, max_new_tokens: int, engines: EngineViews | None = None, origins: OriginFetches | None = None
+    ) -> None:
+        """``origins``: each listed id's origin and revision, when it came from one."""
         self.context = context
+        self.origins = origins
         #: which engines registered each adapter (--engine-url), shown per listed adapter
         self.engines = engines
         self.store = context.store
@@ -61,7 +66,7 @@ class Slots:
         readable = None if who.may_everywhere("read") else (lambda adapter_id: who.allows("read", adapter_id))
         listed = await self.context.io(self.store.page, after, size + 1, readable)  # one more: is there a next page?
         engines_of = self.engines.engines_of if self.engines is not None else (lambda _: [])
-        origins = self.context.origins
+        origins = self.origins
         records: dict[str, RevisionRecord | None] = {}
         if origins is not None and origins.origins:  # each id's revision record: one small read, off the event loop
             records = await self.context.io(lambda: {e.adapter_id: origins.record_of(e.adapter_id, e.digest) for e in listed[:size]})

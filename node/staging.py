@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from functools import partial
-from typing import AsyncIterator
 
+from adapter_fabric.access.caller import caller
+from adapter_fabric.access.policy import Principal
 from adapter_fabric.errors import Busy, InvalidArgument
+from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.signed import SignedAdapters
+from adapter_fabric.observability.logs import event
 from adapter_fabric.store.digests import DIGEST_SCHEME, check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.store.upload import Upload
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.node.context import NodeContext
-from adapter_fabric.node.signed import SignedAdapters
 
 log = logging.getLogger("fabric.node")
 
@@ -36,6 +39,7 @@ class Staging:
     async def stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest]) -> fabric_pb2.StageResponse:
         """Receive one upload: a StageBegin first, then data; commit it when the stream ends."""
         io = self.context.io
+        who = caller()  # the principal the gate admitted: its signer places, what it may learn of held bytes
         upload = None
         received = 0
         signed_digest, signed = "", None
@@ -46,7 +50,8 @@ class Staging:
                     if upload is not None:
                         raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
                     begin = message.begin
-                    signed_digest, signed = await io(self.signed.check_stage_begin, begin)  # before any byte moves
+                    signed_digest, signed = await io(self.signed.check_stage_begin, begin, who)  # before any byte moves
+                    prior = await io(self.store.digest_of, validate_adapter_id(begin.adapter_id))
                     upload, waited = await self._open_upload(begin)
                     if begin.offset > upload.offset and (waited or not upload.offset):
                         # What the client resumes from is gone: the stream it waited for (or one before) committed
@@ -69,7 +74,7 @@ class Staging:
             # A stream that ends early leaves its verified prefix in the upload area for a resume.
             manifest = await io(upload.commit)
             if signed is not None and manifest.digest == signed_digest:  # the signature travels with the manifest from here
-                await io(self.store.add_signature, manifest.digest, signed)
+                await io(self.signed.keep_staged, manifest.digest, signed, manifest.adapter_id, who)
         except BaseException:
             if upload is not None:
                 # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume
@@ -82,8 +87,16 @@ class Staging:
             digest=manifest.digest,
             content_id=manifest.content_id,
             bytes_received=received,
-            already_staged=upload.already_staged,
+            already_staged=upload.already_staged and await io(self._may_know_held, who, manifest.adapter_id, manifest.digest, prior),
         )
+
+    def _may_know_held(self, who: Principal, adapter_id: str, digest: str, prior: str | None) -> bool:
+        """Whether ``who`` may learn that ``digest`` was here before its Stage: it held it under this id, or may read another
+        id that holds it. Otherwise the bytes were taken as new (deduplicated silently), and ``already_staged`` says false:
+        another tenant's holdings are not the caller's to learn."""
+        if prior == digest or who.may_everywhere("read"):
+            return True
+        return any(i != adapter_id and who.allows("read", i) for i in self.store.ids_of(digest))
 
     async def _open_upload(self, begin: fabric_pb2.StageBegin) -> tuple[Upload, bool]:
         """Open ``begin``'s upload, waiting a little for an earlier stream of it to let go: a client that crashed
@@ -96,6 +109,9 @@ class Staging:
                 upload = await self.context.io(opened_with_room, partial(self._open, begin), self.make_room)
                 return upload, waited
             except Busy:
+                if not waited:
+                    event(log, "a Stage waits for an earlier stream of its upload to let go", adapter=begin.adapter_id[:200],
+                          bound_s=UPLOAD_RELEASE_WAIT_S)
                 waited = True
                 if time.monotonic() >= deadline:
                     raise
@@ -119,5 +135,5 @@ class Staging:
     async def keep(self, request: fabric_pb2.KeepRequest) -> fabric_pb2.KeepResponse:
         """Keep a staged adapter (an evicting store never drops it), or stop keeping it."""
         adapter_id = validate_adapter_id(request.adapter_id)
-        await self.context.io(self.store.kept.set, adapter_id, not request.unkeep)
+        await self.context.io(self.store.keep, adapter_id, not request.unkeep)
         return fabric_pb2.KeepResponse(kept=not request.unkeep)

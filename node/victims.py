@@ -14,16 +14,16 @@ victim. A victim no peer answers a complete copy of is a last copy.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable
 
 from adapter_fabric.errors import FabricError
+from adapter_fabric.node.engines import EngineViews
+from adapter_fabric.node.in_use import InUse
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.eviction import IN_USE, KEPT, RESIDENT, Candidate
 from adapter_fabric.transport import peer_calls
 from adapter_fabric.transport.channels import PeerChannels
-from adapter_fabric.node.engines import EngineViews
-from adapter_fabric.node.in_use import InUse
 
 #: seconds each peer gets to say whether it holds a complete copy of a victim
 ASK_TIMEOUT_S = 1.0
@@ -80,7 +80,7 @@ class CopiesElsewhere:
         asks = [(digest, peer) for digest in wanted for peer in peers]
         with ThreadPoolExecutor(max_workers=min(MAX_ASKS, len(asks)), thread_name_prefix="evict-ask") as pool:
             answers = list(pool.map(lambda ask: self._complete(*ask), asks))
-        elsewhere = {digest for (digest, _), complete in zip(asks, answers) if complete}
+        elsewhere = {digest for (digest, _), complete in zip(asks, answers, strict=True) if complete}
         return set(wanted) - elsewhere
 
     def _complete(self, digest: str, peer: str) -> bool:

@@ -33,19 +33,19 @@ def fill(root: Path, adapter: Path, count: int) -> AdapterStore:
     store = AdapterStore(root)
     digest = store.stage(adapter, "bench/000000").digest
     for i in range(1, count):
-        store.layout.ref(f"bench/{i:06d}").write_bytes(digest.encode("ascii"))
+        store._layout.ref(f"bench/{i:06d}").write_bytes(digest.encode("ascii"))
     return store
 
 
 def scan_ids(store: AdapterStore, after: str, count: int) -> list[str]:
     """The previous way of picking a page's ids: every name in refs/ read, for every page."""
-    names = (decode_id(entry.name) for entry in os.scandir(store.layout.refs))
+    names = (decode_id(entry.name) for entry in os.scandir(store._layout.refs))
     return heapq.nsmallest(count, (n for n in names if n > after))
 
 
 def scan_page(store: AdapterStore, after: str, count: int) -> list[str]:
     """The previous page: ``scan_ids``, then the same reads per entry as a page makes."""
-    catalog = store.catalog
+    catalog = store._catalog
     listed = []
     for adapter_id in scan_ids(store, after, count):
         digest = catalog.read_ref(adapter_id)
@@ -80,7 +80,7 @@ def main() -> None:
             assert [e.adapter_id for e in store.page(after, args.page)] == scan_page(store, after, args.page)
             rows.append((
                 size,
-                median_seconds(lambda: store.catalog.index.page(after, args.page), args.reps),
+                median_seconds(lambda: store._catalog.index.page(after, args.page), args.reps),
                 median_seconds(lambda: scan_ids(store, after, args.page), args.reps),
                 median_seconds(lambda: store.page(after, args.page), args.reps),
                 median_seconds(lambda: scan_page(store, after, args.page), args.reps),

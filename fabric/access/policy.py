@@ -30,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import tomllib
 from dataclasses import dataclass
+
+import tomllib
 
 from adapter_fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
 from adapter_fabric.store.ids import validate_adapter_id
@@ -106,6 +107,14 @@ class Principal:
         """Whether some grant gives ``verb`` on every id (``"*"``): such a caller needs no per-id look-up."""
         return any((verb in g.verbs or "admin" in g.verbs) and EVERYTHING in g.prefixes for g in self.grants)
 
+    def holds_prefix(self, verb: str, prefix: str) -> bool:
+        """Whether ``verb`` is granted on every id under ``prefix`` (ending in ``/``): a grant on ``*`` or on a prefix of it.
+
+        What a tenant's quota line needs (its usage is every id under the prefix): ``read`` on a part of it is not enough.
+        """
+        canonical = prefix.lower()
+        return any((verb in g.verbs or "admin" in g.verbs) and any(p == EVERYTHING or canonical.startswith(p) for p in g.prefixes) for g in self.grants)
+
     def check(self, verb: str, adapter_id: str) -> None:
         """Raise ``PermissionDenied`` naming the verb and the id's top prefix unless allowed.
 
@@ -120,6 +129,43 @@ class Principal:
     def describe(self) -> list[str]:
         """One line per grant (``read,pull on team-a/``): what ``fabric whoami`` shows."""
         return [f"{','.join(sorted(g.verbs))} on {' '.join(g.prefixes)}" for g in self.grants]
+
+
+@dataclass(frozen=True)
+class OnBehalf(Principal):
+    """A member node calling for one of its callers (``fabric-on-behalf-of``): its name, grants and identity are the caller's,
+    and it may do only what both the caller and ``sender`` (the node's own principal) may (docs/ARCHITECTURE.md, "Authority
+    travels with the request")."""
+
+    sender: Principal | None = None
+
+    def allows(self, verb: str, adapter_id: str) -> bool:
+        return super().allows(verb, adapter_id) and (self.sender is None or self.sender.allows(verb, adapter_id))
+
+    def may_anywhere(self, verb: str) -> bool:
+        return super().may_anywhere(verb) and (self.sender is None or self.sender.may_anywhere(verb))
+
+    def may_everywhere(self, verb: str) -> bool:
+        return super().may_everywhere(verb) and (self.sender is None or self.sender.may_everywhere(verb))
+
+    def holds_prefix(self, verb: str, prefix: str) -> bool:
+        return super().holds_prefix(verb, prefix) and (self.sender is None or self.sender.holds_prefix(verb, prefix))
+
+
+def on_behalf(sender: Principal, caller: Principal) -> Principal:
+    """What ``sender`` may do when it calls for ``caller``: the intersection of their grants, under the caller's name."""
+    return OnBehalf(name=f"{caller.name} (via {sender.name})"[:200], grants=caller.grants, token_sha256=caller.token_sha256, san=caller.san,
+                    sender=sender)
+
+
+def identity_of(principal: Principal) -> str:
+    """What a member node sends as ``fabric-on-behalf-of`` for ``principal``: ``sha256:<its token's hash>``, ``san:<identity>``;
+    "" for the cluster principal (a node's own admin: its pull is the node's own) and any principal without an identity."""
+    if principal.token_sha256:
+        return "sha256:" + principal.token_sha256
+    if principal.san:
+        return "san:" + principal.san
+    return ""
 
 
 @dataclass(frozen=True)
@@ -145,7 +191,19 @@ class Policy:
 
     def by_token(self, token: str) -> Principal | None:
         """The principal whose token hash matches ``token`` (constant-time per comparison), else ``None``."""
-        digest = token_sha256(token)
+        return self.by_token_hash(token_sha256(token))
+
+    def by_identity(self, identity: str) -> Principal | None:
+        """The principal an ``identity_of`` names (``sha256:<hex>`` or ``san:<identity>``), else ``None``."""
+        kind, _, value = identity.partition(":")
+        if kind == "sha256" and _SHA256.fullmatch(value):
+            return self.by_token_hash(value)
+        if kind == "san" and value:
+            return self.by_san([value])
+        return None
+
+    def by_token_hash(self, digest: str) -> Principal | None:
+        """The principal whose ``token_sha256`` is ``digest`` (constant-time per comparison), else ``None``."""
         found = None
         for p in self.principals:
             # compare every hash, so the time taken does not say which principal matched

@@ -7,14 +7,13 @@ Each reload is counted by outcome (``fabric_policy_reloads_total``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.access.policy import Policy, parse_policy
 from adapter_fabric.errors import InvalidPolicy
 from adapter_fabric.observability.audit import audit
 from adapter_fabric.observability.metrics import POLICY_RELOADS
+from adapter_fabric.store.stamps import FileStamp, file_stamp
 
 #: the largest policy file read (a thousand principals with a hundred grants fit well within)
 MAX_POLICY_BYTES = 4 << 20
@@ -39,13 +38,12 @@ def read_policy(path: Path) -> Policy:
         raise InvalidPolicy(f"{path}: {exc}") from None
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
+def _stamp(path: Path) -> FileStamp | None:
     """What changes when the file is rewritten or replaced (an editor's rename, a ConfigMap's symlink swap)."""
     try:
-        st = os.stat(path)
+        return file_stamp(path)
     except OSError:
         return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 class PolicyFile:
@@ -54,10 +52,10 @@ class PolicyFile:
     def __init__(self, path: Path) -> None:
         """Read ``path`` now: ``InvalidPolicy`` (one line) when it is broken, so a node refuses to start on it."""
         self.path = Path(path)
-        #: told each policy a reload puts in force (the node hands the store its new [[quota]] tables)
-        self.on_reload: Callable[[Policy], None] | None = None
         self._stamp = _stamp(self.path)
         self.policy = read_policy(self.path)
+        #: counts the policies put in force: a running stream re-checks its admission when it moved (``node.gate.StillAdmitted``)
+        self.generation = 0
 
     def reload(self, why: str) -> bool:
         """Read the file again; on any problem keep the policy in force. Whether the new one took effect."""
@@ -69,8 +67,7 @@ class PolicyFile:
             audit("policy-reload", "node", "refused", detail=f"{why}: kept the previous policy: {exc}")
             return False
         self.policy = policy
-        if self.on_reload is not None:
-            self.on_reload(policy)
+        self.generation += 1
         POLICY_RELOADS.labels("ok").inc()
         audit("policy-reload", "node", "ok", detail=f"{why}: {len(policy.principals)} principals")
         return True

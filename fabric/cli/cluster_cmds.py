@@ -7,10 +7,9 @@ import time
 
 from adapter_fabric.cli.connect import client_for, duration_arg, node_address, peer_address
 from adapter_fabric.cli.output import emit
-from adapter_fabric.exit_codes import EXIT_RETRYABLE
 from adapter_fabric.cli.progress import PullWatcher, on_terminal, run_polled
 from adapter_fabric.client.rollout import NodeRollout
-
+from adapter_fabric.exit_codes import EXIT_RETRYABLE
 
 
 def cmd_health(args: argparse.Namespace) -> None:

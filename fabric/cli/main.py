@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import adapter_fabric as fabric
 from adapter_fabric.cli import bulk_cmds, cluster_cmds, local_cmds, sign, slot_cmds, store_cmds, store_status
 from adapter_fabric.cli.connect import add_security_flags, duration_arg, node_address
 from adapter_fabric.cli.output import report_error
 from adapter_fabric.cli.paths import os_problem
-from adapter_fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for
 from adapter_fabric.errors import FabricError
+from adapter_fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for
 
 #: commands whose work survives an interruption (the node keeps what it verified): run them again to resume
 RESUMABLE = frozenset({"stage", "promote", "pull", "rollout"})

@@ -20,6 +20,7 @@ from typing import Any
 
 from adapter_fabric.client.results import PromoteResult, json_ready
 
+
 def emit(as_json: bool, payload: Any, human: str) -> None:
     """Print a result: ``payload`` as JSON (u64 ids as strings) or the human text."""
     if as_json:

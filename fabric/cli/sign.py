@@ -16,7 +16,6 @@ from adapter_fabric.cli.output import emit
 from adapter_fabric.cli.paths import read_input, writable_parent
 from adapter_fabric.units import parse_chunk_size
 
-
 #: what to give instead of a --key (--sign-key) that cannot be read
 KEY_FIX = "give the private key `fabric keygen NAME` wrote (NAME.key)"
 DEFAULT_CHUNK_SIZE = 1 << 20  # adapter_fabric.store.digests.DEFAULT_CHUNK_SIZE (not imported: the CLI starts without the store)

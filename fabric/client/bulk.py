@@ -13,10 +13,10 @@ its own.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from adapter_fabric.client.results import StageResult
 from adapter_fabric.errors import FabricError, InvalidArgument

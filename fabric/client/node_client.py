@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -127,7 +127,7 @@ class NodeClient:
         self._closed = True
         self.channel.close()
 
-    def __enter__(self) -> "NodeClient":
+    def __enter__(self) -> NodeClient:
         return self
 
     def __exit__(self, *exc) -> None:

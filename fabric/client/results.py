@@ -82,7 +82,7 @@ class PromoteResult(_Result):
         return ",".join(self.source_peers)
 
     @classmethod
-    def from_proto(cls, pb: fabric_pb2.PromoteResponse) -> "PromoteResult":
+    def from_proto(cls, pb: fabric_pb2.PromoteResponse) -> PromoteResult:
         return cls(
             slot=pb.slot,
             evicted_name=pb.evicted_name,
@@ -111,7 +111,7 @@ class PeftSummary(_Result):
     target_modules_pattern: str = ""
 
     @classmethod
-    def from_proto(cls, pb: fabric_pb2.PeftFields) -> "PeftSummary":
+    def from_proto(cls, pb: fabric_pb2.PeftFields) -> PeftSummary:
         return cls(
             r=pb.r,
             lora_alpha=pb.lora_alpha,
@@ -173,7 +173,7 @@ class Listing(_Result):
     device: str
 
     @classmethod
-    def from_proto(cls, pb: fabric_pb2.ListAdaptersResponse) -> "Listing":
+    def from_proto(cls, pb: fabric_pb2.ListAdaptersResponse) -> Listing:
         staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft), a.damaged, tuple(a.engines),
                                 a.origin, a.revision, a.checked_at) for a in pb.staged]
         slots = [SlotInfo(s.slot, s.name or None, s.content_id, s.ref_count, s.pinned, s.active, s.last_used, s.rank, s.digest) for s in pb.slots]
@@ -214,7 +214,7 @@ class Identity(_Result):
     policy: bool
 
     @classmethod
-    def from_proto(cls, reply: fabric_pb2.WhoAmIResponse) -> "Identity":
+    def from_proto(cls, reply: fabric_pb2.WhoAmIResponse) -> Identity:
         return cls(reply.principal, [Grant(list(g.verbs), list(g.prefixes)) for g in reply.grants], reply.policy)
 
 
@@ -325,7 +325,7 @@ class StoreStatus(_Result):
     origins: list[OriginState] = field(default_factory=list)  # one per --origin: how it answered last
 
     @classmethod
-    def from_proto(cls, pb: fabric_pb2.StoreStatusResponse) -> "StoreStatus":
+    def from_proto(cls, pb: fabric_pb2.StoreStatusResponse) -> StoreStatus:
         """The result of a ``StoreStatusResponse``."""
         def leftovers(items) -> list[StoreLeftover]:
             return [StoreLeftover(i.adapter_id, i.digest, i.bytes, i.age_seconds, i.in_use) for i in items]

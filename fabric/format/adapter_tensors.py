@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adapter_fabric.format.config import PeftAdapterConfig
 from adapter_fabric.errors import InvalidTensors
+from adapter_fabric.format.config import PeftAdapterConfig
 from adapter_fabric.format.safetensors_index import SafetensorsIndex, TensorInfo
 
 PREFIX = "base_model.model."

@@ -19,7 +19,7 @@ Pure: strings in, a verdict out.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 #: a Hugging Face hub cache directory: models--ORG--NAME
 _HUB_CACHE = re.compile(r"models--(?:(?P<org>.+?)--)?(?P<name>[^/]+)")

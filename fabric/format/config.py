@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from adapter_fabric.errors import InvalidConfig
 
@@ -102,7 +103,7 @@ class PeftAdapterConfig:
     # ------------------------------------------------------------- parsing
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "PeftAdapterConfig":
+    def from_dict(cls, raw: Mapping[str, Any]) -> PeftAdapterConfig:
         if not isinstance(raw, Mapping):
             raise InvalidConfig(f"{CONFIG_FILE} must hold a JSON object, not {type(raw).__name__}")
         peft_type = raw.get("peft_type", "LORA")
@@ -141,7 +142,7 @@ class PeftAdapterConfig:
         )
 
     @classmethod
-    def from_json_bytes(cls, data: bytes) -> "PeftAdapterConfig":
+    def from_json_bytes(cls, data: bytes) -> PeftAdapterConfig:
         try:
             raw = json.loads(data.decode("utf-8"))
         except UnicodeDecodeError as exc:
@@ -151,7 +152,7 @@ class PeftAdapterConfig:
         return cls.from_dict(raw)
 
     @classmethod
-    def from_dir(cls, adapter_dir: str | Path) -> "PeftAdapterConfig":
+    def from_dir(cls, adapter_dir: str | Path) -> PeftAdapterConfig:
         path = Path(adapter_dir) / CONFIG_FILE
         try:
             data = path.read_bytes()
@@ -225,7 +226,7 @@ class PeftAdapterConfig:
         )
 
     @classmethod
-    def from_lora_config(cls, config) -> "PeftAdapterConfig":
+    def from_lora_config(cls, config) -> PeftAdapterConfig:
         """Parse a ``peft.LoraConfig`` through the same strict path as a file."""
         return cls.from_dict(json.loads(json.dumps(config.to_dict(), default=_jsonable)))
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from adapter_fabric.format.config import PeftAdapterConfig
 from adapter_fabric.errors import ConfigMismatch
+from adapter_fabric.format.config import PeftAdapterConfig
 from adapter_fabric.v1 import fabric_pb2
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 #: adapters one populate call may make (the metadata benchmark's 100,000 with room to spare)
 MAX_ADAPTERS = 1_000_000

@@ -27,8 +27,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from blake3 import blake3
 
@@ -90,7 +91,7 @@ class TransferPath:
     # "raw-socket" | "generated" | "wire" | "wire-blake3" | "wire-sha256" | "wire-sha256-thread" | "wire-sync" | "data-channel" | "data-channel-blake3"
     client: str
     chunk: int = MIB
-    options: Optional[list] = None  # both sides; None = adapter_fabric.transport.wire's tuned options
+    options: list | None = None  # both sides; None = adapter_fabric.transport.wire's tuned options
     malloc: bool = True  # wire.tune_malloc() in server and client
 
     def resolved_options(self) -> list:

@@ -15,9 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
-
 
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.errors import PeerUnavailable
@@ -71,7 +70,7 @@ class LocalNode:
         self.banner = ""  # the node's "fabric-node listening on ..." line
         self._lines: list[str] = []
 
-    def start(self) -> "LocalNode":
+    def start(self) -> LocalNode:
         self.launch()
         return self.wait_ready()
 
@@ -85,7 +84,7 @@ class LocalNode:
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, env=env)
 
-    def wait_ready(self) -> "LocalNode":
+    def wait_ready(self) -> LocalNode:
         """Read the announced port, then wait for health SERVING."""
         deadline = time.monotonic() + START_TIMEOUT_S
         assert self.process.stdout is not None
@@ -152,7 +151,7 @@ class LocalNode:
             self.process.kill()
             self.process.wait()
 
-    def __enter__(self) -> "LocalNode":
+    def __enter__(self) -> LocalNode:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -178,7 +177,7 @@ class LocalCluster:
             for i, port in enumerate(ports)
         ]
 
-    def start(self) -> "LocalCluster":
+    def start(self) -> LocalCluster:
         # Launch them all before waiting on any: their start-up (imports, model) overlaps.
         try:
             for node in self.nodes:
@@ -196,7 +195,7 @@ class LocalCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -58,7 +58,7 @@ class NetLab:
     def namespaces(self) -> list[str]:
         return [self.hub, self.ctl, *(self.node_ns(i) for i in range(self.nodes))]
 
-    def up(self) -> "NetLab":
+    def up(self) -> NetLab:
         self.down()  # leftovers of a run that was killed
         try:
             _ip("netns", "add", self.hub)

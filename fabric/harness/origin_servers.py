@@ -16,13 +16,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import unquote, urlsplit
 
 from adapter_fabric.harness.cluster import free_port
+
 
 class ServerMissing(RuntimeError):
     """A server's program is not installed here (the message says how to install it)."""
@@ -108,7 +109,7 @@ def moto_s3() -> Iterator[str]:
     try:
         import moto.server  # noqa: F401
     except ImportError:
-        raise ServerMissing("moto[server] is not installed (pip install -e '.[test]')")
+        raise ServerMissing("moto[server] is not installed (pip install -e '.[test]')") from None
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

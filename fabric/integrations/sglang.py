@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from adapter_fabric.errors import FabricError, InvalidArgument, PeerUnavailable
 from adapter_fabric.integrations.engine_http import exchange
-from adapter_fabric.integrations.engine_models import EngineLoRA, EngineList, engine_label, json_reply, read_models
+from adapter_fabric.integrations.engine_models import EngineList, EngineLoRA, engine_label, json_reply, read_models
 
 #: bound on one whole call (connect, request and the whole reply): SGLang reads the adapter's files before it answers a load
 CALL_TIMEOUT_S = 30.0

@@ -22,8 +22,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -154,7 +154,7 @@ class ProbeEndpoint:
     def port(self) -> int:
         return self._server.server_address[1]
 
-    def start(self) -> "ProbeEndpoint":
+    def start(self) -> ProbeEndpoint:
         self._thread.start()
         return self
 

@@ -16,7 +16,8 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 _FIELDS = "fabric_fields"
 

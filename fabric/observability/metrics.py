@@ -11,7 +11,8 @@ scrape by the node (``set_refresh``), so they are never stale.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterable, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
@@ -33,7 +34,8 @@ SLOTS_FILLED = Gauge("fabric_slots_filled", "Slots holding an adapter.", registr
 SLOTS_PINNED = Gauge("fabric_slots_pinned", "Slots pinned against eviction.", registry=REGISTRY)
 SLOTS_BUSY = Gauge("fabric_slots_busy", "Slots a running sequence holds (ref count above 0).", registry=REGISTRY)
 RESIDENT = Gauge(
-    "fabric_resident_adapter_info", "1 for each adapter resident in a slot (one series per filled slot).", ["slot", "adapter", "content_id"], registry=REGISTRY
+    "fabric_resident_adapter_info", "1 for each adapter resident in a slot (one series per filled slot; adapter empty unless --metrics-adapter-labels).",
+    ["slot", "adapter", "content_id"], registry=REGISTRY,
 )
 
 PROMOTES = Counter("fabric_promotes_total", "Promote calls that load a slot, by outcome.", ["outcome"], registry=REGISTRY)

@@ -51,7 +51,7 @@ class Revision:
         return {"origin": self.origin, "revision": self.revision, "validators": [list(v) for v in self.validators]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Revision":
+    def from_dict(cls, data: dict) -> Revision:
         return cls(str(data["origin"]), str(data["revision"]), tuple((str(a), str(b)) for a, b in data.get("validators", ())))
 
 

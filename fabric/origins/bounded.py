@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from adapter_fabric.errors import LimitExceeded, OriginTooSlow
 from adapter_fabric.origins.base import FetchLimits

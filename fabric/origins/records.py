@@ -16,9 +16,9 @@ import os
 import secrets
 import shutil
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from adapter_fabric.origins.base import Revision
 from adapter_fabric.store.files import decode_id, encode_id
@@ -43,7 +43,7 @@ class RevisionRecord:
         return json.dumps({**fields, **self.revision.to_dict()}, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes) -> "RevisionRecord":
+    def from_json(cls, raw: bytes) -> RevisionRecord:
         data = json.loads(raw)
         return cls(str(data["digest"]), Revision.from_dict(data), float(data["checked_at"]), bool(data.get("pinned", False)), bool(data.get("vouched", False)))
 

@@ -11,7 +11,7 @@ the drain bound is near.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 

@@ -9,8 +9,7 @@ connections rather than bytes: concurrent ``Fetch`` streams per peer.
 from __future__ import annotations
 
 import time
-
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 

@@ -18,16 +18,20 @@ from __future__ import annotations
 import collections
 import hmac
 import ssl
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 
-from adapter_fabric.errors import InvalidArgument, Unauthenticated
-from adapter_fabric.rpc.status import abort_with, refusing_handler
+from adapter_fabric.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from adapter_fabric.rpc.status import refusing_handler
 
 AUTH_METADATA_KEY = "authorization"
+#: request metadata naming the caller a member node calls for: ``sha256:<hex of its token>`` or ``san:<identity>``
+#: (``adapter_fabric.access.policy.identity_of``; the holder admits what both may do: ``adapter_fabric.node.gate``)
+ON_BEHALF_OF_KEY = "fabric-on-behalf-of"
 _BEARER = "Bearer "
 
 #: methods any caller may use, auth or not
@@ -87,19 +91,23 @@ class TlsFiles:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
-    def client_ssl_context(self) -> ssl.SSLContext:
-        """The same TLS as ``channel_credentials``, for a peer's data channel: the server verified, this side's certificate presented."""
+    def client_ssl_context(self, *, anonymous: bool = False) -> ssl.SSLContext:
+        """The same TLS as ``channel_credentials``, for a peer's data channel: the server verified, this side's certificate presented
+        (``anonymous``: none)."""
         context = ssl.create_default_context(cafile=str(self.ca) if self.ca is not None else None)
-        if self.cert is not None and self.key is not None:
+        if self.cert is not None and self.key is not None and not anonymous:
             context.load_cert_chain(self.cert, self.key)
         return context
 
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        """TLS for a caller: verify the server against the CA (system roots when none); present cert/key when given."""
+    def channel_credentials(self, *, anonymous: bool = False) -> grpc.ChannelCredentials:
+        """TLS for a caller: verify the server against the CA (system roots when none); present cert/key when given.
+
+        ``anonymous``: present no client certificate (a node dialling an address that is not a member of its cluster).
+        """
         return grpc.ssl_channel_credentials(
             root_certificates=_read_pem(self.ca, "TLS CA"),
-            private_key=_read_pem(self.key, "TLS key"),
-            certificate_chain=_read_pem(self.cert, "TLS certificate"),
+            private_key=None if anonymous else _read_pem(self.key, "TLS key"),
+            certificate_chain=None if anonymous else _read_pem(self.cert, "TLS certificate"),
         )
 
 
@@ -136,19 +144,20 @@ class _CallDetails(
     pass
 
 
-class _TokenInterceptor(
+class _MetadataInterceptor(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Adds the bearer token to every call on a sync channel."""
+    """Adds fixed metadata (the bearer token) to every call on a sync channel, in place of any the call carried under those keys."""
 
-    def __init__(self, token: str) -> None:
-        self._metadata = bearer_metadata(check_token(token))
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+        self._keys = {key for key, _ in metadata}
 
     def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        metadata = [m for m in (details.metadata or ()) if m[0] != AUTH_METADATA_KEY]
+        metadata = [m for m in (details.metadata or ()) if m[0] not in self._keys]
         return _CallDetails(
             details.method,
             details.timeout,
@@ -171,8 +180,13 @@ class _TokenInterceptor(
         return continuation(self._with_token(details), request_iterator)
 
 
-def token_interceptor(token: str) -> _TokenInterceptor:
-    return _TokenInterceptor(token)
+def token_interceptor(token: str) -> _MetadataInterceptor:
+    return _MetadataInterceptor(bearer_metadata(check_token(token)))
+
+
+def metadata_interceptor(metadata: tuple[tuple[str, str], ...]) -> _MetadataInterceptor:
+    """An interceptor adding ``metadata`` to every call of a channel it wraps (``grpc.intercept_channel``)."""
+    return _MetadataInterceptor(metadata)
 
 
 def channel(
@@ -191,8 +205,20 @@ def channel(
 # ---------------------------------------------------------------- the server side
 
 
+#: a token-guarded call a member makes for one of its callers reaches a node with no policy: it cannot tell what that caller may do
+BEHALF_WITHOUT_POLICY = (
+    "the call is made for another principal (fabric-on-behalf-of), and this node has no --policy to check what that principal may do: "
+    "run the nodes of a cluster with one policy"
+)
+
+
 class BearerAuth(grpc.aio.ServerInterceptor):
-    """Refuses calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED, before the servicer runs."""
+    """Refuses calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED, before the servicer runs.
+
+    A call that carries the token and names a caller it is made for (``ON_BEHALF_OF_KEY``) is refused too
+    (PERMISSION_DENIED): the token grants every verb here, which that caller may not hold; a call open without the token
+    (a peer read without ``peer_reads``) is served as to anyone.
+    """
 
     def __init__(self, token: str, *, peer_reads: bool = False) -> None:
         self._expected = (_BEARER + check_token(token)).encode()
@@ -223,7 +249,11 @@ class BearerAuth(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or not self.requires_token(details.method) or self.authorized(details.invocation_metadata):
+        if handler is None or not self.requires_token(details.method):
+            return handler
+        if self.authorized(details.invocation_metadata):
+            if any(key == ON_BEHALF_OF_KEY for key, _ in details.invocation_metadata or ()):
+                return refusing_handler(handler, PermissionDenied(BEHALF_WITHOUT_POLICY))
             return handler
         has_header = any(key == AUTH_METADATA_KEY for key, _ in details.invocation_metadata or ())
         problem = "a wrong bearer token" if has_header else "no bearer token"

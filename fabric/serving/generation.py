@@ -15,7 +15,7 @@ ref is always dropped, and never before the job that took it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -20,9 +20,9 @@ within rounding (~1e-7) of PEFT's ``B(A(x)) * scaling``.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -96,6 +96,7 @@ class LoraLinear(nn.Module):
             h = (x @ self._a[s, :r].t()) * self._scaling[s]
             return result.view(-1, result.shape[-1]).addmm_(h.view(-1, r), self._b[s, :, :r].t()).view(result.shape)
         rows = routing.rows
+        assert rows is not None, "a mixed routing carries its rows"
         a = self._a[:, :r].index_select(0, rows)  # [batch, r, in]
         b = self._b[:, :, :r].index_select(0, rows)  # [batch, out, r]
         scale = self._scaling.index_select(0, rows).view(-1, 1, 1)  # [batch, 1, 1]

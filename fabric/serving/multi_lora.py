@@ -9,13 +9,13 @@ Loading (``prepare`` off every lock, ``commit`` at the quiescent point) is
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from adapter_fabric.serving.device import resolve_device
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument
+from adapter_fabric.serving.device import resolve_device
 from adapter_fabric.serving.lora_layers import BASE_ROUTING, LoraLinear, Routing, routed
 from adapter_fabric.serving.pool import ACTIVE, SlotPool
 from adapter_fabric.serving.slot_adapters import SAFETENSORS_FILE, Fetcher, PoolAdapters, PreparedAdapter, RowSlot

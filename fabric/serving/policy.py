@@ -8,8 +8,8 @@ A busy slot (ref count > 0) is never a candidate (invariant 1).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from adapter_fabric.errors import PinLimitReached, PoolFull
 

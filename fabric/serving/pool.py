@@ -23,21 +23,21 @@ the active slot) is guarded by one re-entrant lock.
 from __future__ import annotations
 
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument, SlotBusy
 from adapter_fabric.serving.host_copy import SINGLE_THREAD_COPY_BYTES, host_copy
-from adapter_fabric.serving.staging import StagingRows
-from adapter_fabric.serving.slot_records import SlotInfo, SlotMeta, Span, StagedAdapter
 from adapter_fabric.serving.names import ACTIVE
 from adapter_fabric.serving.policy import SlotView, check_pin_limit, choose_victim
+from adapter_fabric.serving.slot_records import SlotInfo, SlotMeta, Span, StagedAdapter
+from adapter_fabric.serving.staging import RowLayout, RowStager
 
 
-
-class SlotPool(StagingRows):
-    """``slots`` adapter slots for the given modules, preallocated at ``max_rank``."""
+class SlotPool:
+    """``slots`` adapter slots for the given modules, preallocated at ``max_rank``; adapters are staged into host rows by
+    its ``RowStager`` (off every lock) and committed here."""
 
     def __init__(
         self,
@@ -57,18 +57,14 @@ class SlotPool(StagingRows):
         self.max_rank = max_rank
         self.device = torch.device(device)
         self.dtype = dtype
-        self.modules: tuple[str, ...] = tuple(modules)
+        self.layout = RowLayout.of(modules, max_rank)
+        self.modules: tuple[str, ...] = self.layout.modules
         self.module_index = {m: i for i, m in enumerate(self.modules)}
-        self._spans: dict[str, Span] = {}
-        offset = 0
-        for name, (fan_in, fan_out) in modules.items():
-            if fan_in < 1 or fan_out < 1:
-                raise InvalidArgument(f"module {name}: shape (in={fan_in}, out={fan_out}) must be positive")
-            self._spans[name] = Span(offset, offset + max_rank * fan_in, fan_in, fan_out)
-            offset += max_rank * (fan_in + fan_out)
-        self.slot_numel = offset
+        self.slot_numel = self.layout.slot_numel
+        #: lays adapters out as host slot rows before their commit (``adapter_fabric.serving.staging``)
+        self.rows = RowStager(self.layout, self.device, dtype)
         self.zero_slot = slots
-        self.storage = torch.zeros(slots + 1, offset, device=self.device, dtype=dtype)
+        self.storage = torch.zeros(slots + 1, self.slot_numel, device=self.device, dtype=dtype)
         self.scaling = torch.zeros(len(self.modules), slots + 1, device=self.device, dtype=dtype)
         self._a = {m: self._view(m, a=True) for m in self.modules}
         self._b = {m: self._view(m, a=False) for m in self.modules}
@@ -76,13 +72,12 @@ class SlotPool(StagingRows):
         self._names: dict[str, int] = {}
         self._active: int | None = None
         self._clock = 0
-        self._spare: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.lock = threading.RLock()
 
     # ------------------------------------------------------------ buffers
 
     def _view(self, module: str, a: bool) -> torch.Tensor:
-        span = self._spans[module]
+        span = self.layout.spans[module]
         if a:
             return self.storage[:, span.a_off : span.a_off + self.max_rank * span.in_features].view(self.slots + 1, self.max_rank, span.in_features)
         return self.storage[:, span.b_off : span.b_off + self.max_rank * span.out_features].view(self.slots + 1, span.out_features, self.max_rank)
@@ -101,8 +96,25 @@ class SlotPool(StagingRows):
 
     def shape_of(self, module: str) -> tuple[int, int]:
         """``(in_features, out_features)`` of an adapted module."""
-        span = self._spans[module]
-        return span.in_features, span.out_features
+        return self.layout.shape_of(module)
+
+    # ------------------------------------------------------------ staging (off every lock: ``RowStager``)
+
+    def stage(self, pairs: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scalings: Mapping[str, float]) -> StagedAdapter:
+        """Check an adapter against the pool and lay it out as one host slot row (``RowStager.stage``)."""
+        return self.rows.stage(pairs, scalings)
+
+    def span(self, module: str) -> Span:
+        """Where a module's A and B start in a slot row (elements), and its shape."""
+        return self.layout.spans[module]
+
+    def blank_row(self, ranks: Mapping[str, int], scalings: Mapping[str, float]) -> StagedAdapter:
+        """A staging row for an adapter of these module ranks, zero wherever it will not write (``RowStager.blank_row``)."""
+        return self.rows.blank_row(ranks, scalings)
+
+    def recycle(self, staged: StagedAdapter) -> None:
+        """Hand a staged adapter's buffers back for the next ``stage``; it cannot be committed again."""
+        self.rows.recycle(staged)
 
     # ------------------------------------------------------------ commit (quiescent point)
 
@@ -189,12 +201,13 @@ class SlotPool(StagingRows):
             return slot, evicted
 
     def _write(self, slot: int, staged: StagedAdapter) -> None:
+        row, scaling = staged.buffers()
         try:
             if self.device.type == "cpu" and staged.nbytes < SINGLE_THREAD_COPY_BYTES:
-                host_copy(self.storage[slot], staged.row)  # one thread: no wait for torch's intra-op pool
+                host_copy(self.storage[slot], row)  # one thread: no wait for torch's intra-op pool
             else:
-                self.storage[slot].copy_(staged.row, non_blocking=True)
-            self.scaling[:, slot].copy_(staged.scaling, non_blocking=True)
+                self.storage[slot].copy_(row, non_blocking=True)
+            self.scaling[:, slot].copy_(scaling, non_blocking=True)
             if self.device.type == "cuda":
                 # The slot is marked ready only once the bytes are on the device.
                 torch.cuda.current_stream(self.device).synchronize()

@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 import torch
 
 from adapter_fabric.errors import InvalidArgument, InvalidTensors
 from adapter_fabric.format.adapter_tensors import LoraPair
+from adapter_fabric.format.safetensors_index import SafetensorsIndex
 from adapter_fabric.format.tensor_file import TORCH_DTYPES, has_non_finite
 from adapter_fabric.serving.host_copy import host_array
 from adapter_fabric.serving.pool import SlotPool
-from adapter_fabric.format.safetensors_index import SafetensorsIndex
 from adapter_fabric.serving.slot_records import StagedAdapter
 
 
@@ -66,8 +66,9 @@ class RowSink:
         self._digest = digest
         self._pieces = pieces
         self._starts = [p.start for p in pieces]
-        self._staged = staged
-        self._row = host_array(staged.row)  # integer view of the row's bytes: numpy copies, one thread, no dtype conversion
+        self._staged: StagedAdapter | None = staged
+        self._row_tensor, _ = staged.buffers()  # the row, as long as this sink holds it (``finish`` hands it over)
+        self._row = host_array(self._row_tensor)  # integer view of the row's bytes: numpy copies, one thread, no dtype conversion
         self._expected = sum(p.end - p.start for p in pieces)
         self._landed = 0
         self._lock = threading.Lock()
@@ -80,7 +81,7 @@ class RowSink:
     def build(
         cls, pool: SlotPool, index: SafetensorsIndex, pairs: Mapping[str, LoraPair], scalings: Mapping[str, float],
         chunk_size: int | None = None, digest: str = "",
-    ) -> "RowSink | None":
+    ) -> RowSink | None:
         """A sink for a weights file of header ``index``, its pairs already checked against the pool (``check_compatible``).
 
         ``chunk_size``: the chunks it will be fed (None: the whole file at once); None is answered when a chunk
@@ -118,7 +119,7 @@ class RowSink:
             self._landed += landed
             done = landed and self._landed == self._expected
         if done and self._chunk_size:  # fed whole, the row is checked in ``finish``: no overlap to win
-            check = threading.Thread(target=self._check_finite, args=(self._staged.row,), name="row-finite-check", daemon=True)
+            check = threading.Thread(target=self._check_finite, args=(self._row_tensor,), name="row-finite-check", daemon=True)
             check.start()
             self._finite_check = check
 
@@ -172,16 +173,18 @@ class RowSink:
 
     def finish(self) -> StagedAdapter:
         """The complete row, checked for non-finite values (``InvalidTensors`` naming the tensor); the sink is spent."""
-        if not self.complete:
+        if not self.complete or self._staged is None:
             raise InvalidArgument(
                 f"the row of {self._digest or 'an adapter'} holds {self._landed} of {self._expected} tensor bytes: its pull did not finish"
+                if not self.complete else f"the row of {self._digest or 'an adapter'} was handed over already"
             )
         if self._finite_check is not None:
             self._finite_check.join()
             non_finite = self._non_finite
         else:  # no tensor bytes at all: nothing ran
-            non_finite = has_non_finite(self._staged.row)
+            non_finite = has_non_finite(self._row_tensor)
         staged, self._staged = self._staged, None
+        assert staged is not None
         if non_finite:
             message = self._non_finite_message(staged)
             self._pool.recycle(staged)
@@ -197,7 +200,7 @@ class RowSink:
             self._staged = None
 
     def _non_finite_message(self, staged: StagedAdapter) -> str:
-        row = staged.row
+        row, _ = staged.buffers()
         for piece in self._pieces:
             stored = (piece.end - piece.start) // piece.dtype.itemsize  # elements of the tensor
             rows = stored // piece.width

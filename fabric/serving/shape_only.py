@@ -9,12 +9,12 @@ store-and-pool node could use it to check and hold adapters without a model.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from adapter_fabric.serving.device import resolve_device
 from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.serving.device import resolve_device
 from adapter_fabric.serving.pool import SlotPool
 from adapter_fabric.serving.slot_adapters import Fetcher, PoolAdapters
 from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES
@@ -61,7 +61,7 @@ class ShapeOnlyModel(PoolAdapters):
         super().__init__(pool, target_modules=wanted, module_names=names, model_label=label, fetcher=fetcher)
 
     @classmethod
-    def llama3_8b(cls, **kwargs) -> "ShapeOnlyModel":
+    def llama3_8b(cls, **kwargs) -> ShapeOnlyModel:
         return cls(llama_module_shapes(**LLAMA3_8B), label="Llama-3-8B (shapes only)", **kwargs)
 
 

@@ -25,23 +25,24 @@ and no weights (benchmarks at Llama-3-8B shapes, store-and-pool checks).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any
 
+from adapter_fabric.errors import AdapterNotFound, AdaptersUnsupported, IncompatibleAdapter, IntegrityError, InvalidAdapter
 from adapter_fabric.format.adapter_tensors import LoraPair, lora_pairs
-from adapter_fabric.serving.adapters import ModelAdapters
 from adapter_fabric.format.config import PeftAdapterConfig
 from adapter_fabric.format.content_id import content_id
-from adapter_fabric.errors import AdapterNotFound, AdaptersUnsupported, IncompatibleAdapter, IntegrityError, InvalidAdapter
-from adapter_fabric.store.digests import DEFAULT_CHUNK_SIZE, hash_bytes
-from adapter_fabric.store.manifest import Manifest
-from adapter_fabric.store.ids import validate_name
-from adapter_fabric.serving.pool import ACTIVE, SlotPool, StagedAdapter
-from adapter_fabric.serving.slot_records import SlotInfo
-from adapter_fabric.serving.row_sink import RowSink
 from adapter_fabric.format.safetensors_index import parse_header
 from adapter_fabric.format.tensor_file import map_immutable, read_private
+from adapter_fabric.serving.adapters import ModelAdapters
+from adapter_fabric.serving.pool import ACTIVE, SlotPool, StagedAdapter
+from adapter_fabric.serving.row_sink import RowSink
+from adapter_fabric.serving.slot_records import SlotInfo
+from adapter_fabric.store.digests import DEFAULT_CHUNK_SIZE, hash_bytes
+from adapter_fabric.store.ids import validate_name
+from adapter_fabric.store.manifest import Manifest
 
 SAFETENSORS_FILE = "adapter_model.safetensors"
 
@@ -182,6 +183,7 @@ class PoolAdapters(ModelAdapters):
         if len(buffer) != index.file_size:
             raise IntegrityError(f"the safetensors bytes are {len(buffer)} long, their header describes {index.file_size}")
         sink = RowSink.build(self.pool, index, pairs, _scalings(config, pairs))
+        assert sink is not None, "a whole file always lays out as a row (only a chunked pull's layout may not)"
         sink.add(0, memoryview(buffer))
         # NaN/inf anywhere (or fp32 -> fp16 overflow): one aminmax over the row, then the tensor named.
         return sink.finish()

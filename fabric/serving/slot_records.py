@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adapter_fabric.errors import InvalidArgument
+
 
 @dataclass
 class SlotMeta:
@@ -46,6 +48,12 @@ class StagedAdapter:
     ranks: dict[str, int]
     rank: int
     nbytes: int = field(default=0)
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row and its scaling; ``InvalidArgument`` once recycled (it can be neither committed nor read again)."""
+        if self.row is None or self.scaling is None:
+            raise InvalidArgument("this staged adapter's buffers were recycled (committed or abandoned); prepare it again")
+        return self.row, self.scaling
 
 
 @dataclass(frozen=True)

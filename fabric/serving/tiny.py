@@ -8,16 +8,16 @@ caller's random state. The demo, the tests and the benchmarks all use these.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
 from adapter_fabric.errors import InvalidArgument
-from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
+from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES as DEFAULT_TARGET_MODULES  # re-exported: the tiny models adapt these
 
-
-_TINY_SHAPE = dict(
+_TINY_SHAPE: dict[str, Any] = dict(
     vocab_size=256,
     hidden_size=64,
     intermediate_size=128,

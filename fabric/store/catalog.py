@@ -6,9 +6,10 @@ it when a manifest was written or removed so its cache stays true.
 
 from __future__ import annotations
 
+import builtins
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument, StoreMissing
 from adapter_fabric.store.files import decode_id
@@ -182,7 +183,7 @@ class Catalog:
         ids = sorted(i for i, d in self.refs().items() if d == digest)
         return manifest.with_id(ids[0]) if ids else None
 
-    def list(self) -> list[Manifest]:
+    def list(self) -> builtins.list[Manifest]:
         """Every committed adapter whose manifest reads, sorted by id; a damaged entry is left out (``problem`` names it)."""
         return list(self.each())
 
@@ -196,11 +197,11 @@ class Catalog:
             if manifest is not None:  # else unstaged while we listed
                 yield manifest.with_id(adapter_id)
 
-    def _scan_ids(self) -> list[str]:
+    def _scan_ids(self) -> builtins.list[str]:
         """Every name in ``refs/`` that is an id (not read: what the index is built from)."""
         return [n for n in (decode_id(entry.name) for entry in os.scandir(self.layout.refs)) if _is_id(n)]
 
-    def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> list[Listed]:
+    def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> builtins.list[Listed]:
         """Up to ``count`` staged ids sorted after ``after`` ("" = from the first), each with its manifest or its problem.
 
         ``keep``: only ids it answers true for are listed (a caller's readable ids), chosen before the page is cut.
@@ -211,7 +212,7 @@ class Catalog:
             ids = self.index.page(after, count, keep)
         except FileNotFoundError:
             raise self.missing_store() from None
-        listed: list[Listed] = []
+        listed: builtins.list[Listed] = []
         for adapter_id in ids:
             digest = self.read_ref(adapter_id)
             if digest is None:
@@ -252,15 +253,15 @@ class Catalog:
             manifest = None
         return next((f.name for f in manifest.files if f.root == root), "file") if manifest is not None else "file"
 
-    def store_gone(self) -> StoreMissing | None:
-        """``missing_store()`` when the store's root, its format marker or a core directory is gone; None while whole.
+    def check_present(self) -> None:
+        """Raise ``missing_store()`` when the store's root, its format marker or a core directory is gone.
 
         The marker counts: a writer that recreated a directory of a deleted store (a lock file, an upload's folder) does
         not make it a store again.
         """
         layout = self.layout
-        whole = layout.format_marker.is_file() and all(d.is_dir() for d in (layout.refs, layout.manifests, layout.blobs))
-        return None if whole else self.missing_store()
+        if not (layout.format_marker.is_file() and all(d.is_dir() for d in (layout.refs, layout.manifests, layout.blobs))):
+            raise self.missing_store()
 
     def missing_store(self) -> StoreMissing:
         """The error for a store whose directory (or a part of it) was removed while this process uses it."""

@@ -33,13 +33,12 @@ from typing import Protocol
 
 from adapter_fabric.errors import AdapterNotFound
 from adapter_fabric.store.catalog import Catalog
-from adapter_fabric.store.durable import StoreLock, TempFiles
-from adapter_fabric.store.files import fsync_dir
+from adapter_fabric.store.durable import SYNC_THREADS, DeferredSyncs, TempFiles, fsync_dir
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.quota import Quota
 from adapter_fabric.store.recovery import GarbageCollector
-from adapter_fabric.store.syncs import SYNC_THREADS, DeferredSyncs
+from adapter_fabric.store.store_lock import StoreLock
 
 #: commits one leader makes durable together: bounds how long the last of a batch waits
 MAX_BATCH = 256

@@ -24,14 +24,15 @@ chunking, keys and checks client uploads (``whole_file_blake3``).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 from blake3 import blake3
 
-from adapter_fabric.format.config import CONFIG_FILE  # defined once, where the adapter format lives
 from adapter_fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument
+from adapter_fabric.format.config import CONFIG_FILE  # defined once, where the adapter format lives
 from adapter_fabric.store.ids import validate_digest
 from adapter_fabric.v1 import fabric_pb2
 
@@ -131,7 +132,7 @@ class FileHasher:
         self._chunk = blake3()
         self._in_chunk = 0
 
-    def entry(self, name: str) -> "FileEntry":
+    def entry(self, name: str) -> FileEntry:
         if self._in_chunk:
             self._close_chunk()
         digests = tuple(self._chunks)
@@ -147,13 +148,13 @@ def iter_file(handle: BinaryIO, block: int = 1 << 20) -> Iterator[bytes]:
         yield data
 
 
-def hash_bytes(name: str, data: bytes | memoryview, chunk_size: int) -> "FileEntry":
+def hash_bytes(name: str, data: bytes | memoryview, chunk_size: int) -> FileEntry:
     hasher = FileHasher(chunk_size)
     hasher.update(data)
     return hasher.entry(name)
 
 
-def hash_file(name: str, path: str | Path, chunk_size: int) -> "FileEntry":
+def hash_file(name: str, path: str | Path, chunk_size: int) -> FileEntry:
     """The entry of a file on disk, read in whole chunks (one read and one hash call per chunk)."""
     hasher = FileHasher(chunk_size)
     with open(path, "rb") as handle:
@@ -232,7 +233,7 @@ class FileEntry:
         )
 
     @classmethod
-    def from_proto(cls, pb: fabric_pb2.FileEntry) -> "FileEntry":
+    def from_proto(cls, pb: fabric_pb2.FileEntry) -> FileEntry:
         return cls(pb.name, pb.size, pb.root, pb.chunk_size, tuple(bytes(d) for d in pb.chunk_digests))
 
     def to_dict(self) -> dict[str, Any]:
@@ -245,7 +246,7 @@ class FileEntry:
         }
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "FileEntry":
+    def from_dict(cls, raw: dict[str, Any]) -> FileEntry:
         try:
             packed = bytes.fromhex(raw["chunk_digests"])
             chunks = tuple(packed[i : i + 32] for i in range(0, len(packed), 32))

@@ -8,9 +8,9 @@ that moved: the store's usage costs a few hundred stats at 100,000 adapters
 instead of a ``stat`` per file (~29 s per call before).
 
 File timestamps are coarse (a kernel tick), so a change in the same tick as
-a scan could leave the time unmoved. As git does with its "racily clean"
-index entries, a directory whose time is within ``RACY_NS`` of its scan is
-rescanned on the next call rather than trusted.
+a scan could leave the time unmoved: a scan whose stamp is not settled
+(``adapter_fabric.store.stamps.DirStamp``) is done again on the next call
+rather than trusted.
 """
 
 from __future__ import annotations
@@ -18,17 +18,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-#: a scan is trusted only for directories last changed this long before it began (coarse timestamps)
-RACY_NS = 2_000_000_000
+from adapter_fabric.store.stamps import DirStamp, dir_stamp
 
 
-@dataclass(frozen=True)
-class _Scan:
-    mtime_ns: int
-    started_ns: int
+class _Scan(NamedTuple):
+    stamp: DirStamp
     total: int
 
 
@@ -66,12 +63,12 @@ class DirSizes:
     def _subdir_total(self, name: str, mtime_ns: int) -> int:
         with self._lock:
             scan = self._scans.get(name)
-        if scan is not None and scan.mtime_ns == mtime_ns and mtime_ns < scan.started_ns - RACY_NS:
+        if scan is not None and scan.stamp.unchanged(mtime_ns):
             return scan.total
         started_ns = time.time_ns()  # before reading: a change during the scan moves the time past it
         total = tree_bytes(self.top / name)
         with self._lock:
-            self._scans[name] = _Scan(mtime_ns, started_ns, total)
+            self._scans[name] = _Scan(dir_stamp(mtime_ns, started_ns), total)
         return total
 
 

@@ -1,38 +1,40 @@
-"""The store's lock and its durable writes: temp files renamed into place, fsync'ed, their directory too."""
+"""Durable writes: a file's bytes are synced before it is renamed into place, and its directory is synced after.
+
+One file at a time (``TempFiles.write_atomic``), or a group commit's batch
+(``DeferredSyncs``): many commits' files written first, then synced together,
+renamed, their directories synced. One commit alone pays a journal flush per
+fsync (about 6 ms each on the ext4 disks measured, and ~6 of them under the
+store's lock): ~30 commits/s however many clients stage at once. A batch of
+commits written before any of them is synced pays about one flush: fsyncs
+issued concurrently are joined into one journal commit by the filesystem
+(measured: 64 files, 6.3 ms each one after another, 0.2-1.4 ms each from 16
+threads). The order that makes a crash safe is kept for the whole batch:
+every file's bytes are synced before it is renamed into place, and the
+directories are synced before ``flush`` returns (and before anything that
+depends on them is written).
+"""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import secrets
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import TypeVar
 
-from adapter_fabric.store.files import fsync_dir, pwrite_all
-from adapter_fabric.store.lock_watch import noted
+from adapter_fabric.store.files import pwrite_all
+
+T = TypeVar("T")
 
 
-class StoreLock:
-    """``flock`` on the store's lock file, held around every metadata change.
-
-    Each acquisition opens the file afresh, so threads of one process exclude
-    each other as processes do (an flock belongs to the open file, not the process).
-    Not re-entrant: code that runs under it says so and never takes it again.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            with noted("store"):
-                yield
-        finally:
-            os.close(fd)  # closing drops the flock
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class TempFiles:
@@ -85,3 +87,75 @@ class TempFiles:
         finally:
             os.close(fd)
         return path
+
+
+#: threads that issue one batch's fsyncs together (the filesystem joins them into one journal commit)
+SYNC_THREADS = 16
+
+
+def sync_all(pool: ThreadPoolExecutor, sync: Callable[[T], object], items: Iterable[T]) -> None:
+    """``sync(item)`` for every item, concurrently when there are several; the first error is raised after all ran."""
+    items = list(items)
+    if len(items) <= 1:
+        for item in items:
+            sync(item)
+        return
+    for future in [pool.submit(sync, item) for item in items]:
+        future.result()
+
+
+class DeferredSyncs:
+    """Files and renames whose syncs wait for ``flush``: what a batch of commits writes, made durable at once."""
+
+    def __init__(self, temps: TempFiles, pool: ThreadPoolExecutor) -> None:
+        self.temps = temps
+        self.pool = pool
+        self._files: list[tuple[int, Path, Path]] = []  # (fd of the temp file, its path, where it goes)
+        self._dirs: dict[Path, None] = {}
+
+    def write(self, dest: Path, data: bytes) -> None:
+        """``dest`` holds ``data`` once ``flush`` returns (a temp file now, kept open and locked until it is renamed there)."""
+        fd, path = self.temps.new()
+        try:
+            pwrite_all(fd, data, 0)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self._files.append((fd, path, dest))
+
+    def changed(self, directory: Path) -> None:
+        """An entry of ``directory`` was created or renamed already: ``flush`` syncs the directory."""
+        self._dirs[directory] = None
+
+    def flush(self) -> None:
+        """Sync every file written, rename each into place, then sync every directory changed; nothing is pending after."""
+        self.sync_files()
+        self.place()
+
+    def sync_files(self, also: DeferredSyncs | None = None) -> None:
+        """Sync the files written here (and in ``also``, in the same round: one journal commit for both)."""
+        files = self._files + (also._files if also is not None else [])
+        sync_all(self.pool, lambda item: os.fsync(item[0]), files)
+
+    def place(self) -> None:
+        """Rename the (synced) files into place, then sync every directory changed; nothing is pending after."""
+        files, self._files = self._files, []
+        try:
+            for _, path, dest in files:
+                os.rename(path, dest)
+                self._dirs[dest.parent] = None
+        finally:
+            for fd, path, _ in files:
+                os.close(fd)
+                path.unlink(missing_ok=True)  # renamed ones are gone already; a failure leaves no temp file
+        dirs, self._dirs = list(self._dirs), {}
+        sync_all(self.pool, fsync_dir, dirs)
+
+    def discard(self) -> None:
+        """Drop what was written and not flushed (a batch that failed before its flush)."""
+        files, self._files = self._files, []
+        for fd, path, _ in files:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+        self._dirs = {}

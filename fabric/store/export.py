@@ -32,12 +32,13 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from adapter_fabric.errors import InvalidArgument
-from adapter_fabric.store.files import decode_id, encode_id, fsync_dir
 from adapter_fabric.store.digests import FILE_NAMES
+from adapter_fabric.store.durable import fsync_dir
+from adapter_fabric.store.files import decode_id, encode_id
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import Manifest
 
@@ -109,18 +110,19 @@ class ExportDir:
     """Keeps ``root`` in step with a store: one PEFT directory per staged id, hard links into ``blob_path(root)``."""
 
     def __init__(
-        self, root: Path | str, blob_path: Callable[[str], Path], probe: Path, store_root: Path, admit: Callable[[Manifest], bool] | None = None
+        self, root: Path | str, blob_path: Callable[[str], Path], probe: Path, store_root: Path, admit: Callable[[Manifest], bool] | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         """``probe``: any file in the store, linked once to prove ``root`` is on the same filesystem.
 
         ``admit``: which adapters may be exported (None: every one); an entry of one it refuses is withdrawn.
+        ``on_change``: called (under the store's lock: it must only wake someone) after an entry appeared, changed or went.
 
         ``root`` must not overlap ``store_root`` (be it, hold it, or lie in it): the export directory removes entries of
         ids no longer staged, and the store's own directories would be among them.
         """
         self.root = Path(root)
-        #: called (under the store's lock: it must only wake someone) after an entry appeared, changed or went
-        self.on_change: Callable[[], None] | None = None
+        self.on_change = on_change
         check_apart(self.root, store_root)
         self._blob_path = blob_path
         self._admit = admit

@@ -1,4 +1,6 @@
-"""File primitives for the store: durable writes, locks held by open descriptors, writeback hints.
+"""File primitives for the store: positional reads and writes, writeback hints, id names, locks held by open descriptors.
+
+Durable writes (sync, rename, sync the directory) are ``adapter_fabric.store.durable``'s.
 
 Every helper here is about one file or directory; none knows the store's layout.
 """
@@ -16,17 +18,10 @@ from pathlib import Path
 from adapter_fabric.errors import IntegrityError, InvalidArgument, QuotaExceeded
 from adapter_fabric.format.safetensors_index import read_index
 from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.store.stamps import FileStamp, file_stamp
 
 COPY_BLOCK = 1 << 20
 WRITEBACK_RUN = 8 << 20  # start a partial's writeback in runs this long (one call per ~8 chunks)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -66,14 +61,9 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
-def write_stamp(fd: int) -> tuple[int, int, int]:
-    """``(size, mtime, ctime)`` of an open file: taken after each of our writes, a different one later means another writer.
-
-    ctime cannot be set back from user space; a change in the same timestamp tick as our last write is the one
-    case this misses (kernels since 6.13 use fine-grained ctimes once observed, which taking it after a write does).
-    """
-    st = os.fstat(fd)
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+def write_stamp(fd: int) -> FileStamp:
+    """The stamp of an open file, taken after each of our writes: a different one later means another writer."""
+    return file_stamp(fd)
 
 
 def pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:

@@ -7,7 +7,7 @@ import threading
 
 from adapter_fabric.errors import IncompatibleFormat
 from adapter_fabric.store.digests import DIGEST_SCHEME
-from adapter_fabric.store.files import fsync_dir
+from adapter_fabric.store.durable import fsync_dir
 from adapter_fabric.store.layout import StoreLayout
 
 #: the store's on-disk format; one number with the digest scheme (format 1 = scheme 1, no ``format`` file)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapter_fabric.store.files import remove_if_unheld, try_lock
+from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.store_lock import StoreLock
 
 UPLOAD = "upload"
 PARTIAL = "partial"
@@ -67,11 +69,19 @@ def _size_and_mtime(directory: Path) -> tuple[int, float]:
     return size, newest
 
 
-def leftovers(store, now: float | None = None) -> list[Leftover]:
-    """Every upload and partial download in ``store`` (an ``AdapterStore``), oldest first."""
-    now = time.time() if now is None else now
+@dataclass(frozen=True)
+class LeftBytes:
+    """What one upload or partial download directory holds, and for which id (a tenant's quota counts it: ``store.tenants``)."""
+
+    key: str  # the directory's name: an upload's key, a partial's digest
+    adapter_id: str
+    bytes: int
+
+
+def _entries(layout: StoreLayout) -> list[tuple[str, Path, int, float, str, str]]:
+    """``(kind, directory, bytes, newest mtime, adapter id, digest)`` of every upload and partial in ``layout``'s store."""
     found = []
-    for kind, top in ((UPLOAD, store.layout.uploads), (PARTIAL, store.layout.partials)):
+    for kind, top in ((UPLOAD, layout.uploads), (PARTIAL, layout.partials)):
         try:
             entries = list(os.scandir(top))
         except FileNotFoundError:
@@ -81,20 +91,34 @@ def leftovers(store, now: float | None = None) -> list[Leftover]:
                 continue
             directory = Path(entry.path)
             size, mtime = _size_and_mtime(directory)
-            adapter_id, digest = _describe(directory, kind)
-            found.append(Leftover(kind, directory, adapter_id, digest, size, max(0.0, now - mtime), _held(directory)))
+            found.append((kind, directory, size, mtime, *_describe(directory, kind)))
+    return found
+
+
+def left_bytes(layout: StoreLayout) -> list[LeftBytes]:
+    """The bytes every upload and partial download in ``layout``'s store (a ``StoreLayout``) holds, by the id it is for; unordered."""
+    return [LeftBytes(directory.name, adapter_id, size) for _, directory, size, _, adapter_id, _ in _entries(layout)]
+
+
+def leftovers(layout: StoreLayout, now: float | None = None) -> list[Leftover]:
+    """Every upload and partial download in ``layout``'s store, oldest first."""
+    now = time.time() if now is None else now
+    found = [
+        Leftover(kind, directory, adapter_id, digest, size, max(0.0, now - mtime), _held(directory))
+        for kind, directory, size, mtime, adapter_id, digest in _entries(layout)
+    ]
     return sorted(found, key=lambda item: -item.age_seconds)
 
 
-def expire_abandoned(store, max_age_seconds: float, now: float | None = None) -> list[Leftover]:
+def expire_abandoned(layout: StoreLayout, lock: StoreLock, max_age_seconds: float, now: float | None = None) -> list[Leftover]:
     """Remove the uploads and partials untouched for over ``max_age_seconds`` that no writer holds; what was removed."""
     if max_age_seconds <= 0:
         return []
     removed = []
-    for item in leftovers(store, now):
+    for item in leftovers(layout, now):
         if item.age_seconds <= max_age_seconds or item.in_use:
             continue
-        with store.lock.held():  # no commit or recovery runs while it goes
+        with lock.held():  # no commit or recovery runs while it goes
             if remove_if_unheld(item.path):
                 removed.append(item)
     return removed

@@ -25,19 +25,20 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError
 from adapter_fabric.store.catalog import Catalog, is_digest
-from adapter_fabric.store.durable import StoreLock
+from adapter_fabric.store.durable import fsync_dir
 from adapter_fabric.store.export import ExportDir
-from adapter_fabric.store.files import COPY_BLOCK, check_header, fsync_dir, pread_exact
+from adapter_fabric.store.files import COPY_BLOCK, check_header, pread_exact
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import FILE_NAMES, FileEntry, Manifest
+from adapter_fabric.store.stamps import FileStamp, file_stamp
+from adapter_fabric.store.store_lock import StoreLock
 
-Stamp = tuple[int, int, int, int]
 #: told ``(adapter_id, digest, error)`` when an adapter's bytes at rest are found damaged (quarantined, or missing)
 DamageListener = Callable[[str, str, IntegrityError], None]
 
@@ -51,31 +52,28 @@ class DamagedEntry:
     problem: str
 
 
-def _stamp(path: Path) -> Stamp:
-    st = os.stat(path)
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 class Integrity:
     """Verified reads of committed blobs, quarantine, damage reports, the scrub."""
 
-    def __init__(self, layout: StoreLayout, catalog: Catalog, lock: StoreLock, exports: ExportDir | None) -> None:
+    def __init__(
+        self, layout: StoreLayout, catalog: Catalog, lock: StoreLock, exports: ExportDir | None, on_damage: DamageListener | None = None
+    ) -> None:
+        """``on_damage``: told of damage a verified read finds (a node queues a pull of the adapter again: node.repair)."""
         self.layout = layout
         self.catalog = catalog
         self.lock = lock
         self.exports = exports
-        self._verified_at: dict[str, Stamp] = {}  # blob root -> stamp when its bytes last verified
+        self._verified_at: dict[str, FileStamp] = {}  # blob root -> stamp when its bytes last verified
         self._sha256_of: dict[str, str] = {}  # blob root -> its sha256 (file_sha256)
         self._withdrawn: set[str] = set()  # ids whose export entries went with a quarantined blob, until it is committed again
-        #: told of damage a verified read finds (a node pulls the adapter again: node.repair); the scrub tells its own
-        self.on_damage: DamageListener | None = None
+        self.on_damage = on_damage  # the scrub tells its own
 
     # ------------------------------------------------------------ verified reads
 
     def blob_committed(self, root: str) -> None:
         """The committer renamed verified bytes of ``root`` into ``blobs/`` (under the lock): remember its stamp, drop old evidence."""
         try:
-            self._verified_at[root] = _stamp(self.layout.blob(root))
+            self._verified_at[root] = file_stamp(self.layout.blob(root))
         except FileNotFoundError:
             self._verified_at.pop(root, None)
         for entry in os.scandir(self.layout.quarantine):
@@ -92,7 +90,7 @@ class Integrity:
         path = self.layout.blob(entry.root)
         what = f"adapter {manifest.adapter_id!r} ({manifest.digest[:12]})"
         try:
-            before = _stamp(path)
+            before = file_stamp(path)
         except FileNotFoundError:
             raise self._missing(manifest, entry, what) from None
         if not force and self._verified_at.get(entry.root) == before:
@@ -104,7 +102,7 @@ class Integrity:
         except IntegrityError as exc:
             self.quarantine(entry.root, before)
             raise self._damage(manifest, IntegrityError(f"{what}: {exc}; the blob was quarantined (promote the adapter from a peer or re-stage it)")) from None
-        if _stamp(path) == before:  # nobody wrote it while we read it
+        if file_stamp(path) == before:  # nobody wrote it while we read it
             self._verified_at[entry.root] = before
         return path
 
@@ -140,13 +138,13 @@ class Integrity:
         if entry.name == manifest.weights.name:
             check_header(manifest, path)
 
-    def quarantine(self, root: str, seen: Stamp) -> None:
+    def quarantine(self, root: str, seen: FileStamp) -> None:
         """Move a corrupt blob out of ``blobs/`` (unless it was replaced since ``seen``); it stays as evidence."""
         self._verified_at.pop(root, None)
         with self.lock.held():
             path = self.layout.blob(root)
             try:
-                if _stamp(path) != seen:
+                if file_stamp(path) != seen:
                     return  # rewritten since we read it: the next read verifies it again
             except FileNotFoundError:
                 return
@@ -179,7 +177,7 @@ class Integrity:
         for adapter_id in sorted(self._withdrawn):
             digest = self.catalog.read_ref(adapter_id)
             manifest = self.catalog.complete(digest) if digest is not None and is_digest(digest) else None
-            if manifest is not None:
+            if manifest is not None and self.exports is not None:
                 self.exports.export(adapter_id, manifest)
             if digest is None or manifest is not None:  # unstaged, or back: nothing more to restore
                 self._withdrawn.discard(adapter_id)
@@ -245,9 +243,9 @@ class Integrity:
                 if stop is not None and stop.is_set():
                     return bad
                 try:
-                    before = _stamp(self.layout.blob(entry.root))
+                    before = file_stamp(self.layout.blob(entry.root))
                     self._verify_file(self.layout.blob(entry.root), entry, manifest, pace)
-                    if _stamp(self.layout.blob(entry.root)) == before:
+                    if file_stamp(self.layout.blob(entry.root)) == before:
                         self._verified_at[entry.root] = before
                 except FileNotFoundError:
                     continue  # unstaged while we scrubbed

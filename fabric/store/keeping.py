@@ -16,7 +16,6 @@ from adapter_fabric.errors import AdapterNotFound
 from adapter_fabric.store.files import encode_id
 from adapter_fabric.store.layout import StoreLayout
 
-
 #: the least a stamp moves past the highest: a microsecond (seconds as a float keep it; a nanosecond is lost)
 STEP_NS = 1000
 

@@ -13,6 +13,7 @@ directory with committed data)::
     uploads/<key>/                a client upload: data, meta.json, lock; key = sha256(id, whole-file BLAKE3)
     views/<digest>/               materialized PEFT directories: hard links into blobs
     signers/<digest>/<key hex>    one Ed25519 signature of a digest per signer, named by its raw public key (adapter_fabric.store.signatures)
+    signers/<digest>/owners.json  per signer: the principal that took its place and the ids that brought it
     signatures/<digest>           a signature kept before signers were recorded (read, never written now)
     quarantine/<root>-<ns>        blobs that failed a re-verification (adapter_fabric.store.integrity), kept as evidence
     tmp/                          temp files, each flock'ed by its writer until renamed

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 #: set to 1 to make a network wait under a store lock raise (tests, debugging)
 CHECK_VARIABLE = "FABRIC_CHECK_STORE_LOCKS"

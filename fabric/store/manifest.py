@@ -18,16 +18,18 @@ import base64
 import copy
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping
 
+from adapter_fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
 from adapter_fabric.format.adapter_tensors import LoraPair, lora_pairs
 from adapter_fabric.format.config import PeftAdapterConfig
 from adapter_fabric.format.content_id import content_id as compute_content_id
-from adapter_fabric.errors import IncompatibleFormat, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
+from adapter_fabric.format.peft_fields import peft_fields_of
+from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES, SafetensorsIndex, TensorInfo, parse_header, read_index
 from adapter_fabric.store.digests import (  # re-exported: the manifest is where callers look for them
     CONFIG_FILE,
     DEFAULT_CHUNK_SIZE,
@@ -46,9 +48,6 @@ from adapter_fabric.store.digests import (  # re-exported: the manifest is where
     plan_chunks,
 )
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest
-
-from adapter_fabric.format.peft_fields import peft_fields_of
-from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES, SafetensorsIndex, TensorInfo, parse_header, read_index
 from adapter_fabric.v1 import fabric_pb2
 
 __all__ = ["CONFIG_FILE", "DEFAULT_CHUNK_SIZE", "DIGEST_SCHEME", "FILE_NAMES", "MAX_CHUNK_SIZE", "WEIGHTS_FILE", "FileEntry", "FileHasher", "Manifest",
@@ -140,7 +139,7 @@ class Manifest:
                 return entry
         raise InvalidArgument(f"adapter {self.adapter_id!r} has no file {name!r} (files: {', '.join(FILE_NAMES)})")
 
-    def with_id(self, adapter_id: str) -> "Manifest":
+    def with_id(self, adapter_id: str) -> Manifest:
         """The same manifest under another adapter id (the digest does not depend on the id: nothing else is re-checked)."""
         if adapter_id == self.adapter_id:
             return self
@@ -168,7 +167,7 @@ class Manifest:
         )
 
     @classmethod
-    def from_proto(cls, pb: fabric_pb2.Manifest) -> "Manifest":
+    def from_proto(cls, pb: fabric_pb2.Manifest) -> Manifest:
         """A manifest from the wire, every claim checked (see the class docstring); another digest scheme is ``IncompatibleFormat``."""
         check_scheme(pb.digest_scheme, f"the manifest of {pb.adapter_id[:200]!r}")
         manifest = cls(
@@ -206,7 +205,7 @@ class Manifest:
         return json.dumps(raw, indent=1, sort_keys=True).encode("utf-8")
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Manifest":
+    def from_json(cls, data: bytes) -> Manifest:
         try:
             raw = json.loads(data)
             if raw.get("format") == 1:

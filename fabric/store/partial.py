@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
-from adapter_fabric.store.catalog import Catalog
+from adapter_fabric.store.catalog import Catalog, is_digest
 from adapter_fabric.store.committer import Committer
 from adapter_fabric.store.digests import chunk_digest
 from adapter_fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
 from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.lock_watch import WatchedLock
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.quota import Quota
+from adapter_fabric.store.stamps import FileStamp
 from adapter_fabric.store.tenants import TenantQuotas, TenantReservation
-from adapter_fabric.store.lock_watch import WatchedLock
 
 
 class Partials:
@@ -44,7 +46,7 @@ class Partials:
                 return current
             # The tenant's quota before the store's (which may evict), even for a reference to bytes already here: one more id.
             what = f"downloading {manifest.adapter_id!r}"
-            tenant = self.tenants.reserve(manifest.adapter_id, {f.root: f.size for f in manifest.files}, what)
+            tenant = self.tenants.reserve(manifest.adapter_id, {f.root: f.size for f in manifest.files}, what, writes=manifest.digest)
             try:
                 return self._open_reserved(manifest, tenant, what)
             except BaseException:
@@ -91,6 +93,15 @@ class Partials:
         One dict read (atomic): Availability answers from the event loop and never waits on an ``open``'s disk work.
         """
         return self._open.get(digest)
+
+    def left_for(self, digest: str) -> str:
+        """The id a download of ``digest`` left in the store to resume is for (its ``manifest.json``); "" when none."""
+        if not is_digest(digest):
+            return ""
+        try:
+            return str(json.loads((self.committer.layout.partials / digest / "manifest.json").read_bytes()).get("adapter_id", ""))
+        except (OSError, ValueError, AttributeError):
+            return ""
 
     def _forget(self, digest: str) -> None:
         with self._lock:
@@ -151,7 +162,7 @@ class PartialDownload:
         self._verified = bytearray(weights.chunk_count)
         self._prefix = 0  # chunks [0, _prefix) are all verified
         self._sinks: list = []
-        self._written_stamp: tuple[int, int, int] | None = None  # (size, mtime, ctime) after our last write
+        self._written_stamp: FileStamp | None = None  # after our last write (adapter_fabric.store.stamps)
         # Writeback is started per WRITEBACK_RUN-aligned block once all its chunks are verified: chunks land in
         # any order (a swarm plan starts its runs at random chunks), so the verified prefix may stay short.
         self._block_chunks = max(1, WRITEBACK_RUN // weights.chunk_size)

@@ -11,7 +11,8 @@ its cleanup is a job over the store, never a call the store makes.
 from __future__ import annotations
 
 import threading
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from adapter_fabric.errors import InvalidHeader, LimitExceeded, StoreFull
 from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES

@@ -12,9 +12,10 @@ import shutil
 from pathlib import Path
 
 from adapter_fabric.store.catalog import Catalog
-from adapter_fabric.store.live_index import REF_GENERATION_FILE, LiveIndex
-from adapter_fabric.store.files import fsync_dir, remove_if_unheld, try_lock, writer_alive
+from adapter_fabric.store.durable import fsync_dir
+from adapter_fabric.store.files import remove_if_unheld, try_lock, writer_alive
 from adapter_fabric.store.layout import StoreLayout
+from adapter_fabric.store.live_index import REF_GENERATION_FILE, LiveIndex
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 

@@ -9,9 +9,10 @@ committer under the store's lock); a page is a binary search and a slice.
 Other processes may share the store. Any change to ``refs/`` moves its mtime,
 so a page whose ``refs/`` mtime differs from the one the index was built or
 last updated at rebuilds it first. One change by another process can hide
-behind one of ours in the same timestamp tick; so an index last stamped less
-than ``SETTLE_NS`` after its mtime is trusted provisionally, and rebuilt once
-by the first page after that mtime has settled.
+behind one of ours in the same timestamp tick; so an index whose stamp is not
+settled (``adapter_fabric.store.stamps.DirStamp``) is trusted provisionally,
+while that tick is recent, and rebuilt once by the first page after it has
+settled.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-#: how long after an mtime a stamp of it may still hide a change in the same tick (coarse timestamps are a few ms)
-SETTLE_NS = 1_000_000_000
+from adapter_fabric.store.stamps import RACY_NS, DirStamp, dir_stamp
 
 
 class RefIndex:
@@ -35,8 +35,7 @@ class RefIndex:
         self.refs = refs
         self._names = names
         self._ids: list[str] = []
-        self._stamp: int | None = None  # refs/ mtime the list matches; None: build on next use
-        self._settled = False  # the stamp was taken long enough after that mtime to hide nothing
+        self._stamp: DirStamp | None = None  # refs/ mtime the list matches, and when; None: build on next use
         self._lock = threading.Lock()  # pages on I/O threads, updates under the store's lock
 
     def page(self, after: str, count: int, keep: Callable[[str], bool] | None = None) -> list[str]:
@@ -71,13 +70,13 @@ class RefIndex:
 
     def _restamp(self) -> None:
         # After our own change: the new mtime is ours, but another process's change in the same tick may hide behind it.
-        self._stamp = os.stat(self.refs).st_mtime_ns
-        self._settled = False
+        mtime = os.stat(self.refs).st_mtime_ns
+        self._stamp = DirStamp(mtime, mtime)  # not settled, whenever it is read: rebuilt once that tick is past
 
     def _refresh(self) -> None:
         mtime = os.stat(self.refs).st_mtime_ns  # FileNotFoundError: the store went (the caller names it)
-        if mtime == self._stamp and (self._settled or time.time_ns() - mtime < SETTLE_NS):
+        stamp = self._stamp
+        if stamp is not None and stamp.mtime_ns == mtime and (stamp.settled or time.time_ns() - mtime < RACY_NS):
             return  # unchanged; or changed by us so lately that a rebuild now could miss the same tick's change too
         self._ids = sorted(self._names())  # a change during the scan moves the mtime past ``mtime``: rebuilt again next page
-        self._stamp = mtime
-        self._settled = time.time_ns() - mtime >= SETTLE_NS
+        self._stamp = dir_stamp(mtime)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.errors import IntegrityError, InvalidAdapter
 from adapter_fabric.store.catalog import Catalog

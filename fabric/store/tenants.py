@@ -12,6 +12,12 @@ counts until the writer ends, committed or not, so concurrent writers of one
 tenant cannot pass its limit together; for the instant between a commit and
 its release both are counted (a refusal then errs on the safe side).
 
+Bytes a tenant left count too, until they expire (``--expire-abandoned-after``) or
+are resumed: an upload or partial download no writer holds any more (a Stage
+stream cut short, a failed pull, bytes kept for a resume) counts its bytes on
+disk against the tenant of the id it was opened for (``hygiene.left_bytes``);
+one a writer holds counts through that writer's reservation instead.
+
 A tenant past its quota is refused (``QuotaExceeded`` naming the prefix, its
 limit and usage) before the store's own limit is asked, so it never makes an
 evicting store drop other tenants' adapters; nor are its own cold adapters
@@ -27,24 +33,33 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from adapter_fabric.errors import FabricError, QuotaExceeded
 from adapter_fabric.store.catalog import Catalog
 from adapter_fabric.store.files import decode_id
+from adapter_fabric.store.hygiene import LeftBytes, left_bytes
 from adapter_fabric.store.ids import validate_adapter_id
-from adapter_fabric.units import format_size
 from adapter_fabric.store.lock_watch import WatchedLock
+from adapter_fabric.units import format_size
+
 
 class TenantLimits(Protocol):
     """One tenant's quota as the store takes it (``adapter_fabric.access.policy.TenantQuota`` is one): plain values, no behaviour."""
 
-    #: the id prefix, lower-case, ending in ``/``
-    prefix: str
-    #: None: not limited
-    max_bytes: int | None
-    max_adapters: int | None
+    @property
+    def prefix(self) -> str:
+        """The id prefix, lower-case, ending in ``/``."""
+
+    @property
+    def max_bytes(self) -> int | None:
+        """None: not limited."""
+
+    @property
+    def max_adapters(self) -> int | None:
+        """None: not limited."""
 
 
 def covers(quota: TenantLimits, adapter_id: str) -> bool:
@@ -65,16 +80,22 @@ class TenantUsage:
 
 @dataclass
 class _Held:
-    """What one tenant's committed ids hold: their names and the sizes of the distinct blobs they refer to."""
+    """What one tenant's committed ids hold (their names and the sizes of the distinct blobs they refer to), and the bytes
+    of the uploads and partial downloads its ids left behind."""
 
     ids: set[str]
     roots: dict[str, int]
+    left: int = 0
+
+
+#: the uploads and partial downloads in the store, each with its id and bytes (``hygiene.left_bytes`` over the layout)
+LeftBehind = Callable[[], list[LeftBytes]]
 
 
 class TenantReservation:
     """Bytes and ids held for one writer until ``release`` (idempotent); a context manager that releases on exit."""
 
-    def __init__(self, quotas: "TenantQuotas", key: int) -> None:
+    def __init__(self, quotas: TenantQuotas, key: int) -> None:
         self._quotas = quotas
         self._key: int | None = key
 
@@ -84,7 +105,7 @@ class TenantReservation:
             self._quotas.release(self._key)
             self._key = None
 
-    def __enter__(self) -> "TenantReservation":
+    def __enter__(self) -> TenantReservation:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -94,11 +115,13 @@ class TenantReservation:
 class TenantQuotas:
     """The quotas of one store and the reservations its open writers hold."""
 
-    def __init__(self, catalog: Catalog, quotas: tuple[TenantLimits, ...] = ()) -> None:
+    def __init__(self, catalog: Catalog, quotas: tuple[TenantLimits, ...] = (), left_behind: LeftBehind | None = None) -> None:
         self.catalog = catalog
         self._quotas = tuple(quotas)
+        self._left_behind = left_behind or (lambda: left_bytes(catalog.layout))
         self._lock = WatchedLock("tenant quotas")  # one check-and-reserve at a time: two writers cannot both take the last room
-        self._reserved: dict[int, tuple[str, dict[str, int]]] = {}  # key -> (id, its files' roots -> sizes)
+        # key -> (id, its files' roots -> sizes, the upload or partial directory it writes, "" for none)
+        self._reserved: dict[int, tuple[str, dict[str, int], str]] = {}
         self._keys = itertools.count(1)
 
     @property
@@ -110,20 +133,21 @@ class TenantQuotas:
         """Replace the quotas (a policy reload); open reservations stay held and count against the new ones."""
         self._quotas = tuple(quotas)
 
-    def reserve(self, adapter_id: str, roots: dict[str, int], what: str) -> TenantReservation:
+    def reserve(self, adapter_id: str, roots: dict[str, int], what: str, writes: str = "") -> TenantReservation:
         """Hold room for ``adapter_id`` referring to files ``roots`` (root -> size), or raise ``QuotaExceeded`` naming the prefix.
 
-        Called before any byte arrives; nothing is held when it raises.
+        ``writes``: the upload or partial directory (its name) the writer holds while it runs: what it left there before
+        counts through this reservation now, not twice. Called before any byte arrives; nothing is held when it raises.
         """
         validate_adapter_id(adapter_id)
         key = next(self._keys)
         with self._lock:
             quotas = [q for q in self._quotas if covers(q, adapter_id)]
             if quotas:
-                held = self._committed(quotas)
+                held = self._committed(quotas, also_writing=writes)
                 for quota in quotas:
                     self._check(quota, held[quota.prefix], adapter_id, roots, what)
-            self._reserved[key] = (adapter_id, dict(roots))
+            self._reserved[key] = (adapter_id, dict(roots), writes)
         return TenantReservation(self, key)
 
     def release(self, key: int) -> None:
@@ -141,7 +165,7 @@ class TenantQuotas:
 
     def _check(self, quota: TenantLimits, held: _Held, adapter_id: str, roots: dict[str, int], what: str) -> None:
         ids, have = self._with_reserved(quota, held)
-        used = sum(have.values())
+        used = sum(have.values()) + held.left
         more = sum(size for root, size in roots.items() if root not in have)
         problem = ""
         if quota.max_adapters is not None and adapter_id not in ids and len(ids) + 1 > quota.max_adapters:
@@ -153,29 +177,36 @@ class TenantQuotas:
             )
         if problem:
             raise QuotaExceeded(
-                f"{what}: tenant {quota.prefix!r} is at {problem}; nothing was written. "
-                f"Unstage {quota.prefix} adapters or raise the tenant's quota in the policy file"
+                f"{what}: tenant {quota.prefix!r} is at {problem}{'; ' + str(held.left) + ' of them in uploads and partial downloads it left' if held.left else ''}; "
+                f"nothing was written. Unstage {quota.prefix} adapters, resume or let expire what it left, or raise the tenant's quota in the policy file"
             )
 
     def _usage(self, quota: TenantLimits, held: _Held) -> TenantUsage:
         ids, roots = self._with_reserved(quota, held)
-        return TenantUsage(quota.prefix, quota.max_bytes, quota.max_adapters, sum(roots.values()), len(ids))
+        return TenantUsage(quota.prefix, quota.max_bytes, quota.max_adapters, sum(roots.values()) + held.left, len(ids))
 
     def _with_reserved(self, quota: TenantLimits, held: _Held) -> tuple[set[str], dict[str, int]]:
         """Committed plus reserved: the ids (each once) and the blobs (each once, by root) the tenant holds or has on its way."""
         ids, roots = set(held.ids), dict(held.roots)
-        for adapter_id, reserved_roots in self._reserved.values():
+        for adapter_id, reserved_roots, _ in self._reserved.values():
             if covers(quota, adapter_id):
                 ids.add(adapter_id)
                 for root, size in reserved_roots.items():
                     roots.setdefault(root, size)
         return ids, roots
 
-    def _committed(self, quotas: list[TenantLimits]) -> dict[str, _Held]:
-        """What the committed ids under each quota's prefix refer to: one scan of the ref names, reading only the matching refs."""
+    def _committed(self, quotas: list[TenantLimits], also_writing: str = "") -> dict[str, _Held]:
+        """What the committed ids under each quota's prefix refer to (one scan of the ref names, reading only the matching
+        refs), and the bytes of the uploads and partials its ids left that no writer holds (nor ``also_writing``)."""
         held = {q.prefix: _Held(set(), {}) for q in quotas}
         if not quotas:
             return held
+        writing = {w for _, _, w in self._reserved.values() if w} | ({also_writing} if also_writing else set())
+        for left in self._left_behind():
+            if left.key not in writing:
+                for quota in quotas:
+                    if covers(quota, left.adapter_id):
+                        held[quota.prefix].left += left.bytes
         try:
             names = [entry.name for entry in os.scandir(self.catalog.layout.refs)]
         except FileNotFoundError:

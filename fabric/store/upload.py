@@ -16,8 +16,8 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from adapter_fabric.errors import Busy, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
 from adapter_fabric.format.config import PeftAdapterConfig
@@ -25,10 +25,10 @@ from adapter_fabric.format.safetensors_index import header_length, read_index
 from adapter_fabric.store.committer import Committer
 from adapter_fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, pwrite_all, write_stamp
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest
+from adapter_fabric.store.lock_watch import WatchedLock
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, FileHasher, Manifest, hash_bytes, manifest_of
 from adapter_fabric.store.quota import Quota
 from adapter_fabric.store.tenants import TenantQuotas, TenantReservation
-from adapter_fabric.store.lock_watch import WatchedLock
 
 
 class Uploads:
@@ -69,7 +69,7 @@ class Uploads:
         except (OSError, ValueError, AttributeError, TypeError):
             return 0
 
-    def open(self, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str) -> "Upload":
+    def open(self, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str) -> Upload:
         """A client upload of a safetensors file; reopening the same (id, whole-file BLAKE3) continues at ``offset``.
 
         ``weights_root``: the root the client computed at this store's chunk size; checked at commit.
@@ -95,7 +95,7 @@ class Uploads:
             blob = self.committer.layout.blob
             reserved = (0 if blob(weights_root).is_file() else size) + (0 if blob(config_root).is_file() else len(config_json))
             # The tenant's quota before the store's (which may evict): held, like the store's, until the upload ends.
-            tenant = self.tenants.reserve(adapter_id, {config_root: len(config_json), weights_root: size}, f"uploading {adapter_id!r}")
+            tenant = self.tenants.reserve(adapter_id, {config_root: len(config_json), weights_root: size}, f"uploading {adapter_id!r}", writes=key)
             try:
                 # What a resumed upload holds on disk is counted already.
                 self.quota.check_room(max(0, reserved - self._kept_offset(directory, adapter_id, blake3)), f"uploading {adapter_id!r}")

@@ -23,15 +23,17 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from adapter_fabric.errors import FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
 from adapter_fabric.observability.metrics import DATA_FALLBACKS
 from adapter_fabric.rpc.status import error_from_detail
+from adapter_fabric.store.lock_watch import check_no_store_lock
 from adapter_fabric.transport import data_frames, fetch_metadata
 from adapter_fabric.transport.discovery import split_host_port
+from adapter_fabric.transport.membership import Membership
 from adapter_fabric.v1 import fabric_pb2
-from adapter_fabric.store.lock_watch import check_no_store_lock
 
 __all__ = ["BUSY_RETRY_AFTER_S", "CONNECT_TIMEOUT_S", "DataCall", "DataChannelFailed", "DataChannels", "RETRY_AFTER_S"]
 
@@ -59,12 +61,21 @@ class DataChannelFailed(Exception):
 
 
 class DataChannels:
-    """The data channels of a node's peers: the ports they announced, and how to reach them (TLS, token)."""
+    """The data channels of a node's peers: the ports they announced, and how to reach them (TLS, token).
 
-    def __init__(self, tls: ssl.SSLContext | None = None, token: str | None = None, tls_name: str = "") -> None:
+    ``members``: who gets the token and ``tls``'s client certificate; others get no token and ``anonymous_tls``
+    (``adapter_fabric.transport.membership``; None: every peer gets them).
+    """
+
+    def __init__(
+        self, tls: ssl.SSLContext | None = None, token: str | None = None, tls_name: str = "", *,
+        members: Membership | None = None, anonymous_tls: ssl.SSLContext | None = None,
+    ) -> None:
         self._tls = tls
+        self._anonymous_tls = anonymous_tls if anonymous_tls is not None else tls
         self._token = token or ""
         self._tls_name = tls_name
+        self._members = members
         self._ports: dict[str, int] = {}
         self._down_until: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -94,18 +105,22 @@ class DataChannels:
         log.warning("data channel of %s unreachable (%s: %s): fetching from it over gRPC for %.0fs", peer, type(exc).__name__, exc, for_s)
 
     def open(
-        self, peer: str, request: fabric_pb2.FetchRequest, holder: tuple[int, bytes] | None, chunk_size: int, fallback: Fallback | None = None
+        self, peer: str, request: fabric_pb2.FetchRequest, holder: tuple[int, bytes] | None, chunk_size: int,
+        fallback: Fallback | None = None, behalf: str = "",
     ) -> DataCall | None:
         """A stream of ``request`` from ``peer`` over its channel; None when there is none to use (the caller uses gRPC).
 
         ``fallback``: the same request over gRPC, which the call becomes when the channel refuses it as busy or breaks
-        before its first frame.
+        before its first frame. ``behalf``: the caller this pull runs for (``DataHello.on_behalf_of``), sent to members
+        only, as the token is.
         """
         port = self.port(peer)
         if port is None:
             return None
         host = split_host_port(peer)[0]
-        hello = fabric_pb2.DataHello(token=self._token, fetch=request)
+        member = self._members is None or self._members.admits(peer)
+        hello = fabric_pb2.DataHello(token=self._token, fetch=request, on_behalf_of=behalf) if member else fabric_pb2.DataHello(fetch=request)
+        tls = self._tls if member else self._anonymous_tls
         if holder is not None:
             hello.holder_port, hello.holder_bitmap = holder
         check_no_store_lock(f"a data channel stream from {peer}")
@@ -116,8 +131,8 @@ class DataChannels:
             return None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._tls is not None:
-                sock = self._tls.wrap_socket(sock, server_hostname=self._tls_name or host)
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=self._tls_name or host)
             sock.settimeout(READ_TIMEOUT_S)
             sock.sendall(data_frames.encode_hello(hello))
         except ssl.SSLError as exc:  # the same certificates as gRPC: a mismatch is a configuration error, named

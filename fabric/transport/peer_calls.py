@@ -8,7 +8,8 @@ errors, so neither caller handles a status code of its own.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import grpc
 
@@ -126,7 +127,8 @@ def fetch(
         return wire.fetch_stub(channels.get(peer))(request, metadata=metadata)
 
     if channels.data is not None:
-        call = channels.data.open(peer, request, holder, chunk_size, fallback=over_grpc)  # refused busy, or broken before a frame: gRPC
+        # refused busy, or broken before a frame: gRPC
+        call = channels.data.open(peer, request, holder, chunk_size, fallback=over_grpc, behalf=channels.behalf)
         if call is not None:
             FETCH_STREAMS.labels("data").inc()
             return call

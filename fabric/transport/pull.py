@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from adapter_fabric.errors import AdapterNotFound, FabricError
 from adapter_fabric.store import AdapterStore
@@ -35,8 +36,8 @@ from adapter_fabric.transport import peer_calls, swarm
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.pull_values import STALL_TIMEOUT_S, PullSettings, PullStats
 from adapter_fabric.transport.rate import TokenBucket
-from adapter_fabric.trust.signing import Signed
 from adapter_fabric.transport.swarm_pull import SwarmPull
+from adapter_fabric.trust.signing import Signed
 from adapter_fabric.v1 import fabric_pb2
 
 __all__ = ["ManifestCheck", "SinkFor", "PeerChannels", "PeerPuller", "PullSettings", "PullStats", "STALL_TIMEOUT_S"]
@@ -47,6 +48,27 @@ log = logging.getLogger(__name__)
 ManifestCheck = Callable[[Manifest, tuple[Signed, ...]], None]
 #: after the check: an object whose ``add(index, data)`` sees each verified chunk as it lands (``PartialDownload.attach``), or None
 SinkFor = Callable[[Manifest], Any]
+#: whether the caller a pull runs for may have the bytes of a digest this node holds (committed, or partly downloaded) put under
+#: its id without moving them; False: every chunk is fetched again from the peers and verified, as a proof that they hold them
+MayReuse = Callable[[str], bool]
+
+
+class _Proving:
+    """A partial seen by a swarm download as holding nothing: every chunk is fetched and verified again (then written where
+    missing). A pull for a caller that may not take the bytes held here proves, chunk by chunk, that its peers hold them."""
+
+    def __init__(self, partial: Any) -> None:
+        self._partial = partial
+        self._chunk_count = partial.manifest.weights.chunk_count
+        self.verified_chunks: set[int] = set()
+
+    @property
+    def verified_bitmap(self) -> bytes:
+        return swarm.chunks_to_bitmap(self.verified_chunks, self._chunk_count)
+
+    def write_chunk(self, index: int, data: bytes | memoryview) -> None:
+        self._partial.write_chunk(index, data)  # verifies first (IntegrityError), then writes only what was missing
+        self.verified_chunks.add(index)
 
 
 class PeerPuller:
@@ -113,6 +135,9 @@ class PeerPuller:
         adapter_id: str,
         check: ManifestCheck | None = None,
         sink_for: SinkFor | None = None,
+        *,
+        behalf: str = "",
+        may_reuse: MayReuse | None = None,
     ) -> tuple[Manifest, PullStats]:
         """Fetch ``adapter_id`` from ``peers`` (in order of preference) and commit it under that id.
 
@@ -124,15 +149,22 @@ class PeerPuller:
         verified chunk of this download as it lands (a slot row staged while
         receiving); a pull that moves no bytes (they are here already, or
         another caller's download is joined) feeds it nothing.
+
+        ``behalf``: the identity of the caller the pull runs for (``PeerChannels.for_caller``): every peer call to a member
+        names it, so holders give only what that caller may pull there. ``may_reuse``: whether that caller may have bytes
+        held here put under ``adapter_id`` without moving them (None: always); where not, they are fetched and verified again.
         """
-        manifest, first, signatures = self.manifest(peers, adapter_id)
+        channels = self.channels.for_caller(behalf)
+        manifest, first, signatures = peer_calls.first_manifest(channels, peers, adapter_id)
         if check is not None:
             check(manifest, signatures)
         sink = sink_for(manifest) if sink_for is not None else None
         ordered = [first] + [p for p in dict.fromkeys(peers) if p != first]
-        return self._single_flight(manifest, ordered, sink)
+        return self._single_flight(manifest, ordered, sink, channels, may_reuse)
 
-    def _single_flight(self, manifest: Manifest, peers: list[str], sink: Any = None, attempts: int = 2) -> tuple[Manifest, PullStats]:
+    def _single_flight(
+        self, manifest: Manifest, peers: list[str], sink: Any, channels: PeerChannels, may_reuse: MayReuse | None, attempts: int = 2
+    ) -> tuple[Manifest, PullStats]:
         with self._lock:
             future = self._inflight.get(manifest.digest)
             leader = future is None
@@ -144,15 +176,18 @@ class PeerPuller:
             joined = PullStats(digest=stats.digest, source_peers=list(stats.source_peers), shared=True)
             if self._has_ref(manifest):
                 return self.store.get(manifest.adapter_id), joined
+            if may_reuse is not None and not may_reuse(manifest.digest):
+                # Another caller's download: this one may not take its bytes, so its own peers must prove they hold them.
+                return self._single_flight(manifest, peers, sink, channels, may_reuse, attempts)
             try:
                 return self._commit_existing(manifest), joined
             except AdapterNotFound:
                 if attempts <= 1:
                     raise
             # The bytes left between that download's commit and this caller's reference (an unstage raced it): again.
-            return self._single_flight(manifest, peers, sink, attempts - 1)
+            return self._single_flight(manifest, peers, sink, channels, may_reuse, attempts - 1)
         try:
-            result = self._download(manifest, peers, sink)
+            result = self._download(manifest, peers, sink, channels, may_reuse)
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -181,26 +216,33 @@ class PeerPuller:
         no download is opened: one another pull has under way for the digest is never touched)."""
         return self.store.refer(manifest)
 
-    def _download(self, manifest: Manifest, peers: list[str], sink: Any = None) -> tuple[Manifest, PullStats]:
+    def _download(
+        self, manifest: Manifest, peers: list[str], sink: Any, channels: PeerChannels, may_reuse: MayReuse | None
+    ) -> tuple[Manifest, PullStats]:
         """``peers[0]`` served the manifest, so it holds every chunk; the others say what they hold."""
         stats = PullStats(digest=manifest.digest)
-        if self.store.by_digest(manifest.digest) is not None:
-            # The bytes are here already (another id, or an earlier pull): only the reference is new.
+        held = self.store.by_digest(manifest.digest) is not None
+        # Asked only when bytes of the digest are here (committed, or partly downloaded): else there is nothing to reuse.
+        here = held or self.store.arriving(manifest.digest)
+        prove = may_reuse is not None and here and not may_reuse(manifest.digest)
+        if not prove and held:
+            # The bytes are here already (another id, or an earlier pull), and the caller may have them: only the reference is new.
             try:
                 return self._commit_existing(manifest), stats
             except AdapterNotFound:
                 pass  # they left between the look and the reference (an unstage, an eviction): downloaded again below
         started = time.monotonic()
         partial = opened_with_room(lambda: self.store.open_partial(manifest), self.make_room)
-        stats.resumed_from = partial.verified_offset
+        stats.resumed_from = 0 if prove else partial.verified_offset
         fed = sink is not None and not partial.committed
         if fed:
             partial.attach(sink)  # chunks a resume found verified are read back for it once
         try:
-            if not partial.complete:
+            if prove or not partial.complete:
                 download = SwarmPull(
-                    manifest, partial, peers, stats,
-                    settings=self.settings, channels=self.channels, download_limit=self.download_limit, holding=self.holding,
+                    manifest, _Proving(partial) if prove else partial, peers, stats,
+                    settings=self.settings, channels=channels, download_limit=self.download_limit,
+                    holding=lambda peer, digest: peer_calls.holding(channels, peer, digest),
                 )
                 with self._lock:
                     self._pulls[manifest.digest] = download

@@ -30,8 +30,8 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 #: requests outstanding per peer
 WINDOW = 1

@@ -8,8 +8,9 @@ to one handler. ``trace_row`` is the event as the pull trace records it
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import ClassVar, Collection, Union
+from typing import ClassVar
 
 from adapter_fabric.errors import FabricError
 from adapter_fabric.transport import swarm
@@ -184,7 +185,7 @@ class FetchFailed(FetchEnded):
     label: ClassVar[str] = "fatal"
 
 
-SwarmEvent = Union[
-    ChunkVerified, ChunksPicked, DuplicateChunk, Polled, HoldingReported, HoldingHinted, PollFailed,
-    FetchDone, FetchCancelled, FetchCorrupt, FetchMissing, FetchBusy, FetchBroken, FetchFailed,
-]
+SwarmEvent = (
+    ChunkVerified | ChunksPicked | DuplicateChunk | Polled | HoldingReported | HoldingHinted | PollFailed
+    | FetchDone | FetchCancelled | FetchCorrupt | FetchMissing | FetchBusy | FetchBroken | FetchFailed
+)

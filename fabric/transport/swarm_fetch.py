@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -22,8 +23,21 @@ from adapter_fabric.transport.data_channel import DataChannelFailed
 from adapter_fabric.transport.pull_values import PullSettings, PullStats
 from adapter_fabric.transport.rate import TokenBucket
 from adapter_fabric.transport.swarm_events import (
-    ChunksPicked, ChunkVerified, DuplicateChunk, FetchBroken, FetchBusy, FetchCancelled, FetchCorrupt, FetchDone,
-    FetchEnded, FetchFailed, FetchMissing, HoldingReported, PollFailed, Polled, SwarmEvent,
+    ChunksPicked,
+    ChunkVerified,
+    DuplicateChunk,
+    FetchBroken,
+    FetchBusy,
+    FetchCancelled,
+    FetchCorrupt,
+    FetchDone,
+    FetchEnded,
+    FetchFailed,
+    FetchMissing,
+    HoldingReported,
+    Polled,
+    PollFailed,
+    SwarmEvent,
 )
 from adapter_fabric.v1 import fabric_pb2
 

@@ -12,8 +12,9 @@ import logging
 import os
 import queue
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from adapter_fabric.errors import AdapterNotFound, PeerUnavailable
 from adapter_fabric.store.manifest import Manifest
@@ -22,8 +23,23 @@ from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.pull_values import PullSettings, PullStats
 from adapter_fabric.transport.rate import TokenBucket
 from adapter_fabric.transport.swarm_events import (
-    ChunksPicked, ChunkVerified, DuplicateChunk, FetchBroken, FetchBusy, FetchCancelled, FetchCorrupt, FetchDone,
-    FetchEnded, FetchFailed, FetchMissing, HoldingHinted, HoldingNews, HoldingReported, PollFailed, Polled, SwarmEvent,
+    ChunksPicked,
+    ChunkVerified,
+    DuplicateChunk,
+    FetchBroken,
+    FetchBusy,
+    FetchCancelled,
+    FetchCorrupt,
+    FetchDone,
+    FetchEnded,
+    FetchFailed,
+    FetchMissing,
+    HoldingHinted,
+    HoldingNews,
+    HoldingReported,
+    Polled,
+    PollFailed,
+    SwarmEvent,
 )
 from adapter_fabric.transport.swarm_fetch import FetchHandle, SwarmWorkers
 

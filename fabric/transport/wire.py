@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from typing import Any, AsyncIterator, Callable, Iterator, Union
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import grpc
 
@@ -172,7 +173,7 @@ def chunk_header(offset: int, length: int) -> bytes:
     return head
 
 
-def encode_chunk(offset: int, data: Union[bytes, bytearray, memoryview]) -> bytes:
+def encode_chunk(offset: int, data: bytes | bytearray | memoryview) -> bytes:
     """Serialize ``Chunk(offset=offset, data=data)`` exactly as the generated class does.
 
     One copy of ``data`` (into the returned message); ``data`` may be any
@@ -190,7 +191,7 @@ def encode_chunk(offset: int, data: Union[bytes, bytearray, memoryview]) -> byte
     return b"".join((chunk_header(offset, view.nbytes), view))
 
 
-def _read_varint(buf: Union[bytes, memoryview], pos: int, end: int, what: str) -> tuple[int, int]:
+def _read_varint(buf: bytes | memoryview, pos: int, end: int, what: str) -> tuple[int, int]:
     """Decode a varint at ``pos``; return (value, next pos). At most 10 bytes, value < 2**64."""
     result = 0
     shift = 0
@@ -243,7 +244,7 @@ def _skip_field(buf: bytes, pos: int, end: int, field: int, wire_type: int, dept
     raise IntegrityError(f"malformed Chunk: field {field} has invalid wire type {wire_type}")
 
 
-def decode_chunk(buf: Union[bytes, bytearray, memoryview]) -> tuple[int, memoryview]:
+def decode_chunk(buf: bytes | bytearray | memoryview) -> tuple[int, memoryview]:
     """Parse a serialized Chunk into ``(offset, data)`` without copying ``data``.
 
     ``data`` is a memoryview into ``buf`` (it keeps ``buf`` alive). Unknown
@@ -288,7 +289,7 @@ def decode_chunk(buf: Union[bytes, bytearray, memoryview]) -> tuple[int, memoryv
 # ------------------------------------------------------------ gRPC plumbing
 
 #: What a raw-bytes Fetch behavior looks like: (FetchRequest, context) -> encoded chunks.
-FetchBehavior = Callable[[fabric_pb2.FetchRequest, Any], Union[AsyncIterator[bytes], Iterator[bytes]]]
+FetchBehavior = Callable[[fabric_pb2.FetchRequest, Any], AsyncIterator[bytes] | Iterator[bytes]]
 
 
 def fetch_method_handler(behavior: FetchBehavior) -> grpc.RpcMethodHandler:
@@ -305,7 +306,7 @@ def fetch_method_handler(behavior: FetchBehavior) -> grpc.RpcMethodHandler:
     )
 
 
-def _decode_or_error(buf: bytes) -> Union[tuple[int, memoryview], IntegrityError]:
+def _decode_or_error(buf: bytes) -> tuple[int, memoryview] | IntegrityError:
     """The stub's deserializer: returns the error instead of raising it.
 
     gRPC swallows a deserializer's exception: grpc.aio then hands the caller
@@ -318,7 +319,7 @@ def _decode_or_error(buf: bytes) -> Union[tuple[int, memoryview], IntegrityError
         return exc
 
 
-def fetch_stub(channel: Union[grpc.aio.Channel, grpc.Channel]) -> Callable[..., Any]:
+def fetch_stub(channel: grpc.aio.Channel | grpc.Channel) -> Callable[..., Any]:
     """A Fetch function on ``channel`` that yields ``(offset, data: memoryview)`` tuples.
 
     On a grpc.aio channel: ``fetch(request, timeout=..., metadata=...)`` is an
@@ -349,7 +350,7 @@ def fetch_stub(channel: Union[grpc.aio.Channel, grpc.Channel]) -> Callable[..., 
 
         return fetch_aio
 
-    def fetch_sync(request: fabric_pb2.FetchRequest, **call_kwargs: Any) -> "FetchCall":
+    def fetch_sync(request: fabric_pb2.FetchRequest, **call_kwargs: Any) -> FetchCall:
         return FetchCall(multicallable(request, **call_kwargs))
 
     return fetch_sync
@@ -361,7 +362,7 @@ class FetchCall:
     def __init__(self, call: Any) -> None:
         self._call = call
 
-    def __iter__(self) -> "FetchCall":
+    def __iter__(self) -> FetchCall:
         return self
 
     def __next__(self) -> tuple[int, memoryview]:
@@ -410,7 +411,7 @@ def fabric_method_handlers(servicer: Any) -> dict[str, grpc.RpcMethodHandler]:
     return capture.handlers
 
 
-def add_fabric_servicer_to_server(servicer: Any, server: Union[grpc.aio.Server, grpc.Server]) -> None:
+def add_fabric_servicer_to_server(servicer: Any, server: grpc.aio.Server | grpc.Server) -> None:
     """Drop-in for ``add_FabricServicer_to_server``: same service, Fetch yields pre-encoded bytes."""
     handlers = fabric_method_handlers(servicer)
     service = fabric_pb2.DESCRIPTOR.services_by_name["Fabric"].full_name

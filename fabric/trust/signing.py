@@ -23,9 +23,9 @@ recorded: only a node that trusts signers can tell whose it is (``attribute``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from adapter_fabric.errors import BadSignature, InvalidArgument, Untrusted
 
@@ -169,7 +169,7 @@ class TrustedSigners:
         self.vouched.add(digest)
 
     @classmethod
-    def from_files(cls, paths: Iterable[Path | str]) -> "TrustedSigners":
+    def from_files(cls, paths: Iterable[Path | str]) -> TrustedSigners:
         keys = []
         for path in paths:
             try:

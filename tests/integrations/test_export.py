@@ -176,12 +176,12 @@ def test_a_version_entry_holds_one_digest_and_goes_when_the_id_moves_or_goes(tmp
     """What the vLLM resolver hands vLLM: <id>#<digest prefix>, never other bytes; set aside when the id moves on or is unstaged."""
     store = AdapterStore(tmp_path / "store", export_dir=tmp_path / "export")
     first = store.stage(adapters["a"], "team-a/x")
-    old = store.exports.export_version("team-a/x", first)
+    old = store.export_version("team-a/x", first)
     assert old.name == version_name("team-a/x", first.digest) and (old / "adapter_model.safetensors").read_bytes() == (adapters["a"] / "adapter_model.safetensors").read_bytes()
-    assert store.exports.export_version("team-a/x", first) == old  # made once
+    assert store.export_version("team-a/x", first) == old  # made once
     second = store.stage(adapters["b"], "team-a/x")  # the id moves to other bytes
     assert not old.exists() and (tmp_path / "export" / export_name("team-a/x")).is_dir()
-    new = store.exports.export_version("team-a/x", second)
+    new = store.export_version("team-a/x", second)
     assert new != old and adapter_id_of(new.name) == "team-a/x"
     store.unstage("team-a/x")
     assert not new.exists() and not [p for p in (tmp_path / "export").iterdir() if not p.name.startswith("%old-")]

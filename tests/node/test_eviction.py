@@ -99,8 +99,9 @@ def test_a_pull_into_a_full_store_evicts_the_least_recently_used_adapter_and_suc
 
 
 def test_evict_to_sets_how_far_an_eviction_frees(tmp_path, seeder) -> None:
-    # The limit holds 2.5 adapters; freeing down to half of it for a third adapter leaves room for that one alone.
-    with full_cache(tmp_path, seeder, "--evict-to", "0.5") as (_, c):
+    # The limit holds 2.5 adapters. Two are 80% of it: under 0.7's high-water mark (85%), so no background round runs;
+    # freeing down to 70% for a third adapter drops both (the default 0.9 would drop one).
+    with full_cache(tmp_path, seeder, "--evict-to", "0.7") as (_, c):
         c.pull("c", peer=seeder["node"].address)
         assert staged(c) == ["c"]
         assert c.store_status().evictions == 2

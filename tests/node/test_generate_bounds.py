@@ -20,6 +20,7 @@ import pytest
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter, tiny_config
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -120,13 +121,10 @@ def test_a_generation_whose_caller_goes_away_stops_and_blocks_nothing(tmp_path, 
                 assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 # ... and a caller that cancels: the same.
                 future = stub.Generate.future(fabric_pb2.GenerateRequest(adapter="one", input_ids=PROMPT, max_new_tokens=LONG_POSITIONS - 10))
-                time.sleep(1.0)
+                wait_for(lambda: any(s.ref_count for s in client.list().slots), "the generation to hold its slot")  # it runs
                 future.cancel()
             # The node stops both: the slot's refs come back to 0, and promotes and generations answer.
-            deadline = time.monotonic() + 60
-            while any(s.ref_count for s in client.list().slots):
-                assert time.monotonic() < deadline, "a generation whose caller went away kept its ref"
-                time.sleep(0.2)
+            wait_for(lambda: not any(s.ref_count for s in client.list().slots), "the refs of generations whose callers went away")
             client.promote("two")
             client.promote("three")  # evicts "one": possible only with no ref left on it
             assert len(client.generate(PROMPT, "three", max_new_tokens=4).output_ids) == 4
@@ -145,10 +143,7 @@ def test_promotes_land_between_decode_steps(tmp_path, adapters, long_model) -> N
             channel, stub = _stub(node)
             with channel, node.client(timeout=60) as client:
                 long_run = stub.Generate.future(fabric_pb2.GenerateRequest(adapter="one", input_ids=PROMPT, max_new_tokens=LONG_POSITIONS - 10), timeout=120)
-                deadline = time.monotonic() + 60
-                while not any(s.ref_count for s in client.list().slots):  # the long generation holds its ref
-                    assert time.monotonic() < deadline
-                    time.sleep(0.05)
+                wait_for(lambda: any(s.ref_count for s in client.list().slots), "the long generation to hold its slot")
                 # While it runs: a promote and a short generation on another slot both finish.
                 client.promote("two")
                 assert len(client.generate(PROMPT, "two", max_new_tokens=3).output_ids) == 3
@@ -167,14 +162,17 @@ def test_sigterm_stops_a_node_with_a_long_generation_within_its_drain_bound(tmp_
 
     def long_call() -> None:
         try:
-            stub.Generate(fabric_pb2.GenerateRequest(use_base=True, input_ids=PROMPT, max_new_tokens=LONG_POSITIONS - 10), timeout=300)
+            stub.Generate(fabric_pb2.GenerateRequest(adapter="one", input_ids=PROMPT, max_new_tokens=LONG_POSITIONS - 10), timeout=300)
         except grpc.RpcError as exc:
             errors.append(exc)
 
     caller = threading.Thread(target=long_call)
     try:
-        caller.start()
-        time.sleep(2.0)
+        with node.client() as client:
+            client.stage(adapters["one"], "one")
+            client.promote("one")
+            caller.start()
+            wait_for(lambda: any(s.ref_count for s in client.list().slots), "the generation to hold its slot")  # it runs
         assert caller.is_alive()
         code = node.stop(timeout=60)  # the drain bound is 3 s; generous here for a loaded machine
         assert code != -9, "SIGTERM did not stop the node"

@@ -26,7 +26,7 @@ def test_a_blob_gone_with_its_unstaged_id_is_not_found_not_damage(tmp_path, stor
     with pytest.raises(AdapterNotFound, match="was unstaged or evicted meanwhile"):
         store.verified_weights(manifest)  # was: IntegrityError (DATA_LOSS) "... is missing or quarantined"
     store.stage(store_adapters["a"], "team/a")
-    store.layout.blob(manifest.weights.root).unlink()  # the id still names the digest: this is damage
+    store._layout.blob(manifest.weights.root).unlink()  # the id still names the digest: this is damage
     with pytest.raises(IntegrityError, match="missing or quarantined"):
         store.verified_weights(manifest)
 

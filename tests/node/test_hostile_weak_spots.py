@@ -65,7 +65,8 @@ def test_corruption_found_while_serving_is_withdrawn_reported_and_repaired(tmp_p
             wait_for(lambda: log_lines(seed, "could not repair adapter 'a'"), "the first repair to give up")
             assert log_lines(seed, "WARNING", "found adapter 'a'", "damaged", "pulling it again from")
             g.stage(adapter, "a")  # the repair, tried again, now finds it there
-            wait_for(lambda: not s.store_status().damaged, "the seed to repair the adapter from its peer")
+            # the repaired blob clears the damage a moment before the export entry is placed again: wait for both
+            wait_for(lambda: not s.store_status().damaged and (export / "a").exists(), "the seed to repair and export the adapter again")
             assert (export / "a" / "adapter_model.safetensors").read_bytes() == (adapter / "adapter_model.safetensors").read_bytes()
             r.pull("a", peer=seed.address, named_peer_only=True)
             assert [x.adapter_id for x in r.list().staged] == ["a"]

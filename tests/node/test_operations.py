@@ -58,7 +58,7 @@ def value(samples: dict, name: str, **labels: str) -> float:
 @pytest.mark.slow
 def test_metrics_move_after_a_stage_a_promote_from_a_peer_and_a_generate(tmp_path, adapters) -> None:
     with LocalNode(tmp_path / "a", model="none", extra_args=[*SMALL_CHUNK, *METRICS]) as a:  # the seeder needs no model
-        with LocalNode(tmp_path / "b", peers=[a.address], extra_args=[*SMALL_CHUNK, *METRICS]) as b:
+        with LocalNode(tmp_path / "b", peers=[a.address], extra_args=[*SMALL_CHUNK, *METRICS, "--metrics-adapter-labels"]) as b:
             assert http_get(b.metrics_address, "/healthz")[0] == 200
             assert http_get(b.metrics_address, "/readyz")[0] == 200
             before = scrape(b)
@@ -96,13 +96,6 @@ def test_metrics_move_after_a_stage_a_promote_from_a_peer_and_a_generate(tmp_pat
             assert value(puller, "fabric_store_used_bytes") >= weights
             assert value(puller, "fabric_build_info", version=__import__("adapter_fabric").__version__) == 1
             assert staged.digest == promoted.digest
-
-
-def test_peer_labels_are_bounded_to_known_peers() -> None:
-    from adapter_fabric.observability.metrics import peer_label
-
-    assert peer_label("10.0.0.1:50051", ["10.0.0.1:50051"]) == "10.0.0.1:50051"
-    assert peer_label("203.0.113.9:4444", ["10.0.0.1:50051"]) == "other"
 
 
 # ---------------------------------------------------------------- probes under mTLS
@@ -158,7 +151,7 @@ def test_json_logs_have_one_line_per_rpc_and_pull_and_never_the_token(tmp_path, 
     token_file = tmp_path / "token"
     token_file.write_text(token)
     with LocalNode(tmp_path / "a", token_file=token_file, extra_args=[*SMALL_CHUNK, "--log-format", "json"]) as a:
-        with LocalNode(tmp_path / "b", model="none", token_file=token_file, extra_args=[*SMALL_CHUNK, "--log-format", "json"]) as b:
+        with LocalNode(tmp_path / "b", model="none", token_file=token_file, peers=[a.address], extra_args=[*SMALL_CHUNK, "--log-format", "json"]) as b:
             with a.client() as client:
                 client.stage(adapters["alpha"], "alpha")
             with b.client() as client:
@@ -307,7 +300,6 @@ def test_an_abandoned_upload_expires_and_its_bytes_leave_the_quota(tmp_path, ada
 
 def test_expiry_spares_what_is_in_use_and_recent_and_takes_partials(tmp_path, adapters) -> None:
     from adapter_fabric.store import AdapterStore
-    from adapter_fabric.store.hygiene import expire_abandoned, leftovers
 
     source = AdapterStore(tmp_path / "source", chunk_size=4096)
     manifest = source.stage(adapters["big"], "big")
@@ -316,14 +308,14 @@ def test_expiry_spares_what_is_in_use_and_recent_and_takes_partials(tmp_path, ad
     blob = source.blob_path(manifest.weights.root).read_bytes()
     partial.write_chunk(0, blob[:4096])
     later = time.time() + 3600
-    assert [item.kind for item in leftovers(store)] == ["partial"]
-    assert expire_abandoned(store, 60, now=later) == []  # a pull holds it
+    assert [item.kind for item in store.leftovers()] == ["partial"]
+    assert store.expire_abandoned(60, now=later) == []  # a pull holds it
     partial.close()
-    assert expire_abandoned(store, 7200, now=later) == []  # not old enough
+    assert store.expire_abandoned(7200, now=later) == []  # not old enough
     used = store.usage()
-    removed = expire_abandoned(store, 60, now=later)
+    removed = store.expire_abandoned(60, now=later)
     assert [(r.kind, r.digest, r.adapter_id) for r in removed] == [("partial", manifest.digest, "big")]
-    assert store.usage() == used - removed[0].bytes and leftovers(store) == []
+    assert store.usage() == used - removed[0].bytes and store.leftovers() == []
 
 
 # ---------------------------------------------------------------- errors for other languages
@@ -360,7 +352,8 @@ def test_peers_dialled_by_ip_are_verified_against_the_peer_tls_name(tmp_path, ad
             seed.stage(adapters["alpha"], "alpha")
         by_ip = "127.0.0.2:" + a.address.rsplit(":", 1)[1]
         named = LocalNode(tmp_path / "b", model="none", host="0.0.0.0", tls=tls, extra_args=[*SMALL_CHUNK, "--peer-tls-name", "fabric-peers"])
-        unnamed = LocalNode(tmp_path / "c", model="none", host="0.0.0.0", tls=tls, extra_args=SMALL_CHUNK)
+        # with --peer-tls-name a peer's certificate proves it a member (transport.membership); without it, only --peers are members
+        unnamed = LocalNode(tmp_path / "c", model="none", host="0.0.0.0", tls=tls, peers=[by_ip], extra_args=SMALL_CHUNK)
         with named as b, unnamed as c:
             with b.client() as client:
                 assert client.promote("alpha", peer=by_ip, stage_only=True).bytes_transferred > 0

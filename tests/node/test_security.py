@@ -23,7 +23,7 @@ from adapter_fabric.rpc import security
 
 from adapter_fabric.transport import wire
 from adapter_fabric.client.node_client import NodeClient
-from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.harness.cluster import LocalNode, free_port
 from adapter_fabric.errors import InvalidHeader, LimitExceeded, PeerUnavailable, QuotaExceeded, Unauthenticated
 from adapter_fabric.format.safetensors_index import read_index
 from adapter_fabric.rpc.security import TlsFiles
@@ -94,9 +94,11 @@ def secure(tmp_path_factory, pki) -> dict[str, LocalNode]:
     root = tmp_path_factory.mktemp("secure")
     token_file = root / "token"
     token_file.write_text(TOKEN + "\n")
+    n2_port = free_port()
     nodes = {
-        "n1": LocalNode(root / "n1", tls=pki["n1"], token_file=token_file, extra_args=SMALL_CHUNK),
-        "n2": LocalNode(root / "n2", model="none", tls=pki["n2"], token_file=token_file, extra_args=[*SMALL_CHUNK, "--auth-peer-reads"]),
+        # n2 is n1's member (--peers): n1 presents its certificate and token to members only (transport.membership)
+        "n1": LocalNode(root / "n1", tls=pki["n1"], token_file=token_file, peers=[f"127.0.0.1:{n2_port}"], extra_args=SMALL_CHUNK),
+        "n2": LocalNode(root / "n2", model="none", port=n2_port, tls=pki["n2"], token_file=token_file, extra_args=[*SMALL_CHUNK, "--auth-peer-reads"]),
     }
     try:
         for node in nodes.values():
@@ -248,7 +250,7 @@ def _flags(tmp_path: Path, pki, flags: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(("flags", "message"), BAD_FLAGS)
 def test_bad_security_flags_are_refused_with_a_clear_message(tmp_path, pki, flags, message) -> None:
-    from adapter_fabric.node.server import load_security
+    from adapter_fabric.node.startup import load_security
     from adapter_fabric.node.settings import parse_settings
 
     with pytest.raises(SystemExit, match=message):

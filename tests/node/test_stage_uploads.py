@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import grpc
@@ -14,6 +13,7 @@ from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.stage_stream import Stream, wait_offset
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -77,7 +77,7 @@ def test_a_resume_waits_for_its_crashed_stream_to_let_go(tmp_path, adapter) -> N
             wait_offset(stub, "resumed", weights, half)
             b = Stream(stub)
             b.begin("resumed", config, weights, offset=half)  # the node still holds A's upload open
-            time.sleep(0.3)
+            wait_for(lambda: "a Stage waits for an earlier stream of its upload to let go" in node.log_path.read_text(), "B to wait for A")
             a.crash()
             b.data(half, weights[half:])
             b.end()

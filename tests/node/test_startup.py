@@ -11,7 +11,8 @@ import pytest
 
 from adapter_fabric import __version__
 from adapter_fabric.harness.cluster import LocalNode
-from adapter_fabric.node.settings import boolean, duration, evict_to, host_port, parse_settings, positive_int
+from adapter_fabric.node.flag_values import boolean, duration, evict_to, host_port, positive_int
+from adapter_fabric.node.settings import parse_settings
 from tests.support.certs import TestCA
 
 TIMEOUT_S = 120

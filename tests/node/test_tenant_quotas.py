@@ -19,8 +19,10 @@ import pytest
 from adapter_fabric.access.policy import token_sha256
 from adapter_fabric.errors import QuotaExceeded
 from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.rpc import security
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
+from tests.support.stage_stream import Stream, wait_offset
 from tests.support.store import stage_begin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -215,3 +217,34 @@ def test_a_broken_quota_stops_the_node_at_start_in_one_line(tmp_path, world) -> 
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert "--policy" in lines[0] and "quota 'team-d/'" in lines[0] and "max_bytes 'lots'" in lines[0], lines[0]
+
+
+def test_uploads_a_tenant_cut_short_count_against_it_and_never_make_the_store_evict_another(tmp_path, world) -> None:
+    """Issue 28 (4): two Stage streams of team-a cut short leave most of their bytes to resume. They count against team-a
+    (its StoreStatus line shows them) until they expire, so its next Stage, which fits its quota only if they did not
+    count, is refused, and the evicting store, near its limit, drops none of team-c's adapters for it."""
+    dirs, weights, config = world["dirs"], world["weights"], world["config"]
+    node = quota_node(tmp_path, world, "--max-store-bytes", str(config + weights * 4), "--when-full", "evict")
+    try:
+        with node.client() as c:
+            c.stage(dirs[3], "team-c/one")  # another tenant's cold adapters (the seeder holds copies: evictable)
+            c.stage(dirs[4], "team-c/two")
+            stub = fabric_pb2_grpc.FabricStub(security.channel(node.address, token="ops"))
+            for i in (0, 1):
+                data, cfg = (dirs[i] / "adapter_model.safetensors").read_bytes(), (dirs[i] / "adapter_config.json").read_bytes()
+                stream = Stream(stub)
+                stream.begin(f"team-a/cut-{i}", cfg, data)
+                stream.data(0, data[:-1024])
+                wait_offset(stub, f"team-a/cut-{i}", data, len(data) - 1024)
+                stream.crash()
+            try:
+                c.stage(dirs[2], "team-a/new")
+                refusal = None
+            except QuotaExceeded as exc:
+                refusal = str(exc)
+            assert staged(c) == ["team-c/one", "team-c/two"] and c.store_status().evictions == 0
+            assert refusal is not None and "tenant 'team-a/'" in refusal and "in uploads and partial downloads it left" in refusal
+            [team_a] = [t for t in c.store_status().tenants if t.prefix == "team-a/"]
+            assert team_a.bytes >= 2 * (weights - 1024) and team_a.adapters == 0
+    finally:
+        node.stop()

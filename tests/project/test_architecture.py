@@ -103,6 +103,15 @@ def test_every_package_has_a_layer() -> None:
     assert packages <= set(LAYERS), f"new package(s) {sorted(packages - set(LAYERS))}: give them a layer in LAYERS"
 
 
+def test_tests_mirror_every_package() -> None:
+    """tests/ has one folder per package of fabric/ (and node/), each a package holding at least one test module."""
+    packages = [p.name for p in (ROOT / "fabric").iterdir() if (p / "__init__.py").is_file() and p.name != "v1"] + ["node"]
+    for name in packages:
+        folder = ROOT / "tests" / name
+        assert (folder / "__init__.py").is_file(), f"tests/{name}/ is missing: tests/ mirrors fabric/'s packages"
+        assert any(folder.glob("test_*.py")), f"tests/{name}/ holds no test module"
+
+
 def test_imports_flow_down_the_layers() -> None:
     upward = [f"{path.relative_to(ROOT)}: {mine} (layer {LAYERS[mine]}) imports {theirs} (layer {LAYERS[theirs]})"
               for path, mine, theirs in _edges() if LAYERS[theirs] >= LAYERS[mine]]

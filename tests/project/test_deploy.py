@@ -266,3 +266,25 @@ def test_sizes_are_written_as_kubernetes_quantities_the_node_reads_alike() -> No
 def _containers(doc: dict) -> list[dict]:
     spec = doc.get("spec", {}).get("template", {}).get("spec", {})
     return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def test_every_node_runs_the_policy_with_a_peer_token_that_is_not_its_admin_token() -> None:
+    """Issue 28: the manifests serve nothing without a principal, and the token a node sends its peers grants read and pull."""
+    from adapter_fabric.access.policy import parse_policy
+
+    secret, config_map = _kind("Secret"), _kind("ConfigMap")
+    policy = parse_policy(config_map["data"]["policy.toml"])
+    [peers] = [p for p in policy.principals if p.name == "peers"]
+    assert not peers.may_anywhere("admin") and {v for g in peers.grants for v in g.verbs} == {"read", "pull"}
+    pods = [_kind("StatefulSet")["spec"]["template"]] + [_engine_pod(name)[0] for name in ("vllm-engine", "sglang-engine")]
+    for pod in pods:
+        node = (pod["spec"].get("initContainers") or pod["spec"]["containers"])[0]
+        settings = parse_settings(node.get("args", []), _env(node))
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        policy_volume, policy_file = _mounted(node, settings.policy)
+        assert volumes[policy_volume]["configMap"]["name"] == config_map["metadata"]["name"] and policy_file.as_posix() in config_map["data"]
+        for path in (settings.auth_token_file, settings.peer_token_file):
+            name, key = _mounted(node, path)
+            assert volumes[name]["secret"]["secretName"] == secret["metadata"]["name"] and key.as_posix() in secret["stringData"]
+        assert settings.peer_token_file.name != settings.auth_token_file.name
+    assert secret["stringData"]["peer-token"] != secret["stringData"]["token"]

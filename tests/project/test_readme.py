@@ -100,6 +100,31 @@ def test_section_runs_as_pasted(section: Section, tmp_path: Path) -> None:
     assert shipped == [], f"README section {section.title!r} writes {shipped}, which docker build . would send: add them to .dockerignore"
 
 
+@pytest.mark.slow
+def test_the_many_teams_recipe_serves_nothing_without_a_credential(tmp_path: Path) -> None:
+    """Issue 28 (5): the README's "Many teams" nodes, started as written, refuse an anonymous GetManifest, Locate, Fetch
+    and data channel Fetch, each node, while team-a's token is served (tests/support/anonymous_probe.py)."""
+    section = next(s for s in sections() if s.title == "Many teams")
+    ports: dict[str, str] = {}
+    start = PORT.sub(lambda m: "127.0.0.1:" + ports.setdefault(m.group(1), str(free_port())), section.blocks[0])
+    assert "fabric promote" in start.rstrip().splitlines()[-1], "the section's first block ends with node 2's promote"
+    nodes = " ".join(f"127.0.0.1:{ports[p]}" for p in ("50091", "50092"))
+    probe = ROOT / "tests" / "support" / "anonymous_probe.py"
+    script = f"{start}\npython {probe} team-a/support-v3 teams/team-a.token {nodes}\nkill $(jobs -p) && wait\n"
+    clone = _fresh_clone(tmp_path / "clone")
+    log = tmp_path / "output.log"
+    with open(log, "w") as out:
+        shell = subprocess.Popen(["bash", "-e", "-c", script], cwd=clone, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = shell.wait(timeout=600)
+        finally:
+            _stop_group(shell.pid)
+    output = log.read_text()
+    assert code == 0, f"the Many teams recipe served something without a credential, or did not run ({code}):\n{output}"
+    for what in ("GetManifest", "Locate", "Fetch", "Fetch by digest", "Availability", "the data channel"):
+        assert output.count(f"refused without a credential: {what} on ") == 2, output
+
+
 def _fresh_clone(where: Path) -> Path:
     """A git repository holding the project's ignore files, committed, with ``.venv`` linked to this suite's environment."""
     where.mkdir()

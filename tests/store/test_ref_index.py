@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 from adapter_fabric.store import AdapterStore
-from adapter_fabric.store.ref_index import SETTLE_NS, RefIndex
+from adapter_fabric.store.ref_index import RefIndex
+from adapter_fabric.store.stamps import RACY_NS
 from tests.support.store import SMALL_CHUNK
 
 
@@ -46,7 +47,7 @@ def test_a_page_scans_the_directory_only_when_it_changed_behind_the_index(tmp_pa
     refs.mkdir()
     for name in ("c", "a", "b"):
         (refs / name).touch()
-    settled = os.stat(refs).st_mtime_ns - 2 * SETTLE_NS  # an mtime old enough to hide no change in its tick
+    settled = os.stat(refs).st_mtime_ns - 2 * RACY_NS  # an mtime old enough to hide no change in its tick
     os.utime(refs, ns=(settled, settled))
     scans: list[int] = []
 

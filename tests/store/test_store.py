@@ -159,8 +159,8 @@ def test_an_unstage_collects_its_own_bytes_without_reading_every_other_ref(tmp_p
     for name in ("a", "b", "a_alpha"):
         store.stage(adapters[name], name)
     reads: list[str] = []
-    real_refs = store.catalog.refs
-    monkeypatch.setattr(store.catalog, "refs", lambda: reads.append("refs") or real_refs())
+    real_refs = store._catalog.refs
+    monkeypatch.setattr(store._catalog, "refs", lambda: reads.append("refs") or real_refs())
     assert store.unstage("a") is True
     assert store.stage(adapters["a"], "b").digest == manifests["a"].digest  # a restage: b's old bytes go
     assert reads == []  # the live index answered: no scan of refs/ (4 s at 100,000 adapters)
@@ -469,7 +469,7 @@ def test_a_room_maker_that_frees_too_little_leaves_the_refusal_and_the_store_as_
 
 
 def test_a_network_call_under_a_store_lock_is_caught_when_checking(monkeypatch) -> None:
-    from adapter_fabric.store.durable import StoreLock
+    from adapter_fabric.store.store_lock import StoreLock
 
     monkeypatch.setenv(CHECK_VARIABLE, "1")
     check_no_store_lock("a call to peer p")  # no lock held: fine

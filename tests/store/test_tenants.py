@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def sizes(directory: Path) -> tuple[int, int]:
 
 def written(store: AdapterStore) -> list[str]:
     """Whatever an upload, a partial or a temp file left in the store."""
-    return [p.name for d in (store.layout.uploads, store.layout.partials, store.layout.tmp) for p in d.iterdir()]
+    return [p.name for d in (store._layout.uploads, store._layout.partials, store._layout.tmp) for p in d.iterdir()]
 
 
 def test_a_stage_past_the_tenants_bytes_is_refused_naming_prefix_limit_and_usage(tmp_path, adapters) -> None:
@@ -87,7 +88,7 @@ def test_an_open_upload_holds_its_tenants_room_until_it_ends(tmp_path, adapters)
     first, data = open_upload("a", "team-a/1")
     with pytest.raises(QuotaExceeded, match="tenant 'team-a/'"):
         open_upload("b", "team-a/2")
-    assert os.listdir(store.layout.uploads) == [first._directory.name]  # the refused one wrote nothing
+    assert os.listdir(store._layout.uploads) == [first._directory.name]  # the refused one wrote nothing
     assert store.tenant_usage()[0].adapters == 1  # the open upload counts
     first.discard()  # released on failure: the room is free again
     assert store.tenant_usage()[0].bytes == 0
@@ -105,3 +106,38 @@ def test_quotas_can_be_replaced_without_reopening_the_store(tmp_path, adapters) 
         store.stage(adapters["b"], "team-a/2")
     store.set_tenant_quotas(())
     store.stage(adapters["b"], "team-a/2")
+
+
+def _open_upload(store: AdapterStore, directory: Path, adapter_id: str):
+    weights = directory / "adapter_model.safetensors"
+    config = (directory / "adapter_config.json").read_bytes()
+    root = build_manifest(adapter_id, config, weights, store.chunk_size).weights.root
+    return store.open_upload(adapter_id, config, weights.stat().st_size, blake3_of(weights), root), weights.read_bytes()
+
+
+def test_bytes_a_tenant_left_count_against_it_until_resumed_or_expired(tmp_path, adapters) -> None:
+    """Issue 28 (4): an upload cut short and a partial download kept for a resume count against the tenant that opened
+    them, never twice while a writer holds them again, and not at all once they expire."""
+
+    config, weights = sizes(adapters["a"])
+    store = AdapterStore(tmp_path / "s", chunk_size=4096, tenant_quotas=(TenantQuota("team-a/", max_bytes=config + weights * 2 + weights // 2),))
+    upload, data = _open_upload(store, adapters["a"], "team-a/cut")
+    upload.append(0, data[: len(data) - 100])
+    upload.close()  # a Stage stream cut short: its bytes stay to resume
+    left = sum(p.stat().st_size for p in (store._layout.uploads).rglob("*") if p.is_file())
+    assert store.tenant_usage()[0].bytes == left and left >= weights - 100
+    other = AdapterStore(tmp_path / "o", chunk_size=4096)
+    manifest = other.stage(adapters["b"], "team-a/pulled").with_id("team-a/pulled")
+    partial = store.open_partial(manifest)
+    partial.write_chunk(0, other.blob_path(manifest.weights.root).read_bytes()[:4096])
+    partial.close()  # a pull that failed: its verified chunk stays to resume
+    usage = store.tenant_usage()[0].bytes
+    assert usage == left + (store._layout.partials / manifest.digest / "data").stat().st_size + (store._layout.partials / manifest.digest / "manifest.json").stat().st_size
+    with pytest.raises(QuotaExceeded, match="in uploads and partial downloads it left"):
+        store.stage(adapters["c"], "team-a/new")  # fits the quota only if what it left were not counted
+    resumed, _ = _open_upload(store, adapters["a"], "team-a/cut")  # resumed: counted once, by its reservation
+    assert store.tenant_usage()[0].bytes == usage - left + config + weights
+    resumed.close()
+    assert written(store) and store.expire_abandoned(1e-9, now=time.time() + 60)
+    assert store.tenant_usage()[0].bytes == 0 and written(store) == []
+    store.stage(adapters["c"], "team-a/new")

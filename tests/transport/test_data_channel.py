@@ -162,7 +162,8 @@ def test_mtls_and_token_guard_the_channel_before_any_byte(tmp_path, adapter) -> 
     seed = store_node(tmp_path, "seed", "--auth-peer-reads", tls=ca.issue("seed"), token_file=token_file).start()
     puller = None
     try:
-        puller = store_node(tmp_path, "puller", tls=ca.issue("puller"), token_file=token_file).start()
+        # the seed is its member (--peers): the puller's certificate and token go to members only (transport.membership)
+        puller = store_node(tmp_path, "puller", tls=ca.issue("puller"), token_file=token_file, peers=(seed.address,)).start()
         with seed.client() as client:
             digest = client.stage(adapter, "team/a").digest
         with puller.client() as client:

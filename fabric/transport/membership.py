@@ -1,0 +1,93 @@
+"""Who is a member of this node's cluster: the only addresses its peer credential (token, client certificate) goes to.
+
+A node acts on a caller's behalf when it pulls (a Promote names the peer to
+pull from), and peers that fetch from it name their own address for the swarm
+(``fetch_metadata.holder``). Its peer token would otherwise go wherever a
+caller pointed it: a registry never forwards its credentials to a
+caller-supplied URL, and neither does a node. A member is:
+
+- an address of ``--peers``, or one ``--peers-dns`` resolves to (re-resolved at
+  most every ``REFRESH_S``, so a caller cannot make the node resolve a name per
+  call), compared as text (lower-cased), the way the node dials it;
+- with ``--tls-ca`` and ``--peer-tls-name``, any address: gRPC and the data
+  channel verify the server's certificate against the cluster's CA and that
+  name before a header is sent, so the credential only reaches a server that
+  proves it is a node.
+
+Every other address is dialled with no token and no client certificate
+(``PeerChannels``), and a Promote naming one is refused by name before it is
+dialled unless the operator allows that anonymous pull (``--non-member-peers``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from adapter_fabric.errors import NotAMember
+
+__all__ = ["Membership", "REFRESH_S"]
+
+#: seconds a ``--peers-dns`` resolution answers membership questions before it is resolved again
+REFRESH_S = 5.0
+
+
+class Membership:
+    """Whether an address is a member (``admits``), and whether a caller may name a non-member (``check_named``)."""
+
+    def __init__(
+        self,
+        static: tuple[str, ...] = (),
+        resolve: Callable[[], list[str]] | None = None,
+        *,
+        proven_by_certificate: bool = False,
+        anonymous_non_members: bool = False,
+        has_credential: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``resolve``: the addresses discovery yields now (``--peers-dns``); ``proven_by_certificate``: every server must show a
+        certificate naming ``--peer-tls-name`` under the cluster's CA; ``anonymous_non_members``: a non-member a caller names is
+        dialled with no credential instead of refused; ``has_credential``: the node has a token or client certificate to withhold."""
+        self._static = frozenset(a.lower() for a in static)
+        self._resolve = resolve
+        self.proven_by_certificate = proven_by_certificate
+        self.anonymous_non_members = anonymous_non_members
+        self.has_credential = has_credential
+        self._clock = clock
+        self._resolved: frozenset[str] = frozenset()
+        self._resolved_at: float | None = None
+        self._lock = threading.Lock()
+
+    def admits(self, address: str) -> bool:
+        """Whether this node's credential may go to ``address``."""
+        if self.proven_by_certificate:
+            return True
+        key = address.lower()
+        if key in self._static:
+            return True
+        return self._resolve is not None and key in self._discovered()
+
+    def _discovered(self) -> frozenset[str]:
+        if self._resolve is None:
+            return frozenset()
+        with self._lock:
+            now = self._clock()
+            if self._resolved_at is None or now - self._resolved_at >= REFRESH_S:
+                self._resolved_at = now
+                try:
+                    self._resolved = frozenset(a.lower() for a in self._resolve())
+                except OSError:
+                    pass  # the last answer stands (PeerSource.peers logs a failed resolution itself)
+            return self._resolved
+
+    def check_named(self, address: str) -> None:
+        """A peer a caller named: ``NotAMember`` unless it is a member, the node has no credential to withhold, or the
+        operator allows anonymous pulls from non-members. Raised before anything is dialled."""
+        if not self.has_credential or self.anonymous_non_members or self.admits(address):
+            return
+        raise NotAMember(
+            f"peer {address[:100]!r} is not a member of this node's cluster (--peers, --peers-dns): this node sends its "
+            f"credentials only to members, so it does not dial it; name a member, add the address to --peers, or start the "
+            f"node with --non-member-peers anonymous to pull from such an address without credentials"
+        )
