@@ -21,6 +21,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 from adapter_fabric.errors import QuotaExceeded
 from adapter_fabric.node.data_admission import Admission
@@ -157,7 +158,7 @@ class Listener:
     def _take(self, connection: Connection) -> None:
         admitted = self.admission.admit(connection, connection.host)
         for idle in admitted.shed:
-            self._shed(idle)
+            self._shed(cast(Connection, idle))  # the admission's keys are the connections this listener counted
         if not admitted.ok:
             self._refuse(connection)
             return
@@ -225,7 +226,12 @@ async def _readable(sock: socket.socket) -> None:
     """Until ``sock`` has something to read (or its peer closed it)."""
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
-    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
     try:
         await ready
     finally:

@@ -212,13 +212,13 @@ class SGLangDrive:
             return refused | {i: why for n, i in names.items() if n in held and n not in loading}
         mine = {os.path.join(self.export_dir, n): n for n in names if n not in loading}
         for card in engine.adapters:
-            name = mine.get(card.root.rstrip("/"))
-            if name is None:
+            exported = mine.get(card.root.rstrip("/"))
+            if exported is None:
                 continue
             try:
                 self._unload(card.name)
             except FabricError:
-                refused[names[name]] = ENGINE_NOT_UNLOADED.format(self.client.label)
+                refused[names[exported]] = ENGINE_NOT_UNLOADED.format(self.client.label)
         return refused
 
     # ------------------------------------------------------------ the loop

@@ -96,6 +96,7 @@ class AccessGate(grpc.aio.ServerInterceptor):
         if not behalf:
             return sender
         kind, _, value = behalf.partition(":")
+        caller: Principal | None
         if kind == "sha256" and self._cluster_hash and hmac.compare_digest(value.encode("utf-8", "replace"), self._cluster_hash.encode()):
             caller = CLUSTER
         else:
@@ -177,11 +178,12 @@ class AccessGate(grpc.aio.ServerInterceptor):
 
         async def admitted(request: Any, context: grpc.aio.ServicerContext, principal: Principal | None = None) -> Principal:
             try:
-                principal = principal or gate._who(method, token, _sans(context), behalf)
-                await gate._check(principal, method, request)
+                who = principal or gate._who(method, token, _sans(context), behalf)
+                await gate._check(who, method, request)
             except FabricError as exc:
-                await abort_with(context, exc)
-            return principal
+                await abort_with(context, exc)  # raises: the call ends here
+                raise
+            return who
 
         if handler.request_streaming:  # Stage: the first message names the id
             inner_stream = handler.stream_unary

@@ -287,7 +287,12 @@ class OriginFetches:
         if check is None or self.admit is None:
             return check or self.admit
         admit = self.admit
-        return lambda manifest: (admit(manifest), check(manifest))
+
+        def both(manifest: Manifest) -> None:
+            admit(manifest)
+            check(manifest)
+
+        return both
 
     def _fetch_and_stage(
         self, origin: Origin, adapter_id: str, pin: str, known: Revision | None, admit: Callable[[Manifest], None] | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import IO
@@ -171,7 +171,7 @@ class PeerReads:
         if self._cut:
             raise PeerUnavailable(self._cut)
 
-    async def fetch(self, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def fetch(self, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncGenerator[bytes, None]:
         """Fetch over gRPC: the pieces of ``pieces`` as encoded Chunk messages, picks and holdings as metadata."""
         holder = fetch_metadata.holder_of(context.invocation_metadata(), context.peer())
         async with aclosing(self.pieces(request, holder)) as pieces:
@@ -191,7 +191,7 @@ class PeerReads:
         if self.announce:
             await context.send_initial_metadata(self.announce)
 
-    async def pieces(self, request: fabric_pb2.FetchRequest, holder: tuple[str, int, bytes] | None) -> AsyncIterator[Piece]:
+    async def pieces(self, request: fabric_pb2.FetchRequest, holder: tuple[str, int, bytes] | None) -> AsyncGenerator[Piece, None]:
         """What a Fetch of ``request`` sends: chunks of a committed adapter (re-verified on read), or the verified ones of an
         adapter still arriving here; ``holder`` is what the caller said it holds (``fetch_metadata.holder_of``)."""
         if holder is not None and request.digest:
@@ -229,7 +229,7 @@ class PeerReads:
                     yield FilePiece(offset, length, f)
         yield Holds(complete=True)
 
-    async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest) -> AsyncIterator[Piece]:
+    async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest) -> AsyncGenerator[Piece, None]:
         """A swarm request to a node holding the whole adapter: super-seeding.
 
         It gets the acceptable chunks handed out least. While first copies
@@ -283,7 +283,7 @@ class PeerReads:
         sent = self._sent_counts(digest, chunk_count)
         return swarm.pick_chunks(requested, swarm.bitmap_to_chunks(accept_bitmap, chunk_count), holds, sent, self._rng)
 
-    async def _partial_pieces(self, partial, request: fabric_pb2.FetchRequest) -> AsyncIterator[Piece]:
+    async def _partial_pieces(self, partial, request: fabric_pb2.FetchRequest) -> AsyncGenerator[Piece, None]:
         """Chunks of an adapter still arriving here: only verified ones, and the whole range must be verified up front."""
         self.signed.check_stored(partial.manifest)
         weights = partial.manifest.weights

@@ -106,7 +106,7 @@ class Promotes:
     def _check_base_model(self, manifest: Manifest, adapter_id: str) -> None:
         """Refuse an adapter whose base_model_name_or_path names another model (its shapes may fit this one all the same)."""
         base = manifest.config.base_model_name_or_path
-        if self.model_names and not base_model_matches(base, self.model_names):
+        if base and self.model_names and not base_model_matches(base, self.model_names):  # no claim matches any model
             raise IncompatibleAdapter(
                 f"adapter {adapter_id!r} is for base model {base[:200]!r}, and this node serves {', '.join(self.model_names)}: promote it on a "
                 f"node serving that model, or, if it is this model under another name, start this node with --base-model {base[:200]} "
@@ -169,9 +169,12 @@ class Promotes:
         requested = request.peft if request.HasField("peft") else None
         stats = PullStats()
         if request.peer:
-            manifest, stats = await self._signed_pull(
-                await self._pull_peers(request), adapter_id, lambda m: (check_agrees(requested, m.config, adapter_id), _check_base(request, m))
-            )
+
+            def check(manifest: Manifest) -> None:
+                check_agrees(requested, manifest.config, adapter_id)
+                _check_base(request, manifest)
+
+            manifest, stats = await self._signed_pull(await self._pull_peers(request), adapter_id, check)
         else:
             manifest, stats = await self._resolved(adapter_id, request)
             check_agrees(requested, manifest.config, adapter_id)

@@ -9,7 +9,7 @@ else: every RPC is wrapped by ``adapter_fabric.rpc.status.rpc_errors``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 
 import grpc
@@ -68,7 +68,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         return await self._peer_reads.locate(request)
 
     @rpc_errors
-    async def Fetch(self, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def Fetch(self, request: fabric_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncGenerator[bytes, None]:
         # aclosing: a stream cut here closes the group's stream at once (super-seeding's counts are settled in its finally).
         async with aclosing(self._peer_reads.fetch(request, context)) as messages:
             async for message in messages:

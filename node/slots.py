@@ -33,7 +33,9 @@ def _staged(entry: Listed, engines: list[str], record: RevisionRecord | None = N
     return fabric_pb2.StagedAdapter(
         adapter_id=m.adapter_id, digest=m.digest, content_id=m.content_id, size=sum(f.size for f in m.files), peft=peft_fields_of(m.config),
         damaged=entry.problem, engines=engines,
-        **({"origin": record.revision.origin, "revision": record.revision.revision, "checked_at": record.checked_at} if record is not None else {}),
+        origin=record.revision.origin if record is not None else None,
+        revision=record.revision.revision if record is not None else None,
+        checked_at=record.checked_at if record is not None else None,
     )
 
 
@@ -99,7 +101,7 @@ class Slots:
         model = self.context.require_model("set an active adapter")
         await self.context.on_model(model.set_active_lora, request.name)
         slot = model.pool.active_slot
-        return fabric_pb2.SetActiveResponse(slot=slot, content_id=model.adapter_id_for(slot))
+        return fabric_pb2.SetActiveResponse(slot=slot, content_id=model.adapter_id_for(slot) if slot is not None else 0)
 
     async def pin(self, request: fabric_pb2.PinRequest) -> fabric_pb2.PinResponse:
         """Pin (or unpin) a resident adapter: a pinned slot is never a victim."""

@@ -253,18 +253,19 @@ def _grant(raw: object, where: str) -> Grant:
     return Grant(frozenset(verbs), prefixes)
 
 
-def _check_table(raw: object, where: str, kind: str, known: set[str]) -> None:
-    """``raw`` is a ``[[kind]]`` table holding only ``known`` keys; else ``InvalidPolicy`` naming the first stranger."""
+def _check_table(raw: object, where: str, kind: str, known: set[str]) -> dict[str, object]:
+    """``raw`` as a ``[[kind]]`` table holding only ``known`` keys; else ``InvalidPolicy`` naming the first stranger."""
     if not isinstance(raw, dict):
         raise _fail(where, f"must be a [[{kind}]] table")
     unknown = sorted(set(raw) - known)
     if unknown:
         raise _fail(where, f"unknown key {unknown[0][:40]!r} (known: {', '.join(sorted(known))})")
+    return raw
 
 
 def _principal(raw: object, index: int) -> Principal:
     where = f"principal #{index + 1}"
-    _check_table(raw, where, "principal", _PRINCIPAL_KEYS)
+    raw = _check_table(raw, where, "principal", _PRINCIPAL_KEYS)
     name = raw.get("name")
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
         raise _fail(where, "needs a name of 1 to 64 characters from [A-Za-z0-9._-@:]")
@@ -277,7 +278,7 @@ def _principal(raw: object, index: int) -> Principal:
     if san and (not isinstance(san, str) or _SAN.fullmatch(san) is None):
         raise _fail(where, "san must be a DNS name or URI of 1 to 253 characters")
     grants = tuple(_grant(g, where) for g in _strings(raw.get("grants"), where, "grants", MAX_GRANTS))
-    return Principal(name=name, grants=grants, token_sha256=token, san=san)
+    return Principal(name=name, grants=grants, token_sha256=token if isinstance(token, str) else "", san=san if isinstance(san, str) else "")
 
 
 def _quota_size(value: object, where: str) -> int:
@@ -291,7 +292,7 @@ def _quota_size(value: object, where: str) -> int:
 
 def _quota(raw: object, index: int) -> TenantQuota:
     where = f"quota #{index + 1}"
-    _check_table(raw, where, "quota", _QUOTA_KEYS)
+    raw = _check_table(raw, where, "quota", _QUOTA_KEYS)
     if raw.get("prefix") == EVERYTHING:
         raise _fail(where, "prefix '*' is the whole store: its limit is fabric-node --max-store-bytes")
     prefix = _prefix(raw.get("prefix"), where)

@@ -1,3 +1,3 @@
 from adapter_fabric.cli.main import main
 
-raise SystemExit(main())
+main()  # exits with the command's status

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from adapter_fabric.cli.connect import client_for, peer_address
 from adapter_fabric.cli.output import emit, pull_note
@@ -92,7 +93,7 @@ def cmd_inspect(args: argparse.Namespace) -> None:
     with client_for(args) as client:
         reply = client.manifest_proto(args.id, with_sha256=args.sha256)
     m = Manifest.from_proto(reply)
-    files = [{"name": f.name, "size": f.size, "root": f.root, "chunk_size": f.chunk_size, "chunks": f.chunk_count} for f in m.files]
+    files: list[dict[str, Any]] = [{"name": f.name, "size": f.size, "root": f.root, "chunk_size": f.chunk_size, "chunks": f.chunk_count} for f in m.files]
     for f in files if args.sha256 else ():
         f["sha256"] = reply.file_sha256.get(f["name"], "")
     tensors = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in m.tensors]

@@ -78,8 +78,10 @@ def stage_many(
         except FabricError as exc:
             result = StageFailure(adapter_id, str(directory), exc)
         if on_done is not None:
-            ok = isinstance(result, StageResult)
-            on_done(adapter_id, result if ok else None, None if ok else result.error)
+            if isinstance(result, StageResult):
+                on_done(adapter_id, result, None)
+            else:
+                on_done(adapter_id, None, result.error)
         return result
 
     with ThreadPoolExecutor(max_workers=min(workers, max(1, len(pairs))), thread_name_prefix="stage-many") as pool:

@@ -8,6 +8,7 @@ errors the same way in-process or remote.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 import time
@@ -388,7 +389,7 @@ class NodeClient:
         return self._call(self.stub.Pin, fabric_pb2.PinRequest(name=name, pinned=pinned), timeout=self._quick(timeout)).slot
 
     def generate(
-        self, input_ids: list[int], adapter: str = "", *, use_base: bool = False, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        self, input_ids: builtins.list[int], adapter: str = "", *, use_base: bool = False, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         return_logits: bool = False, timeout: float | None = None,
     ) -> GenerateResult:
         """Run the node's model on ``input_ids`` with a resident adapter (or the base model); greedy tokens and, if asked, the last logits.

@@ -13,8 +13,12 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from adapter_fabric.errors import FabricError
+
+if TYPE_CHECKING:
+    from adapter_fabric.client.node_client import NodeClient
 
 
 @dataclass
@@ -45,7 +49,7 @@ def rollout(
     name: str = "",
     stage_only: bool = False,
     named_peer_only: bool = False,
-    client_for: Callable[[str], object] | None = None,
+    client_for: Callable[[str], NodeClient] | None = None,
     on_done: Callable[[NodeRollout], None] | None = None,
 ) -> list[NodeRollout]:
     """Promote ``adapter_id`` from ``seed`` on every node in ``nodes`` in parallel; results in ``nodes`` order.

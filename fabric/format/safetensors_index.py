@@ -120,7 +120,7 @@ class SafetensorsIndex:
 # ---------------------------------------------------------------- public API
 
 
-def header_length(prefix: bytes, *, max_header_bytes: int = MAX_HEADER_BYTES) -> int:
+def header_length(prefix: bytes | bytearray | memoryview, *, max_header_bytes: int = MAX_HEADER_BYTES) -> int:
     """``N`` from the first 8 bytes of a safetensors file, checked against the limit."""
     if len(prefix) < 8:
         raise InvalidHeader(f"a safetensors file starts with an 8-byte header length; got only {len(prefix)} bytes")
@@ -133,7 +133,7 @@ def header_length(prefix: bytes, *, max_header_bytes: int = MAX_HEADER_BYTES) ->
 
 
 def parse_header(
-    data: bytes, file_size: int | None = None, *, max_header_bytes: int = MAX_HEADER_BYTES
+    data: bytes | bytearray | memoryview, file_size: int | None = None, *, max_header_bytes: int = MAX_HEADER_BYTES
 ) -> SafetensorsIndex:
     """Validate the header in ``data`` (at least the first ``8 + N`` bytes of the file).
 
@@ -311,6 +311,7 @@ def _check_byte_size(name: str, dtype: str, shape: tuple[int, ...], nbytes: int)
 def _check_contiguous(tensors: tuple[TensorInfo, ...]) -> None:
     """Sorted by begin, each tensor starts where the previous one ended, the first at 0."""
     expected, previous = 0, None
+    previous_name = ""
     for info in tensors:
         if info.begin > expected:
             after = f"after tensor {previous.name!r} ends" if previous else "at the start of the data section"
@@ -320,10 +321,11 @@ def _check_contiguous(tensors: tuple[TensorInfo, ...]) -> None:
             )
         if info.begin < expected:
             raise InvalidHeader(
-                f"tensor {info.name!r}: data_offsets [{info.begin}, {info.end}] overlap tensor {previous.name!r} "
+                f"tensor {info.name!r}: data_offsets [{info.begin}, {info.end}] overlap tensor {previous_name!r} "
                 f"which ends at {expected}"
             )
         expected, previous = info.end, info
+        previous_name = info.name
 
 
 def _check_file_size(index: SafetensorsIndex, file_size: int) -> None:

@@ -198,13 +198,15 @@ class ServerProcess:
     def __init__(self, path: TransferPath, payload_path: str) -> None:
         argv = [sys.executable, "-m", __name__, "--serve", json.dumps(dataclasses.asdict(path)), "--payload", payload_path]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdin is not None  # both PIPE
         line = self.proc.stdout.readline()
         if not line:
             raise SystemExit(f"server for {path.label!r} exited before listening (rc={self.proc.wait()})")
         self.port = int(line)
 
     def close(self) -> None:
-        self.proc.stdin.close()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:

@@ -87,11 +87,12 @@ class LocalNode:
     def wait_ready(self) -> LocalNode:
         """Read the announced port, then wait for health SERVING."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        assert self.process.stdout is not None
+        process = self.process
+        assert process is not None and process.stdout is not None, "start() first"
         while time.monotonic() < deadline:
-            line = self.process.stdout.readline().decode(errors="replace")
+            line = process.stdout.readline().decode(errors="replace")
             if not line:
-                raise PeerUnavailable(f"node exited with code {self.process.wait()} before listening; see {self.log_path}")
+                raise PeerUnavailable(f"node exited with code {process.wait()} before listening; see {self.log_path}")
             self._log.write(line.encode())
             match = _LISTENING.search(line)
             if match:

@@ -14,6 +14,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,7 +25,7 @@ from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 PROMPT = [1, 17, 42, 99, 5, 23]
 TOLERANCE = 1e-4
 
-ADAPTERS = {
+ADAPTERS: dict[str, dict[str, Any]] = {
     "support-v1": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], seed=11),
     "sql-v2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], use_rslora=True, seed=12),
     "legal-v1": dict(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj", "down_proj"], rank_pattern={"down_proj": 4}, seed=13),

@@ -198,7 +198,7 @@ def _hub_handler(repos: HubRepos, token: str | None):
                 if file is None or not file.is_file():
                     return self._send(404, b"Entry not found", {"X-Error-Code": "EntryNotFound"})
                 repos.fetches.append(path)
-                return self._send(200, file.read_bytes(), {"ETag": f'"{sha}-{name}"', "X-Repo-Commit": sha})
+                return self._send(200, file.read_bytes(), {"ETag": f'"{sha}-{name}"', "X-Repo-Commit": str(sha)})
             return self._send(404, b"not found")
 
     return Handler

@@ -37,7 +37,7 @@ def unload_lora(url: str, name: str, timeout: float = UNLOAD_TIMEOUT_S) -> bool:
         return True  # vLLM answers a success as plain text ("Success: LoRA adapter ... removed successfully.")
     if not isinstance(answer, dict):
         return True
-    error = answer.get("error") if isinstance(answer.get("error"), dict) else answer
+    error: dict = answer["error"] if isinstance(answer.get("error"), dict) else answer
     message = str(error.get("message") or error.get("detail") or "")[:300]
     if "cannot be found" in message:
         return False

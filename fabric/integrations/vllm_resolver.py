@@ -145,7 +145,7 @@ def settings_from_env() -> dict:
     for kind, path in paths.items():
         if path and not Path(path).is_file():
             raise InvalidArgument(f"FABRIC_TLS_{kind}={path[:200]!r} is not a readable file")
-    tls = TlsFiles(*(Path(paths[k]) if paths[k] else None for k in ("CERT", "KEY", "CA")))
+    tls = TlsFiles(*(Path(path) if (path := paths[k]) else None for k in ("CERT", "KEY", "CA")))
     token_file = os.environ.get("FABRIC_AUTH_TOKEN_FILE")
     try:
         token = read_token(token_file) if token_file else None
@@ -213,14 +213,16 @@ def register() -> None:
         log.warning("adapter-fabric: this vLLM has no LoRA resolver interface (vllm.lora.resolver, from vLLM 0.8.5): %s", exc)
         return
 
+    settled: ResolverConfig = config  # the closure below sees the narrowed type
+
     class FabricResolver(LoRAResolver):
         async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
             import asyncio
 
             try:
                 path = await asyncio.to_thread(
-                    resolve, config.node, lora_name, base_model_name, config.export_dir, timeout=config.timeout,
-                    base_model_aliases=config.base_model_aliases, **config.connection,
+                    resolve, settled.node, lora_name, base_model_name, settled.export_dir, timeout=settled.timeout,
+                    base_model_aliases=settled.base_model_aliases, **settled.connection,
                 )
             except Exception as exc:  # noqa: BLE001 (never into vLLM: it would answer 500 and skip the other resolvers)
                 log.warning("adapter-fabric: resolving %r failed: %s: %s; answering None", lora_name[:200], type(exc).__name__, str(exc)[:500])

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -37,6 +38,14 @@ READ_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 32
 
 
+class _Tracking(Protocol):
+    """What the handler tells its server of a connection (the server below bounds and cuts connections by it)."""
+
+    def reading(self, request: socket.socket) -> None: ...
+
+    def answering(self, request: socket.socket) -> None: ...
+
+
 class ProbeEndpoint:
     """Serves the three paths on ``host:port`` from a daemon thread; ``ready()`` decides /readyz."""
 
@@ -48,12 +57,12 @@ class ProbeEndpoint:
 
             def setup(self) -> None:
                 super().setup()
-                self.server.reading(self.request)
+                cast(_Tracking, self.server).reading(self.request)
 
             def parse_request(self) -> bool:
                 whole = super().parse_request()
                 if whole:
-                    self.server.answering(self.request)  # a whole request: no longer shed, nor cut by its deadline
+                    cast(_Tracking, self.server).answering(self.request)  # a whole request: no longer shed, nor cut by its deadline
                 return whole
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -74,7 +83,7 @@ class ProbeEndpoint:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-                self.server.reading(self.request)  # the next request of a kept-alive connection has its own deadline
+                cast(_Tracking, self.server).reading(self.request)  # the next request of a kept-alive connection has its own deadline
 
             def log_message(self, *args) -> None:  # probes every few seconds would drown the log
                 pass

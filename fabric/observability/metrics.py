@@ -128,7 +128,7 @@ def catalog() -> list[MetricInfo]:
     found = []
     for value in globals().values():
         if isinstance(value, MetricWrapperBase):
-            name = value._name + {"counter": "_total", "info": "_info"}.get(value._type, "")
+            name = value._name + {"counter": "_total", "info": "_info"}.get(str(value._type), "")
             labels = BUILD_LABELS if value is BUILD else tuple(value._labelnames)
-            found.append(MetricInfo(name, value._type, labels, value._documentation))
+            found.append(MetricInfo(name, str(value._type), labels, value._documentation))
     return sorted(found)

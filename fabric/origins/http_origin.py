@@ -82,6 +82,7 @@ class HttpOrigin:
     def fetch(self, adapter_id: str, pin: str, known: Revision | None, into: Path, limits: FetchLimits) -> Revision | None:
         what = f"origin {self.label}: {adapter_id}"
         urls = {name: self.url_of(adapter_id, name) for name in ADAPTER_FILES}
+        validators: dict[str, str | None]
         if known is not None and not pin and known.validators:
             # Revalidation: a conditional GET per file; any 200 brings its bytes already.
             got = {name: self._get(urls[name], name, into, limits, what, condition=known.validator(name)) for name in ADAPTER_FILES}

@@ -86,19 +86,18 @@ def _shown(uri: str) -> str:
 def open_origin(spec: OriginSpec, default_timeout: float = DEFAULT_TIMEOUT_S, tries: int = DEFAULT_TRIES) -> Origin:
     """The origin client ``spec`` names (its library imported now: a missing one is refused at start, by name)."""
     timeout = spec.timeout or default_timeout
-    options = {"trusted": spec.trusted, "timeout": timeout, "tries": tries}
     if spec.uri.startswith("s3://"):
         from adapter_fabric.origins.s3_origin import S3Origin
 
-        return S3Origin(spec.uri, **options)
+        return S3Origin(spec.uri, trusted=spec.trusted, timeout=timeout, tries=tries)
     if spec.uri.startswith("hf://"):
         from adapter_fabric.origins.hub_origin import HubOrigin
 
-        return HubOrigin(spec.uri, **options)
+        return HubOrigin(spec.uri, trusted=spec.trusted, timeout=timeout, tries=tries)
     if spec.uri.startswith("file://"):
         from adapter_fabric.origins.directory_origin import DirectoryOrigin
 
-        return DirectoryOrigin(spec.uri, **options)
+        return DirectoryOrigin(spec.uri, trusted=spec.trusted, timeout=timeout)
     from adapter_fabric.origins.http_origin import HttpOrigin
 
-    return HttpOrigin(spec.uri, **options)
+    return HttpOrigin(spec.uri, trusted=spec.trusted, timeout=timeout, tries=tries)

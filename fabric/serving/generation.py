@@ -74,5 +74,5 @@ class Generation:
         """Drop the ref taken by ``start`` (a no-op if ``start`` never ran); safe to call twice."""
         held, self._held = self._held, False
         self._decoding = None
-        if held:
+        if held and self.resolved is not None:
             self.model.release(self.resolved)

@@ -36,9 +36,8 @@ class MultiLoraModel(PoolAdapters):
         device: str | torch.device = "auto",
         fetcher: Fetcher | None = None,
     ) -> None:
-        if isinstance(base_model, str):
-            base_model = load_base_model(base_model)
-        self.model = base_model.to(resolve_device(device)).eval()
+        model = load_base_model(base_model) if isinstance(base_model, str) else base_model
+        self.model = model.to(resolve_device(device)).eval()
         dtype = next(self.model.parameters()).dtype
         wanted = tuple(target_modules)
         targets = {
@@ -59,14 +58,16 @@ class MultiLoraModel(PoolAdapters):
             fetcher=fetcher,
         )
         for name in targets:
-            self.model.set_submodule(name, LoraLinear(self.model.get_submodule(name), self.pool, name))
+            linear = self.model.get_submodule(name)
+            assert isinstance(linear, nn.Linear)  # targets holds nn.Linear modules only
+            self.model.set_submodule(name, LoraLinear(linear, self.pool, name))
 
     # ------------------------------------------------------------ bounds
 
     @property
     def vocab_size(self) -> int:
         """Token ids run from 0 to ``vocab_size - 1`` (the input embedding's rows)."""
-        return int(self.model.get_input_embeddings().num_embeddings)
+        return int(self.model.get_input_embeddings().num_embeddings)  # type: ignore[operator]  # transformers' models have it; nn.Module does not say so
 
     @property
     def max_positions(self) -> int | None:

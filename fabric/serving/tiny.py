@@ -93,12 +93,13 @@ def make_peft_adapter(
 
     base = base_model if base_model is not None else build_tiny_model(family)
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
-    config = LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=targets, init_lora_weights=False, **lora_kwargs)
+    # PEFT annotates lora_alpha as int; it takes a float (scaling = alpha / r)
+    config = LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=targets, init_lora_weights=False, **lora_kwargs)  # type: ignore[arg-type]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peft_model = get_peft_model(base, config)
     out = Path(out_dir)
-    peft_model.save_pretrained(out)
+    peft_model.save_pretrained(str(out))
     # get_peft_model wrapped the base in place; undo it so a shared base stays clean.
     peft_model.unload()
     sort_target_modules(out / "adapter_config.json")

@@ -53,7 +53,7 @@ _THREADED_BYTES = 8 << 20
 def check_scheme(scheme: int, what: str) -> None:
     """Refuse, naming both versions, a message or store of another digest scheme (``IncompatibleFormat``)."""
     if scheme != DIGEST_SCHEME:
-        known = {fabric_pb2.DIGEST_SCHEME_UNSPECIFIED: "1 (sha256: it predates the field)", fabric_pb2.DIGEST_SCHEME_SHA256: "1 (sha256)"}
+        known: dict[int, object] = {fabric_pb2.DIGEST_SCHEME_UNSPECIFIED: "1 (sha256: it predates the field)", fabric_pb2.DIGEST_SCHEME_SHA256: "1 (sha256)"}
         raise IncompatibleFormat(
             f"{what} uses digest scheme {known.get(scheme, scheme)}; this node reads and writes scheme {DIGEST_SCHEME} "
             f"(BLAKE3 chunk trees): run the same version of adapter-fabric on both ends"
@@ -148,7 +148,7 @@ def iter_file(handle: BinaryIO, block: int = 1 << 20) -> Iterator[bytes]:
         yield data
 
 
-def hash_bytes(name: str, data: bytes | memoryview, chunk_size: int) -> FileEntry:
+def hash_bytes(name: str, data: bytes | bytearray | memoryview, chunk_size: int) -> FileEntry:
     hasher = FileHasher(chunk_size)
     hasher.update(data)
     return hasher.entry(name)

@@ -215,7 +215,7 @@ class ExportDir:
 
     def sync(self, staged: Iterable[Manifest]) -> None:
         """Export every staged manifest and remove entries of ids that are not staged (at node start)."""
-        keep = set()
+        keep: set[str] = set()
         for manifest in staged:
             if (dest := self.export(manifest.adapter_id, manifest)) is not None:
                 keep.update((dest.name, version_name(manifest.adapter_id, manifest.digest)))

@@ -163,22 +163,33 @@ class Upload:
         meta_path = directory / "meta.json"
         fresh = not meta_path.is_file() or meta_path.read_bytes() != meta
         self._fd: int | None = os.open(directory / "data", os.O_RDWR | os.O_CREAT, 0o644)
-        if fresh or os.fstat(self._fd).st_size > size:
-            if os.fstat(self._fd).st_size:  # a new data file is empty already: nothing to truncate or sync
-                os.ftruncate(self._fd, 0)
-                os.fsync(self._fd)
+        if fresh or os.fstat(self._open_fd).st_size > size:
+            if os.fstat(self._open_fd).st_size:  # a new data file is empty already: nothing to truncate or sync
+                os.ftruncate(self._open_fd, 0)
+                os.fsync(self._open_fd)
             # Not synced: after a power cut a resume finds no meta and restarts from 0 (the Stage had not returned);
             # each appended byte is synced, and commit verifies every byte against the declared root anyway.
             self._committer.temps.replace(meta_path, meta)
-        self._offset = os.fstat(self._fd).st_size
+        self._offset = os.fstat(self._open_fd).st_size
         self._hasher = self._hash_kept(self._offset)
-        self._written_stamp = write_stamp(self._fd)  # after our last write: another writer since is caught at commit
+        self._written_stamp = write_stamp(self._open_fd)  # after our last write: another writer since is caught at commit
+
+    @property
+    def _open_fd(self) -> int:
+        """The data file's descriptor; only called while the writer is open (``close`` sets it to None)."""
+        assert self._fd is not None
+        return self._fd
+
+    @property
+    def _open_lock_fd(self) -> int:
+        assert self._lock_fd is not None
+        return self._lock_fd
 
     def _hash_kept(self, end: int) -> FileHasher:
         """A chunk hasher fed the bytes [0, end) kept on disk (a resume), so every byte is hashed once in all."""
         hasher = FileHasher(self._chunk_size)
         for offset in range(0, end, COPY_BLOCK):
-            hasher.update(pread_exact(self._fd, min(COPY_BLOCK, end - offset), offset, f"upload of {self.adapter_id!r}"))
+            hasher.update(pread_exact(self._open_fd, min(COPY_BLOCK, end - offset), offset, f"upload of {self.adapter_id!r}"))
         return hasher
 
     @property
@@ -202,9 +213,9 @@ class Upload:
                 except InvalidHeader as exc:
                     self._close_locked(remove=True)  # nothing to resume: the same bytes would be refused again
                     raise InvalidHeader(f"the weights of {self.adapter_id!r}: {exc}") from None
-            pwrite_all(self._fd, data, offset)
-            os.fdatasync(self._fd)
-            self._written_stamp = write_stamp(self._fd)
+            pwrite_all(self._open_fd, data, offset)
+            os.fdatasync(self._open_fd)
+            self._written_stamp = write_stamp(self._open_fd)
             self._hasher.update(data)
             self._offset += len(data)
 
@@ -218,11 +229,11 @@ class Upload:
                     f"Stage of {self.adapter_id!r} resumes at offset {offset} but this node holds {self._offset} bytes; "
                     f"ask UploadOffset and resume from there"
                 )
-            os.ftruncate(self._fd, offset)
-            os.fsync(self._fd)
+            os.ftruncate(self._open_fd, offset)
+            os.fsync(self._open_fd)
             self._offset = offset
             self._hasher = self._hash_kept(offset)
-            self._written_stamp = write_stamp(self._fd)
+            self._written_stamp = write_stamp(self._open_fd)
 
     def commit(self) -> Manifest:
         """Check size, root, config, header and tensors, then commit; any failure commits nothing and drops the upload."""
@@ -232,8 +243,8 @@ class Upload:
                 raise InvalidArgument(f"upload of {self.adapter_id!r} holds {self._offset} of {self.size} bytes: send the rest first")
             data_path = self._directory / "data"
             try:
-                os.fdatasync(self._fd)  # its bytes and size (each append synced its own already: usually nothing left)
-                if write_stamp(self._fd) != self._written_stamp:  # written by someone else since: hash what is on disk
+                os.fdatasync(self._open_fd)  # its bytes and size (each append synced its own already: usually nothing left)
+                if write_stamp(self._open_fd) != self._written_stamp:  # written by someone else since: hash what is on disk
                     self._hasher = self._hash_kept(self.size)
                 weights = self._hasher.entry(WEIGHTS_FILE)
                 if weights.root != self.weights_root:
@@ -273,8 +284,8 @@ class Upload:
     def _close_locked(self, remove: bool) -> None:
         if remove:
             shutil.rmtree(self._directory, ignore_errors=True)
-        os.close(self._fd)
-        os.close(self._lock_fd)
+        os.close(self._open_fd)
+        os.close(self._open_lock_fd)
         self._fd = self._lock_fd = None
         self._release(self._directory.name)
 

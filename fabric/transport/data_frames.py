@@ -79,7 +79,7 @@ def frame_header(kind: int, offset: int, length: int) -> bytes:
     return FRAME.pack(kind, offset, length)
 
 
-def parse_frame_header(header: bytes | memoryview) -> tuple[int, int, int]:
+def parse_frame_header(header: bytes | bytearray | memoryview) -> tuple[int, int, int]:
     """``(kind, offset, length)``; IntegrityError for an unknown kind or a metadata frame over its bound."""
     kind, offset, length = FRAME.unpack(header)
     if kind not in KINDS:

@@ -47,7 +47,7 @@ WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})
 def _addresses(host: str) -> set[str]:
     """The IPs ``host`` resolves to (none when it does not resolve)."""
     try:
-        return {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
     except (OSError, UnicodeError):
         return set()
 

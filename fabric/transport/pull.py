@@ -166,13 +166,12 @@ class PeerPuller:
         self, manifest: Manifest, peers: list[str], sink: Any, channels: PeerChannels, may_reuse: MayReuse | None, attempts: int = 2
     ) -> tuple[Manifest, PullStats]:
         with self._lock:
-            future = self._inflight.get(manifest.digest)
-            leader = future is None
-            if leader:
-                future = Future()
+            running = self._inflight.get(manifest.digest)  # another caller's download of the digest, to join
+            if running is None:
+                future: Future = Future()
                 self._inflight[manifest.digest] = future
-        if not leader:
-            committed, stats = future.result()
+        if running is not None:
+            committed, stats = running.result()
             joined = PullStats(digest=stats.digest, source_peers=list(stats.source_peers), shared=True)
             if self._has_ref(manifest):
                 return self.store.get(manifest.adapter_id), joined

@@ -31,7 +31,6 @@ from adapter_fabric.transport.swarm_events import (
     FetchCancelled,
     FetchCorrupt,
     FetchDone,
-    FetchEnded,
     FetchFailed,
     FetchMissing,
     HoldingReported,
@@ -216,7 +215,7 @@ class SwarmWorkers:
             self.report(HoldingReported(peer, swarm.bitmap_to_chunks(bitmap, self.weights.chunk_count), False))
 
 
-def _refusal(request: swarm.Request, error: FabricError) -> FetchEnded:
+def _refusal(request: swarm.Request, error: FabricError) -> FetchMissing | FetchBusy | FetchBroken:
     """The event for a peer's error status: not found, busy, or broken."""
     if isinstance(error, AdapterNotFound):
         return FetchMissing(request, error)
@@ -228,6 +227,6 @@ def _refusal(request: swarm.Request, error: FabricError) -> FetchEnded:
 class _Ended(Exception):
     """A fetch that ended without all its chunks: ``event`` says how, for the coordinator."""
 
-    def __init__(self, event: FetchEnded) -> None:
+    def __init__(self, event: FetchCancelled | FetchCorrupt | FetchMissing | FetchBusy | FetchBroken) -> None:
         super().__init__(event)
         self.event = event

@@ -158,7 +158,7 @@ class SwarmPull:
                         # The peers' own refusals (busy, no longer holding it) say more than the silence does.
                         raise self._stopped("" if self.refused else f"no live peer announced the missing chunks for {stall_timeout:g}s")
                 try:
-                    event = self.events.get(timeout=TICK_S)
+                    event: SwarmEvent | None = self.events.get(timeout=TICK_S)
                 except queue.Empty:
                     continue
                 while event is not None:

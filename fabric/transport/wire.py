@@ -211,7 +211,7 @@ def _read_varint(buf: bytes | memoryview, pos: int, end: int, what: str) -> tupl
     return result, pos
 
 
-def _skip_field(buf: bytes, pos: int, end: int, field: int, wire_type: int, depth: int = 0) -> int:
+def _skip_field(buf: bytes | memoryview, pos: int, end: int, field: int, wire_type: int, depth: int = 0) -> int:
     """Skip one unknown field's value starting at ``pos``; return the next pos."""
     if wire_type == 0:
         return _read_varint(buf, pos, end, f"unknown field {field}")[1]

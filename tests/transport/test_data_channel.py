@@ -102,7 +102,9 @@ def test_a_pull_moves_its_bytes_over_the_data_channel(tmp_path, adapter) -> None
         with puller.client() as client:
             assert client.pull("team/a", peer=seed.address).digest == digest
         assert counter(puller, "fabric_fetch_streams_total", channel="data") >= 1
-        assert counter(puller, "fabric_fetch_streams_total", channel="grpc") == 0
+        # Over gRPC only where the data channel to the killed seed broke before its first frame: a fallback, counted as such.
+        fallbacks = sum(counter(puller, "fabric_data_channel_fallbacks_total", reason=r) for r in ("busy", "broken"))
+        assert counter(puller, "fabric_fetch_streams_total", channel="grpc") <= fallbacks
         assert counter(seed, "fabric_data_channel_streams_total", outcome="ok") >= 1
         assert counter(puller, "fabric_data_channel_fallbacks_total", reason="connect") == 0
     finally:
