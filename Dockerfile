@@ -27,7 +27,7 @@ COPY protos ./protos
 # the CPU image does not pull multi-GB CUDA wheels.
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.2,<3" \
-    && /opt/venv/bin/pip install . \
+    && /opt/venv/bin/pip install ".[k8s]" \
     && /opt/venv/bin/fabric-node --version
 
 RUN groupadd --gid 10001 fabric && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin fabric \

@@ -9,6 +9,7 @@
 | GetManifest | read | the id (describing an adapter) |
 | Fetch, Availability | pull | the id, or the ids that refer to the digest |
 | Locate | read | the id, or the ids that refer to the digest |
+| Announce | pull | the id (a holder of an id says so to its homes: only a member, as it names itself, is kept) |
 | Generate | read | the named adapter; the base model: read anywhere; the active adapter (unnamed): read on ``*`` |
 | ListAdapters, StoreStatus | read | what the caller may read: the answer is filtered (``adapter_fabric.access.caller``) |
 | WhoAmI | none | the caller's own principal |
@@ -76,6 +77,7 @@ RULES: dict[str, Callable[[Any], Need]] = {
     "Fetch": _id_or_digest("pull"),
     "Availability": lambda request: Need("pull", digests=(request.digest,)),
     "Locate": _id_or_digest("read"),
+    "Announce": _on_id("pull"),
     "Generate": _generate,
     "ListAdapters": lambda request: Need("read"),
     "StoreStatus": lambda request: Need("read"),

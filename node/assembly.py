@@ -28,6 +28,7 @@ from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.eviction import Evictor, RefuseRoom
 from adapter_fabric.node.gate import AccessGate
 from adapter_fabric.node.handoff import HandOff
+from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.node import FABRIC_SERVICE, Node, Readiness
 from adapter_fabric.node.observe import ObservedPuller, RpcObserver, refresh_gauges
 from adapter_fabric.node.origin_fetch import build_origin_fetches
@@ -59,11 +60,13 @@ from adapter_fabric.observability import metrics
 from adapter_fabric.rpc.draining import DrainGate
 from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.rpc.security import BearerAuth
+from adapter_fabric.store.eviction import Candidate
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.data_channel import DataChannels
 from adapter_fabric.transport.discovery import PeerSource
 from adapter_fabric.transport.fetch_metadata import announce_data_port
+from adapter_fabric.transport.members import MemberView
 
 #: gRPC reuses ports by default, so a second node on a busy port would share it
 NO_PORT_REUSE = ("grpc.so_reuseport", 0)
@@ -111,7 +114,9 @@ def build_node(settings: NodeSettings) -> Node:
     # Pulls present this node's own certificate and peer token to its members only (transport.membership); the bound port
     # tells peers that are this node.
     peer_source = PeerSource(static=settings.peers, dns=settings.peers_dns, me=f"{host}:{port}")
-    members = membership(settings, tls, peer_token)
+    #: with placement (--homes), the fleet: --peers, --peers-dns and --peers-k8s; then it is also whom credentials go to
+    view = MemberView(peer_source.me, settings.peers) if settings.homes > 0 else None
+    members = membership(settings, tls, peer_token, view)
     options = [*wire.CHANNEL_OPTIONS, *([("grpc.ssl_target_name_override", settings.peer_tls_name)] if settings.peer_tls_name else [])]
     data_channels = DataChannels(
         tls.client_ssl_context() if tls.enabled else None, token=peer_token, tls_name=settings.peer_tls_name, members=members,
@@ -122,16 +127,34 @@ def build_node(settings: NodeSettings) -> Node:
         anonymous_credentials=tls.channel_credentials(anonymous=True) if tls.enabled else None,
     )
 
+    #: each adapter's homes among the members (node.homes): lookups, publishing, re-homing, eviction's last copies
+    homes = (
+        Homes(view, settings.homes, channels, store, lambda: streams.streams_open, dns=settings.peers_dns, k8s=settings.peers_k8s)
+        if view is not None
+        else None
+    )
     context = NodeContext(store, model, peer_source)
+
+    def origin_backed(victim: Candidate) -> bool:
+        """Whether an origin gave this digest (it holds a copy: never the last one). ``origins`` is read at call time: it is
+        built below, with the evictor's room."""
+        if homes is not None and homes.backed(victim.digest):
+            return True
+        return any(origins.record_of(i, victim.digest) is not None for i in victim.ids)
+
     # At --max-store-bytes the store refuses a writer; the evictor makes room outside its locks (--when-full evict: cold
     # adapters go, a last copy is handed to a durable peer first), or a durable node refuses by name (node.eviction).
     evictor = (
         Evictor(
             store,
-            Candidates(store, context.in_use, model.resident_digests if model is not None else set, engines),
+            Candidates(
+                store, context.in_use, model.resident_digests if model is not None else set, engines,
+                home_ids=homes.home_ids if homes is not None else None,
+            ),
             low_water=settings.evict_to,
-            copies=CopiesElsewhere(channels, peer_source.peers),
-            hand_off=HandOff(channels, peer_source.peers, peer_source.me),
+            copies=CopiesElsewhere(channels, peer_source.peers, homes=homes, backed=origin_backed),
+            hand_off=HandOff(channels, peer_source.peers, peer_source.me, homes=homes.live_homes if homes is not None else None),
+            hands_to="a home" if homes is not None else "a durable peer",
             engines=engines,
             drive=drive,
         )
@@ -145,19 +168,20 @@ def build_node(settings: NodeSettings) -> Node:
     )
     signed = SignedAdapters(store, puller, trusted)
     try:
-        #: a request without a peer: held, else the peers, else the --origin list (node.origin_fetch)
-        origins = build_origin_fetches(settings, context, signed, make_room=room.make_room)
+        #: a request without a peer: held, else the fleet (its homes) or the peers, else the --origin list (node.origin_fetch)
+        origins = build_origin_fetches(settings, context, signed, make_room=room.make_room, homes=homes)
     except FabricError as exc:
         fail(f"--origin: {exc}")
     #: the vLLM engines beside the node drop an adapter whose id moved to its origin's new revision (node.engine_retarget)
     retarget = retarget_for(settings, store, origins, export_dir)
     peer_reads = PeerReads(
-        context, puller, signed, upload_rate=settings.upload_rate, durable=settings.durable, announce=announce_data_port(data_port), origins=origins
+        context, puller, signed, upload_rate=settings.upload_rate, durable=settings.durable, announce=announce_data_port(data_port), origins=origins,
+        homes=homes, streams_open=lambda: streams.streams_open,
     )
     servicer = FabricServicer(
-        staging=Staging(context, signed, make_room=room.make_room),
+        staging=Staging(context, signed, make_room=room.make_room, on_staged=homes.published if homes is not None else None),
         peer_reads=peer_reads,
-        promotes=Promotes(context, signed, origins, model_names=(settings.model, *settings.base_model) if model is not None else ()),
+        promotes=Promotes(context, signed, origins, homes, model_names=(settings.model, *settings.base_model) if model is not None else ()),
         slots=Slots(context, max_new_tokens=settings.max_new_tokens, engines=engines, origins=origins),
         store_status=StoreReport(context, expire_after=settings.expire_abandoned_after, evictor=evictor, origins=origins),
         policy=policy is not None,
@@ -177,7 +201,7 @@ def build_node(settings: NodeSettings) -> Node:
         endpoint=endpoint, drain_gate=drain_gate, streams=streams, channels=channels, peer_reads=peer_reads,
         reloads=PolicyReloads(policy, context.io, applied=lambda new: store.set_tenant_quotas(new.quotas)),
         evictor=evictor, repairs=Repairs(damage, store, peer_source, signed), scrubber=Scrubber(store, damage, rate=settings.scrub_rate),
-        engines=engines, drive=drive, origins=origins, retarget=retarget, data_server=data_server, data_socket=data_socket,
+        engines=engines, drive=drive, origins=origins, homes=homes, retarget=retarget, data_server=data_server, data_socket=data_socket,
         banner=_banner(settings, host, port, model, tls.enabled, token, policy, endpoint, data_port),
     )
 

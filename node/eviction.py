@@ -13,7 +13,7 @@ adapters down to --evict-to of the limit (``choose_victims``, pure), asks the
 peers at once which victims are copies they hold (``CopiesElsewhere``), unloads
 the victims from a driven SGLang, and drops them through the store's own
 verb (``AdapterStore.evict``). A victim that is a last copy is never on a
-writer's path: it is queued for a hand-off to a durable peer
+writer's path: it is queued for a hand-off to a durable peer (with placement, to one of its homes)
 (``adapter_fabric.node.handoff.HandOffs``), held meanwhile, and the round
 chooses around it.
 
@@ -101,6 +101,7 @@ class Evictor:
         engines: EngineViews | None = None,
         drive: SGLangDrive | None = None,
         room_wait: float = ROOM_WAIT_S,
+        hands_to: str = "a durable peer",
     ) -> None:
         """``low_water``: the share of the limit a round frees down to (--evict-to). ``copies``: which victims are last copies (None: none is; no peers to lose it to). ``hand_off``: has a durable peer
         take a last copy, true once one holds it (None: last copies stay). ``engines`` are read afresh before each round;
@@ -113,6 +114,9 @@ class Evictor:
         self.engines = engines
         self.drive = drive
         self.room_wait = room_wait
+        #: who takes last copies, in words: "a durable peer", or with placement "a home"
+        self.hands_to = hands_to
+        self.handing_off_reason = HANDING_OFF.replace("a durable peer", hands_to)
         #: adapters (digests) evicted since the node started, for StoreStatus
         self.evictions = 0
         #: the latest evictions, newest last, for StoreStatus (fabric store-status shows them): (ids, digest, bytes, time, reason)
@@ -178,7 +182,7 @@ class Evictor:
         if running:
             oldest = running[0]
             doing = (
-                f"handing {len(running)} last cop{'y' if len(running) == 1 else 'ies'} to a durable peer first "
+                f"handing {len(running)} last cop{'y' if len(running) == 1 else 'ies'} to {self.hands_to} first "
                 f"({', '.join(repr(r.victim.ids[0]) for r in running[:3])}{', ...' if len(running) > 3 else ''}; the oldest for "
                 f"{time.monotonic() - oldest.since:.0f}s, at most {HANDOFF_TIMEOUT_S:.0f}s)"
             )
@@ -248,7 +252,7 @@ class Evictor:
         if self.hand_offs is None or candidate.held:
             return candidate
         if any(r.victim.digest == candidate.digest for r in self.hand_offs.running()):
-            return dataclasses.replace(candidate, held=HANDING_OFF)
+            return dataclasses.replace(candidate, held=self.handing_off_reason)
         if self.hand_offs.refused_lately(candidate.digest):
             return dataclasses.replace(candidate, held=LAST_COPY)
         return candidate
@@ -257,12 +261,12 @@ class Evictor:
         """The victims no peer holds a complete copy of, each queued for a hand-off: digest -> what holds it now."""
         if self.copies is None or not victims:
             return {}
-        last = self.copies.last_copies(v.digest for v in victims)
+        last = self.copies.last_copies(victims)
         held = {}
         for victim in victims:
             if victim.digest in last:
                 queued = self.hand_offs is not None and self.hand_offs.submit(victim)
-                held[victim.digest] = HANDING_OFF if queued else LAST_COPY
+                held[victim.digest] = self.handing_off_reason if queued else LAST_COPY
         return held
 
     def _not_unloaded(self, victims: list[Candidate]) -> dict[str, str]:

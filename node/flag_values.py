@@ -9,6 +9,7 @@ from pathlib import Path
 
 from adapter_fabric.errors import InvalidArgument
 from adapter_fabric.integrations.engine_models import check_engine_url
+from adapter_fabric.transport.endpoint_slices import parse_target
 from adapter_fabric.units import format_duration, parse_chunk_size, parse_duration, parse_size
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -94,6 +95,23 @@ def csv(text: str) -> tuple[str, ...]:
 
 def peer_list(text: str) -> tuple[str, ...]:
     return tuple(peer_host_port(item) for item in csv(text))
+
+
+def k8s_target(text: str) -> str:
+    """``[NAMESPACE/]SERVICE:PORT`` (--peers-k8s), checked now; the namespace is read from the pod when the node runs."""
+    if not text:
+        return ""
+    try:
+        parse_target(text, default_namespace=lambda: "default")
+    except InvalidArgument as exc:
+        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+    return text
+
+
+def homes_count(text: str) -> int:
+    if not _DIGITS.fullmatch(text) or int(text) > 64:
+        raise ValueError("expected a whole number from 0 (no placement) to 64")
+    return int(text)
 
 
 def choice(*options: str) -> Callable[[str], str]:

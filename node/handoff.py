@@ -61,26 +61,39 @@ def dialable(me: str, toward: str) -> str:
 
 
 class HandOff:
-    """Has a durable peer pull a last copy from this node; true only once one holds it."""
+    """Has a durable peer (with placement: one of the adapter's homes) pull a last copy from this node; true only once one holds it."""
 
-    def __init__(self, channels: PeerChannels, peers: Callable[[], list[str]], me: str, timeout: float = HANDOFF_TIMEOUT_S) -> None:
+    def __init__(
+        self, channels: PeerChannels, peers: Callable[[], list[str]], me: str, timeout: float = HANDOFF_TIMEOUT_S,
+        homes: Callable[[Candidate], list[str]] | None = None,
+    ) -> None:  # fmt: skip
+        """``homes``: the live homes of a victim but this node, first home first (``node.homes``): they take last copies,
+        not any durable peer."""
         self.channels = channels
+        self.homes = homes
         self.peers = peers
         #: the address this node serves on (``PeerSource.me``)
         self.me = me
         self.timeout = timeout
 
     def __call__(self, victim: Candidate) -> bool:
-        """Whether a durable peer now holds ``victim`` (pulled from this node under its first id)."""
-        durable = [peer for peer in self.peers() if peer_calls.is_durable(self.channels, peer, timeout=ASK_TIMEOUT_S)]
+        """Whether a durable peer (a home) now holds ``victim`` (pulled from this node under its first id)."""
+        if self.homes is not None:
+            durable = self.homes(victim)
+        else:
+            durable = [peer for peer in self.peers() if peer_calls.is_durable(self.channels, peer, timeout=ASK_TIMEOUT_S)]
         for peer in durable:
             if self._pull_onto(peer, victim):
                 metrics.HANDOFFS.labels("ok").inc()
                 return True
         metrics.HANDOFFS.labels("none" if not durable else "refused").inc()
         if not durable:
-            log.info("no durable peer answers: the last copy of %s stays", victim.digest)
+            log.info("no %s answers: the last copy of %s stays", "live home" if self.homes is not None else "durable peer", victim.digest)
         return False
+
+    @property
+    def _what(self) -> str:
+        return "home" if self.homes is not None else "durable peer"
 
     def _pull_onto(self, peer: str, victim: Candidate) -> bool:
         adapter_id = victim.ids[0]
@@ -93,9 +106,9 @@ class HandOff:
         try:
             fabric_pb2_grpc.FabricStub(self.channels.get(peer)).Promote(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            log.warning("durable peer %s did not take the last copy of %s: %s", peer, adapter_id, error_from_rpc(exc, peer=peer))
+            log.warning("%s %s did not take the last copy of %s: %s", self._what, peer, adapter_id, error_from_rpc(exc, peer=peer))
             return False
-        event(log, "handed a last copy to a durable peer", adapter=adapter_id, digest=victim.digest, peer=peer, bytes=victim.size)
+        event(log, f"handed a last copy to a {self._what}", adapter=adapter_id, digest=victim.digest, peer=peer, bytes=victim.size)
         return True
 
 

@@ -27,6 +27,7 @@ from adapter_fabric.node.engine_drive import SGLangDrive
 from adapter_fabric.node.engine_retarget import EngineRetarget
 from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.eviction import Evictor
+from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.peer_reads import PeerReads
 from adapter_fabric.node.policy_reloads import PolicyReloads
@@ -93,6 +94,8 @@ class Node:
     origins: OriginFetches
     #: engines kept off a moved id's old digest (--origin with --engine-url), None without
     retarget: EngineRetarget | None
+    #: the node's part in a fleet (--homes): members, homes, lookups, publishing, re-homing; None without placement
+    homes: Homes | None
     data_server: DataServer | None
     data_socket: socket.socket | None
     #: what the node says once it listens (tests and the demo read the ports from it)
@@ -107,6 +110,8 @@ class Node:
         """Serve: gRPC, the data channel, health SERVING, then the background jobs (the restart's collection among them)."""
         if self.data_server is not None and self.data_socket is not None:
             await self.data_server.start(self.data_socket)
+        if self.homes is not None:
+            await self.context.io(self.homes.start)  # --peers-k8s: its first list of members, bounded, before a Stage is taken
         await self.server.start()
         if self.evictor is not None:
             self.evictor.start()
@@ -127,6 +132,8 @@ class Node:
             jobs.append(self.retarget.watch(io, self.origins.resolve))
         if self.reloads.policy is not None:
             jobs.append(self.reloads.run(background.POLICY_POLL_S))
+        if self.homes is not None:
+            jobs.append(self.homes.watch(io))
         self._tasks = [asyncio.create_task(job) for job in jobs]
 
     async def drain(self) -> None:
@@ -150,6 +157,8 @@ class Node:
 
     def close(self) -> None:
         """After the server stopped: the scrub and the evictor told to stop, the model worker's jobs finished, channels closed."""
+        if self.homes is not None:
+            self.homes.close()
         self.scrubber.stop()
         if self.evictor is not None:
             self.evictor.close()

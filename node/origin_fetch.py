@@ -35,6 +35,8 @@ from typing import Any, Protocol
 from adapter_fabric.access.policy import CLUSTER, Principal, identity_of
 from adapter_fabric.errors import AdapterNotFound, FabricError, OriginUnavailable, PeerUnavailable, PermissionDenied, Untrusted
 from adapter_fabric.node.authority import pull_authority
+from adapter_fabric.node.home_route import HomeRoute
+from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
@@ -63,6 +65,11 @@ def _allowed(may_fetch: Callable[[], None] | None) -> bool:
     except PermissionDenied:
         return False
     return True
+
+
+#: a miss through the fleet first (``node.home_route.HomeRoute``), with the caller and its authority (``pull_authority``):
+#: (manifest, stats) pulled, or None to fetch it here
+Route = Callable[[str, Callable[[Manifest], None] | None, Principal, dict], Awaitable[tuple[Manifest, PullStats] | None]]
 
 
 class NodeContext(Protocol):
@@ -110,10 +117,15 @@ class OriginFetches:
     def __init__(
         self, context: NodeContext, signed: SignedAdapters, origins: list[Origin], records: RevisionRecords, ttl: float = DEFAULT_TTL_S,
         concurrency: int = DEFAULT_CONCURRENCY, admit: Callable[[Manifest], None] | None = None, make_room: MakeRoom | None = None,
+        route: Route | None = None, on_fetched: Callable[[str, str, str], None] | None = None,
     ) -> None:  # fmt: skip
         """``admit``: this node's own check of what it takes (its model's modules and shapes), before anything is committed;
         ``make_room``: asked when the store refuses a commit for room (the node's evictor)."""
         self.make_room = make_room
+        #: with placement: the fleet first (``node.home_route``), before this node's origins; ``on_fetched(id, digest, origin)``:
+        #: after this node fetched an id from an origin (its other homes pull it)
+        self.route = route
+        self.on_fetched = on_fetched
         self.context = context
         self.store = context.store
         self.signed = signed
@@ -235,7 +247,11 @@ class OriginFetches:
             local = await self.context.io(self._by_digest, adapter_id, pin, authority.get("may_reuse"))
             if local is not None:
                 return Resolved(local, PullStats(), "store")
-        peers = await self.context.known_peers()
+        if self.route is not None:
+            routed = await self.route(adapter_id, admit, who, authority)
+            if routed is not None:
+                return Resolved(*routed, "peer")
+        peers = await self.context.known_peers() if self.route is None else []
         if peers:
             try:
                 manifest, stats = await self.context.io(self.signed.pull, peers, adapter_id, admit, None, who, **authority)
@@ -264,6 +280,8 @@ class OriginFetches:
                 continue
             assert fetched is not None  # nothing was known, so the origin answers content or an error
             manifest, record, stats = fetched
+            if self.on_fetched is not None:
+                self.on_fetched(adapter_id, manifest.digest, origin.label)
             return Resolved(manifest, stats, origin.label, record)
         summary = f"adapter {adapter_id!r} is not held here, no known peer has it, and no origin gave it: " + "; ".join(reasons)
         if down:
@@ -367,7 +385,9 @@ class OriginFetches:
                 self.signed.trusted.vouch(record.digest)
 
 
-def build_origin_fetches(settings, context: NodeContext, signed: SignedAdapters, make_room: MakeRoom | None = None) -> OriginFetches:
+def build_origin_fetches(
+    settings, context: NodeContext, signed: SignedAdapters, make_room: MakeRoom | None = None, homes: Homes | None = None
+) -> OriginFetches:
     """The node's OriginFetches from its settings (--origin, --origin-ttl, --origin-timeout, --origin-concurrency).
 
     One self-contained object: whatever composes the node (and, later, placement deciding which node fetches) hands it
@@ -380,7 +400,8 @@ def build_origin_fetches(settings, context: NodeContext, signed: SignedAdapters,
     admit = (lambda manifest: model.check_compatible(manifest.pairs)) if model is not None else None
     fetches = OriginFetches(
         context, signed, origins, RevisionRecords(context.store.root / "origins"), ttl=settings.origin_ttl, concurrency=settings.origin_concurrency,
-        admit=admit, make_room=make_room,
+        admit=admit, make_room=make_room, route=HomeRoute(homes, signed, context.io, bool(origins)) if homes is not None else None,
+        on_fetched=homes.origin_fetched if homes is not None else None,
     )  # fmt: skip
     if signed.trusted.required and any(o.trusted for o in origins):
         fetches.vouch_from_records()

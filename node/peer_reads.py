@@ -20,6 +20,7 @@ from aiolimiter import AsyncLimiter
 
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument, PeerUnavailable, QuotaExceeded
 from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.observability.metrics import SERVED_BYTES
@@ -87,11 +88,16 @@ class PeerReads:
     def __init__(
         self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False,
         announce: tuple[tuple[str, str], ...] = (), origins: OriginFetches | None = None,
-    ) -> None:
+        homes: Homes | None = None, streams_open: Callable[[], int] = lambda: 0,
+    ) -> None:  # fmt: skip
         """``announce``: metadata naming this node's data channel port (``fetch_metadata.announce_data_port``), sent in replies.
-        ``origins``: where ids fetched from an origin came from (GetManifest names the revision)."""
+        ``origins``: where ids fetched from an origin came from (GetManifest names the revision). ``homes``: this node's
+        part in the fleet (answers a Locate at_home, keeps announcements); ``streams_open``: the Fetch streams it serves
+        now, said in every Availability reply (a puller prefers a holder that is not busy)."""
         self.context = context
         self.origins = origins
+        self.homes = homes
+        self.streams_open = streams_open
         #: this node never evicts (--when-full refuse): said in every Availability reply, so peers hand it their last copies
         self.durable = durable
         self.store = context.store
@@ -137,7 +143,10 @@ class PeerReads:
         return reply
 
     async def locate(self, request: fabric_pb2.LocateRequest) -> fabric_pb2.LocateResponse:
-        """Which known peers hold the adapter, fully or in part (this node itself is not listed)."""
+        """Which known peers hold the adapter, fully or in part (this node itself is not listed); ``at_home``: what this
+        node holds and the holders that told it, asking nobody (``node.homes``)."""
+        if request.at_home and self.homes is not None:
+            return await self.context.io(self.homes.answer, request.adapter_id, request.digest)
         peers = await self.context.known_peers()
         digest = request.digest
         if not digest:
@@ -322,16 +331,24 @@ class PeerReads:
         Every reply says whether this node is durable; one for no digest says only that.
         """
         if not request.digest:
-            return fabric_pb2.AvailabilityResponse(durable=self.durable)
+            return fabric_pb2.AvailabilityResponse(durable=self.durable, streams=self.streams_open())
         manifest = self.store.by_digest(request.digest)
         if manifest is not None:
             count = manifest.weights.chunk_count
             return fabric_pb2.AvailabilityResponse(
-                complete=True, chunk_count=count, verified_bitmap=swarm.chunks_to_bitmap(range(count), count), durable=self.durable
+                complete=True, chunk_count=count, verified_bitmap=swarm.chunks_to_bitmap(range(count), count), durable=self.durable,
+                streams=self.streams_open(),
             )
         partial = self.store.partial_for(request.digest)
         if partial is None:
             raise AdapterNotFound(f"no adapter with digest {request.digest} is staged or arriving here")
         return fabric_pb2.AvailabilityResponse(
-            complete=False, chunk_count=partial.manifest.weights.chunk_count, verified_bitmap=partial.verified_bitmap, durable=self.durable
+            complete=False, chunk_count=partial.manifest.weights.chunk_count, verified_bitmap=partial.verified_bitmap, durable=self.durable,
+            streams=self.streams_open(),
         )
+
+    def holder_announced(self, request: fabric_pb2.AnnounceRequest) -> fabric_pb2.AnnounceResponse:
+        """A holder of one of this node's ids says so (``node.homes``); a node without placement takes no announcement."""
+        if self.homes is None:
+            raise InvalidArgument("this node keeps no holders (started with --homes 0): announce to the id's homes")
+        return self.homes.told(request)

@@ -19,6 +19,7 @@ from adapter_fabric.format.base_model import base_model_matches
 from adapter_fabric.format.peft_fields import check_agrees
 from adapter_fabric.node.authority import pull_authority
 from adapter_fabric.node.context import NodeContext
+from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
@@ -32,8 +33,12 @@ log = logging.getLogger("fabric.node")
 class Promotes:
     """Promote (into a slot, or ``stage_only`` into the store)."""
 
-    def __init__(self, context: NodeContext, signed: SignedAdapters, origins: OriginFetches | None = None, model_names: tuple[str, ...] = ()) -> None:
-        """``origins``: a request naming no peer: held, else the peers, else the --origin list (``node.origin_fetch``)."""
+    def __init__(
+        self, context: NodeContext, signed: SignedAdapters, origins: OriginFetches | None = None, homes: Homes | None = None, model_names: tuple[str, ...] = ()
+    ) -> None:
+        """``origins``: a request naming no peer: held, else the fleet or the peers, else the --origin list (``node.origin_fetch``);
+        ``homes``: this node's part in the fleet (``node.homes``): a pull tells the id's homes this node holds it now."""
+        self.homes = homes
         self.context = context
         #: the names the node's model goes by (--model, --base-model): a promote refuses an adapter made for another model
         self.model_names = model_names
@@ -142,12 +147,16 @@ class Promotes:
     async def _signed_pull(
         self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
     ) -> tuple[Manifest, PullStats]:
-        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves.
+        """A pull whose signature is checked (when this node trusts signers) and kept, before any chunk moves; the id's
+        homes are told this node holds it now.
 
         It runs with the calling principal's authority (``pull_authority``), read here, in the RPC's own context.
         """
         who = caller()
-        return await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for, who, **pull_authority(who, self.store))
+        manifest, stats = await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for, who, **pull_authority(who, self.store))
+        if self.homes is not None and stats.bytes_transferred:
+            self.homes.announce(adapter_id, manifest.digest)
+        return manifest, stats
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
         """The named peer first, then every known one (unless the caller asked for the named one alone).

@@ -1,7 +1,7 @@
 """The fabric.v1 servicer: the service edge, each RPC handed to the group that owns it.
 
 The groups (composed by ``adapter_fabric.node.assembly.build_node``): ``Staging`` (Stage, UploadOffset,
-Unstage), ``PeerReads`` (GetManifest, Locate, Fetch, Availability),
+Unstage), ``PeerReads`` (GetManifest, Locate, Fetch, Availability, Announce),
 ``Promotes`` (Promote), ``Slots`` (ListAdapters, SetActive, Pin, Generate)
 and ``StoreReport`` (StoreStatus). Library errors become status codes here and nowhere
 else: every RPC is wrapped by ``adapter_fabric.rpc.status.rpc_errors``.
@@ -79,6 +79,10 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         reply = self._peer_reads.availability(request)
         await self._peer_reads.announce_to(context)
         return reply
+
+    @rpc_errors
+    async def Announce(self, request: fabric_pb2.AnnounceRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.AnnounceResponse:
+        return self._peer_reads.holder_announced(request)
 
     # ------------------------------------------------------------ promotes and slots
 

@@ -28,7 +28,9 @@ from adapter_fabric.node.flag_values import (
     duration,
     engine_urls,
     evict_to,
+    homes_count,
     host_port,
+    k8s_target,
     optional_host_port,
     optional_path,
     path,
@@ -75,6 +77,8 @@ class NodeSettings:
     stall_timeout: float
     download_rate: int  # bytes/s this node pulls from peers in all; 0 = unlimited
     peers_dns: str  # NAME:PORT resolving to many peers (a headless service), re-resolved per pull
+    peers_k8s: str  # [NAMESPACE/]SERVICE:PORT whose ready EndpointSlice addresses are members (watched); "" = none
+    homes: int  # homes per adapter id among the members (rendezvous hashing, node.homes); 0 = no placement
     # security: TLS files (a CA makes it mutual TLS) and the bearer token
     tls_cert: Path | None
     tls_key: Path | None
@@ -142,6 +146,10 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--upload-rate", size, 0, "bytes/s this node serves to peers in all; 0 = unlimited", ""),
     ("--download-rate", size, 0, "bytes/s this node pulls from peers in all; 0 = unlimited", ""),
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
+    ("--peers-k8s", k8s_target, "", "[NAMESPACE/]SERVICE:PORT: the Service's ready EndpointSlice addresses are members too, watched through the "
+     "Kubernetes API (needs get, list, watch on endpointslices: deploy/rbac.yaml; the namespace defaults to the pod's own)", ""),
+    ("--homes", homes_count, 0, "homes per adapter id among the members (rendezvous hashing; 3 is the usual): a Stage's node pushes it "
+     "there, a pull naming no peer asks them first, eviction keeps their copies last; 0 = no placement (every peer is asked)", ""),
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
     ("--engine-url", engine_urls, (), "comma-separated base URLs of inference engines beside this node (e.g. http://127.0.0.1:8000): "
      "what each lists in GET /v1/models is shown by fabric ls and never evicted from the export directory", ""),
@@ -296,6 +304,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
         values[dest] = value
     if len(values["origin"]) > 16:
         usage_error(f"--origin: at most 16 origins, got {len(values['origin'])}")
+    if values["peers_k8s"] and not values["homes"]:
+        usage_error("--peers-k8s needs --homes (1 or more): its EndpointSlices are the members adapters are homed on; without placement the node asks only --peers and --peers-dns")
     if values["sglang_url"] and values["export_dir"] is None:
         usage_error("--sglang-url needs --export-dir: SGLang loads the adapters from the node's export directory")
     return NodeSettings(**values)

@@ -12,7 +12,7 @@ travels with the adapter and none can be replaced.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from adapter_fabric.access.policy import CLUSTER, Principal
 from adapter_fabric.errors import BadSignature, TooManySigners
@@ -93,7 +93,7 @@ class SignedAdapters:
 
     def pull(
         self, peers: list[str], adapter_id: str, check: Callable[[Manifest], None] | None = None, sink_for: SinkFor | None = None,
-        who: Principal = CLUSTER, **authority,
+        who: Principal = CLUSTER, *, complete: Collection[str] = (), **authority,
     ) -> tuple[Manifest, PullStats]:
         """``puller.pull`` with the trust check of the manifest's signature, the signature kept once the pull commits.
 
@@ -104,7 +104,7 @@ class SignedAdapters:
         seen: list[str] = []
         committed = False
         try:
-            result = self.puller.pull(peers, adapter_id, self._signed_pull_check(adapter_id, check, seen), sink_for, **authority)
+            result = self.puller.pull(peers, adapter_id, self._signed_pull_check(adapter_id, check, seen), sink_for, complete=complete, **authority)
             committed = True
             return result
         finally:

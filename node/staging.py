@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 from adapter_fabric.access.caller import caller
@@ -29,7 +29,11 @@ UPLOAD_RELEASE_WAIT_S = 3.0
 class Staging:
     """Stage, UploadOffset and Unstage: adapters entering and leaving this node's store from a client."""
 
-    def __init__(self, context: NodeContext, signed: SignedAdapters, make_room: MakeRoom | None = None) -> None:
+    def __init__(
+        self, context: NodeContext, signed: SignedAdapters, make_room: MakeRoom | None = None, on_staged: Callable[[str, str], None] | None = None
+    ) -> None:
+        """``on_staged(adapter_id, digest)``: after each commit (the node's homes pull it: ``node.homes.Homes.published``)."""
+        self.on_staged = on_staged
         """``make_room``: asked, off the store's locks, when the store refuses an upload for room (the node's evictor)."""
         self.context = context
         self.store = context.store
@@ -82,6 +86,8 @@ class Staging:
                 await self.context.io_cleanup(upload.close if upload.offset else upload.discard)
             raise
         log.info("staged %s digest=%s (%d bytes received)", manifest.adapter_id, manifest.digest[:12], received)
+        if self.on_staged is not None:
+            self.on_staged(manifest.adapter_id, manifest.digest)  # queues background work only
         return fabric_pb2.StageResponse(
             adapter_id=manifest.adapter_id,
             digest=manifest.digest,

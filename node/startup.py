@@ -26,6 +26,7 @@ from adapter_fabric.observability.endpoint import ProbeEndpoint
 from adapter_fabric.rpc.security import TlsFiles, read_token
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport.discovery import resolve
+from adapter_fabric.transport.members import MemberView
 from adapter_fabric.transport.membership import Membership
 from adapter_fabric.trust.signing import TrustedSigners
 
@@ -90,16 +91,18 @@ def load_peer_token(settings: NodeSettings, token: str | None, policy: PolicyFil
     return peer_token
 
 
-def membership(settings: NodeSettings, tls: TlsFiles, peer_token: str | None) -> Membership:
-    """Who gets this node's peer token and client certificate: --peers, what --peers-dns resolves to, and with --tls-ca and
-    --peer-tls-name any server whose certificate proves that name (``adapter_fabric.transport.membership``)."""
+def membership(settings: NodeSettings, tls: TlsFiles, peer_token: str | None, view: MemberView | None = None) -> Membership:
+    """Who gets this node's peer token and client certificate: --peers, what --peers-dns resolves to (with placement: the
+    fleet's ``view``, which --peers-k8s adds to), and with --tls-ca and --peer-tls-name any server whose certificate proves
+    that name (``adapter_fabric.transport.membership``)."""
     dns = settings.peers_dns
     return Membership(
         settings.peers,
-        (lambda: resolve(dns)) if dns else None,
+        (lambda: resolve(dns)) if dns and view is None else None,
         proven_by_certificate=tls.enabled and tls.ca is not None and bool(settings.peer_tls_name),
         anonymous_non_members=settings.non_member_peers == "anonymous",
         has_credential=peer_token is not None or tls.cert is not None,
+        view=view,
     )
 
 

@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapter_fabric.errors import QuotaExceeded  # noqa: E402
+from adapter_fabric.errors import AdapterNotFound, QuotaExceeded  # noqa: E402
 from adapter_fabric.harness import adapter_sets  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode, free_port  # noqa: E402
 
@@ -87,19 +87,21 @@ def lru_hits(trace: list[int], sizes: list[int], limit: int) -> int:
     return hits
 
 
-def served_bytes(node: LocalNode) -> float:
-    """The node's ``fabric_served_bytes_total`` (bytes sent to peers in Fetch responses)."""
+def served_bytes(node: LocalNode, name: str = "fabric_served_bytes_total") -> float:
+    """The node's ``fabric_served_bytes_total`` (bytes sent to peers in Fetch responses), or another counter summed."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://{node.metrics_address}/metrics", timeout=30) as reply:
         text = reply.read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == "fabric_served_bytes_total")
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 class Requester:
     """One request the resolver's way, timed; counts what happened (thread-safe)."""
 
-    def __init__(self, nodes: list[LocalNode]) -> None:
+    def __init__(self, nodes: list[LocalNode], placed: bool = False) -> None:
+        #: with placement (--homes) a request is one pull naming no peer: the node asks the homes, or its first home the origin
+        self.placed = placed
         self.clients = [n.client(timeout=60, long_timeout=120) for n in nodes]
         self.lock = threading.Lock()
         self.hits: collections.Counter[int] = collections.Counter()
@@ -175,39 +177,76 @@ def start_cluster(args: argparse.Namespace, work: Path, limit: int) -> list[Loca
     return nodes
 
 
+def start_fleet(args: argparse.Namespace, work: Path, limit: int, origin: str) -> list[LocalNode]:
+    """With placement: every node a cache (--homes, the others as --peers), the adapters at a ``file://`` origin."""
+    ports = [free_port() for _ in range(args.nodes)]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    extra = ["--homes", str(args.homes), "--origin", origin, "--when-full", "evict", "--max-store-bytes", str(limit)]
+    extra += ["--metrics-listen", "127.0.0.1:0", "--log-level", "WARNING"]
+    nodes = [
+        LocalNode(work / f"n{i}", model="none", port=ports[i], peers=[a for a in addresses if a != addresses[i]], extra_args=extra)
+        for i in range(args.nodes)
+    ]
+    try:
+        for node in nodes:
+            node.launch()
+        for node in nodes:
+            node.wait_ready()
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
 def run(args: argparse.Namespace) -> dict:
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     made = time.perf_counter()
     reals = adapter_sets.real_adapters(work / "reals")
-    total = adapter_sets.populate(work / "n0", reals, args.adapters, jobs=args.jobs)
-    print(f"origin: {args.adapters} adapters, {total} bytes, staged in {time.perf_counter() - made:.1f} s", file=sys.stderr, flush=True)
+    placed = args.homes > 0
+    if placed:  # the origin is a directory every node reads (--origin file://...); every node is a cache
+        total = adapter_sets.write_directories(work / "origin", reals, args.adapters)
+    else:
+        total = adapter_sets.populate(work / "n0", reals, args.adapters, jobs=args.jobs)
+    print(f"origin: {args.adapters} adapters, {total} bytes, made in {time.perf_counter() - made:.1f} s", file=sys.stderr, flush=True)
     limit = int(total * args.cache_share)
-    nodes = start_cluster(args, work, limit)
-    requester = Requester(nodes)
+    nodes = start_fleet(args, work, limit, f"file://{work / 'origin'}") if placed else start_cluster(args, work, limit)
+    requester = Requester(nodes, placed)
+    first = 0 if placed else 1  # the first cache's index among the nodes
     try:
-        with nodes[0].client() as origin:
-            listing = {a.adapter_id: a.size for a in origin.list().staged}
-        sizes = [listing[adapter_sets.adapter_id(i)] for i in range(args.adapters)]
-        stream = zipf_stream(args.adapters, args.requests, args.nodes - 1, args.zipf, args.seed)
+        if placed:
+            sizes = [sum(f.stat().st_size for f in (work / "origin" / adapter_sets.adapter_id(i)).iterdir()) for i in range(args.adapters)]
+        else:
+            with nodes[0].client() as origin:
+                listing = {a.adapter_id: a.size for a in origin.list().staged}
+            sizes = [listing[adapter_sets.adapter_id(i)] for i in range(args.adapters)]
+        stream = zipf_stream(args.adapters, args.requests, args.nodes - first, args.zipf, args.seed)
         # One pull alone, the same path, on a quiet cluster: adapters the stream asks for least (then dropped again).
         wanted = collections.Counter(a for _, a in stream)
         cold = sorted(range(args.adapters), key=lambda a: (wanted[a], a))[: args.baseline]
         alone = [requester.ready(1, a)[1] for a in cold]
         for a in cold:
-            requester.clients[1].unstage(adapter_sets.adapter_id(a))
-        # Cache indices 0.. map to nodes 1..; the stream runs in two parts so the served bytes can be read between them.
-        requests = [(cache + 1, a) for cache, a in stream]
+            for client in requester.clients[first:] if placed else requester.clients[1:2]:
+                try:
+                    client.unstage(adapter_sets.adapter_id(a))  # with placement its homes took it too
+                except AdapterNotFound:
+                    pass
+        # Cache indices 0.. map to nodes first..; the stream runs in two parts so the served bytes can be read between them.
+        requests = [(cache + first, a) for cache, a in stream]
         split = int(len(requests) * args.warmup)
         seconds = requester.run(requests[:split], args.in_flight)
         before = [served_bytes(n) for n in nodes]
+        from_origin = sum(served_bytes(n, "fabric_origin_received_bytes_total") for n in nodes) if placed else 0.0
         misses_in_warmup = len(requester.misses)
         seconds += requester.run(requests[split:], args.in_flight)
         after = [served_bytes(n) for n in nodes]
         sent = [b - a for a, b in zip(before, after)]
+        if placed:  # the origin's bytes are what the nodes received from it; the peers' are what they served each other
+            sent = [sum(served_bytes(n, "fabric_origin_received_bytes_total") for n in nodes) - from_origin, *sent]
         rows = []
-        for i in range(1, args.nodes):
+        for i in range(first, args.nodes):
             trace = [a for node, a in requests if node == i]
             with nodes[i].client() as c:
                 status = c.store_status()
@@ -220,9 +259,11 @@ def run(args: argparse.Namespace) -> dict:
         for node in nodes:
             with node.client() as c:
                 holders.update(a.adapter_id for a in c.list().staged if not a.damaged)
+        if placed:  # the origin keeps every adapter whole
+            holders.update(p.parent.name + "/" + p.name for p in (work / "origin").glob("*/*") if (p / "adapter_model.safetensors").is_file())
         missing = [adapter_sets.adapter_id(i) for i in range(args.adapters) if adapter_sets.adapter_id(i) not in holders]
         return {
-            "nodes": args.nodes, "adapters": args.adapters, "total_bytes": total, "cache_limit_bytes": limit, "requests": args.requests,
+            "nodes": args.nodes, "homes": args.homes, "adapters": args.adapters, "total_bytes": total, "cache_limit_bytes": limit, "requests": args.requests,
             "in_flight": args.in_flight, "zipf": args.zipf, "seed": args.seed, "seconds": seconds,
             "refusals": requester.refusals, "errors": dict(requester.errors), "per_node": rows,
             "alone_median_s": statistics.median(alone), "miss_count": len(requester.misses),
@@ -241,8 +282,9 @@ def run(args: argparse.Namespace) -> dict:
 
 def report(r: dict) -> str:
     lines = [
-        f"{r['nodes']} nodes (1 origin, {r['nodes'] - 1} caches of {r['cache_limit_bytes']} bytes = "
-        f"{100 * r['cache_limit_bytes'] / r['total_bytes']:.0f}% of {r['total_bytes']}), {r['adapters']} adapters, "
+        (f"{r['nodes']} nodes, each a cache of {r['cache_limit_bytes']} bytes with {r['homes']} homes per adapter and a file:// origin (= "
+         if r.get("homes") else f"{r['nodes']} nodes (1 origin, {r['nodes'] - 1} caches of {r['cache_limit_bytes']} bytes = ")
+        + f"{100 * r['cache_limit_bytes'] / r['total_bytes']:.0f}% of {r['total_bytes']}), {r['adapters']} adapters, "
         f"{r['requests']} requests Zipf({r['zipf']:g}) seed {r['seed']}, {r['in_flight']} in flight: {r['seconds']:.1f} s",
         "",
         "| node | requests | hit ratio | LRU simulation | difference (points) | evictions |",
@@ -269,7 +311,9 @@ def report(r: dict) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=8, help="nodes, the origin included (3 to 64)")
+    parser.add_argument("--nodes", type=int, default=8, help="nodes, the origin node included (3 to 64; with --homes every node is a cache)")
+    parser.add_argument("--homes", type=int, default=0, help="placement: homes per adapter among the nodes, the adapters at a file:// --origin "
+                        "(0: node 0 holds them and the caches ask every peer)")
     parser.add_argument("--adapters", type=int, default=2000, help="adapters on the origin (10 to 100,000)")
     parser.add_argument("--requests", type=int, default=20000, help="requests in the stream (1 to 1,000,000)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the ranking, the stream and the caches' peer order")

@@ -84,3 +84,20 @@ def populate(store_root: Path, reals: list[Path], count: int, jobs: int = 1) -> 
         return _stage_range(*ranges[0])
     with multiprocessing.get_context("spawn").Pool(len(ranges)) as pool:
         return sum(pool.starmap(_stage_range, ranges))
+
+
+def write_directories(root: Path, reals: list[Path], count: int) -> int:
+    """Write ``count`` distinct adapters as PEFT directories ``root/<adapter_id(i)>/`` (a ``file://`` origin); their bytes."""
+    if not 1 <= count <= MAX_ADAPTERS:
+        raise ValueError(f"count must be 1 to {MAX_ADAPTERS}, got {count}")
+    total = 0
+    for index in range(count):
+        out = root / adapter_id(index)
+        if index < len(reals):
+            out.mkdir(parents=True, exist_ok=True)
+            for name in ("adapter_config.json", "adapter_model.safetensors"):
+                shutil.copyfile(reals[index] / name, out / name)
+        else:
+            derive(reals[index % len(reals)], out, seed=index)
+        total += sum(f.stat().st_size for f in out.iterdir())
+    return total

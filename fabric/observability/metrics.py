@@ -85,6 +85,17 @@ ENGINE_UNLOADS = Counter("fabric_engine_unloads_total", "Adapters unloaded from 
 HANDOFFS = Counter(
     "fabric_store_handoffs_total", "Last copies handed to a durable peer (it pulled them) before they were evicted, by outcome.", ["outcome"], registry=REGISTRY
 )
+MEMBERS = Gauge("fabric_members", "Members of the fleet this node sees (--peers, --peers-dns, --peers-k8s), by state: up, or down (skipped a while).", ["state"], registry=REGISTRY)
+LOOKUP_CALLS = Counter(
+    "fabric_lookup_calls_total", "Calls lookups made to find where to pull an adapter from, by kind: home (asked at a home), probe (a holder's load), fanout "
+    "(a member beyond the homes).", ["kind"], registry=REGISTRY,
+)  # fmt: skip
+LOOKUP_FANOUTS = Counter("fabric_lookup_fanouts_total", "Lookups that asked members beyond the adapter's homes (no home could name a holder).", registry=REGISTRY)
+HOME_PUSHES = Counter(
+    "fabric_home_pushes_total", "Adapters this node had a home pull from it, by why (publish, rehome, handoff) and outcome (ok, failed, dropped: the queue was full).",
+    ["why", "outcome"], registry=REGISTRY,
+)  # fmt: skip
+ANNOUNCES = Counter("fabric_announces_total", "Holdings (or drops) this node told an adapter's homes of, by outcome (ok, failed).", ["outcome"], registry=REGISTRY)
 EXPIRED = Counter("fabric_store_expired_total", "Abandoned uploads and partial downloads removed for age, by kind.", ["kind"], registry=REGISTRY)
 EXPIRED_BYTES = Counter("fabric_store_expired_bytes_total", "Bytes freed by expiring abandoned uploads and partial downloads.", registry=REGISTRY)
 

@@ -1,7 +1,8 @@
 """The LRU choice of a cache store: which cold adapters go so that a commit fits, or why none can.
 
 Pure: handed what the store holds (one ``Candidate`` per digest, with its
-recency and what holds it, if anything), it answers the victims, least
+recency, what holds it, if anything, and whether this node is one of its homes),
+it answers the victims, copies this node is no home of first, each kind least
 recently used first, down to a low-water mark below the limit; it removes
 nothing itself (``adapter_fabric.node.eviction`` does, through the store's own paths).
 """
@@ -36,16 +37,19 @@ class Candidate:
     size: int
     last_used: float
     held: str = ""
+    #: whether this node is one of its homes (``adapter_fabric.transport.placement``): non-home copies go first
+    home: bool = False
 
 
 def choose_victims(candidates: list[Candidate], needed: int, used: int, limit: int, low_water: float, what: str) -> list[Candidate]:
-    """The cold candidates to drop, least recently used first, until ``used + needed`` is at most ``low_water * limit``.
+    """The cold candidates to drop, non-home copies first, each kind least recently used first, until ``used + needed`` is
+    at most ``low_water * limit``.
 
     Fewer when the free ones run out but the commit fits the limit itself; none, and ``QuotaExceeded`` naming what holds
     the rest, when even dropping every free candidate would not make it fit (nothing is dropped for a refusal).
     """
     target = min(limit, int(limit * low_water))
-    free = sorted((c for c in candidates if not c.held), key=lambda c: (c.last_used, c.digest))
+    free = sorted((c for c in candidates if not c.held), key=lambda c: (c.home, c.last_used, c.digest))
     victims: list[Candidate] = []
     left = used
     for candidate in free:

@@ -9,6 +9,10 @@ caller-supplied URL, and neither does a node. A member is:
 - an address of ``--peers``, or one ``--peers-dns`` resolves to (re-resolved at
   most every ``REFRESH_S``, so a caller cannot make the node resolve a name per
   call), compared as text (lower-cased), the way the node dials it;
+- with placement (``--homes``), a member of the fleet's ``MemberView``
+  (``adapter_fabric.transport.members``: --peers, --peers-dns and --peers-k8s's
+  EndpointSlices, kept current by the node): one notion of member, so every
+  home a lookup asks gets the credential, and nothing else does;
 - with ``--tls-ca`` and ``--peer-tls-name``, any address: gRPC and the data
   channel verify the server's certificate against the cluster's CA and that
   name before a header is sent, so the credential only reaches a server that
@@ -26,6 +30,7 @@ import time
 from collections.abc import Callable
 
 from adapter_fabric.errors import NotAMember
+from adapter_fabric.transport.members import MemberView
 
 __all__ = ["Membership", "REFRESH_S"]
 
@@ -45,11 +50,14 @@ class Membership:
         anonymous_non_members: bool = False,
         has_credential: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        view: MemberView | None = None,
     ) -> None:
         """``resolve``: the addresses discovery yields now (``--peers-dns``); ``proven_by_certificate``: every server must show a
         certificate naming ``--peer-tls-name`` under the cluster's CA; ``anonymous_non_members``: a non-member a caller names is
-        dialled with no credential instead of refused; ``has_credential``: the node has a token or client certificate to withhold."""
+        dialled with no credential instead of refused; ``has_credential``: the node has a token or client certificate to withhold.
+        ``view``: the fleet (placement): its members are the members, read at each question (``resolve`` is then not used)."""
         self._static = frozenset(a.lower() for a in static)
+        self._view = view
         self._resolve = resolve
         self.proven_by_certificate = proven_by_certificate
         self.anonymous_non_members = anonymous_non_members
@@ -66,6 +74,8 @@ class Membership:
         key = address.lower()
         if key in self._static:
             return True
+        if self._view is not None:
+            return key in self._view.fleet()
         return self._resolve is not None and key in self._discovered()
 
     def _discovered(self) -> frozenset[str]:
@@ -87,7 +97,7 @@ class Membership:
         if not self.has_credential or self.anonymous_non_members or self.admits(address):
             return
         raise NotAMember(
-            f"peer {address[:100]!r} is not a member of this node's cluster (--peers, --peers-dns): this node sends its "
+            f"peer {address[:100]!r} is not a member of this node's cluster (--peers, --peers-dns, --peers-k8s): this node sends its "
             f"credentials only to members, so it does not dial it; name a member, add the address to --peers, or start the "
             f"node with --non-member-peers anonymous to pull from such an address without credentials"
         )

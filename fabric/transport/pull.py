@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -136,6 +136,7 @@ class PeerPuller:
         check: ManifestCheck | None = None,
         sink_for: SinkFor | None = None,
         *,
+        complete: Collection[str] = (),
         behalf: str = "",
         may_reuse: MayReuse | None = None,
     ) -> tuple[Manifest, PullStats]:
@@ -148,7 +149,8 @@ class PeerPuller:
         nothing written. ``sink_for(manifest)`` may give a sink that sees every
         verified chunk of this download as it lands (a slot row staged while
         receiving); a pull that moves no bytes (they are here already, or
-        another caller's download is joined) feeds it nothing.
+        another caller's download is joined) feeds it nothing. ``complete``: peers known to hold the whole adapter (a
+        lookup asked them): the download takes chunks from them without asking what they hold.
 
         ``behalf``: the identity of the caller the pull runs for (``PeerChannels.for_caller``): every peer call to a member
         names it, so holders give only what that caller may pull there. ``may_reuse``: whether that caller may have bytes
@@ -160,10 +162,11 @@ class PeerPuller:
             check(manifest, signatures)
         sink = sink_for(manifest) if sink_for is not None else None
         ordered = [first] + [p for p in dict.fromkeys(peers) if p != first]
-        return self._single_flight(manifest, ordered, sink, channels, may_reuse)
+        return self._single_flight(manifest, ordered, sink, channels, may_reuse, complete=frozenset(complete))
 
     def _single_flight(
-        self, manifest: Manifest, peers: list[str], sink: Any, channels: PeerChannels, may_reuse: MayReuse | None, attempts: int = 2
+        self, manifest: Manifest, peers: list[str], sink: Any, channels: PeerChannels, may_reuse: MayReuse | None, attempts: int = 2,
+        complete: frozenset[str] = frozenset(),
     ) -> tuple[Manifest, PullStats]:
         with self._lock:
             running = self._inflight.get(manifest.digest)  # another caller's download of the digest, to join
@@ -184,9 +187,9 @@ class PeerPuller:
                 if attempts <= 1:
                     raise
             # The bytes left between that download's commit and this caller's reference (an unstage raced it): again.
-            return self._single_flight(manifest, peers, sink, channels, may_reuse, attempts - 1)
+            return self._single_flight(manifest, peers, sink, channels, may_reuse, attempts - 1, complete)
         try:
-            result = self._download(manifest, peers, sink, channels, may_reuse)
+            result = self._download(manifest, peers, sink, channels, may_reuse, complete)
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -216,7 +219,8 @@ class PeerPuller:
         return self.store.refer(manifest)
 
     def _download(
-        self, manifest: Manifest, peers: list[str], sink: Any, channels: PeerChannels, may_reuse: MayReuse | None
+        self, manifest: Manifest, peers: list[str], sink: Any, channels: PeerChannels, may_reuse: MayReuse | None,
+        complete: frozenset[str] = frozenset(),
     ) -> tuple[Manifest, PullStats]:
         """``peers[0]`` served the manifest, so it holds every chunk; the others say what they hold."""
         stats = PullStats(digest=manifest.digest)
@@ -241,7 +245,7 @@ class PeerPuller:
                 download = SwarmPull(
                     manifest, _Proving(partial) if prove else partial, peers, stats,
                     settings=self.settings, channels=channels, download_limit=self.download_limit,
-                    holding=lambda peer, digest: peer_calls.holding(channels, peer, digest),
+                    holding=lambda peer, digest: peer_calls.holding(channels, peer, digest), complete=complete,
                 )
                 with self._lock:
                     self._pulls[manifest.digest] = download

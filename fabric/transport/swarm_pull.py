@@ -12,7 +12,7 @@ import logging
 import os
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -89,8 +89,11 @@ class SwarmPull:
         channels: PeerChannels,
         download_limit: TokenBucket | None,
         holding: peer_calls.HoldingCall,
+        complete: Collection[str] = (),
     ) -> None:
+        """``complete``: peers known to hold every chunk (a lookup asked them): never polled."""
         self.manifest = manifest
+        self.complete = set(complete)
         self.partial = partial
         self.stats = stats
         self.settings = settings
@@ -139,7 +142,8 @@ class SwarmPull:
         """Download every missing chunk, or raise (AdapterNotFound, PeerUnavailable, a local error); what was verified is kept."""
         plan = self.plan
         source = next(iter(plan.peers))
-        swarm.set_holding(plan, source, (), complete=True)
+        for whole in {source} | (self.complete & set(plan.peers)):
+            swarm.set_holding(plan, whole, (), complete=True)
         last_progress = time.monotonic()
         stall_timeout = self.settings.stall_timeout
         try:

@@ -236,42 +236,68 @@ class AvailabilityRequest(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., file: _Optional[str] = ...) -> None: ...
 
 class AvailabilityResponse(_message.Message):
-    __slots__ = ("complete", "chunk_count", "verified_bitmap", "durable")
+    __slots__ = ("complete", "chunk_count", "verified_bitmap", "durable", "streams")
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_BITMAP_FIELD_NUMBER: _ClassVar[int]
     DURABLE_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
     complete: bool
     chunk_count: int
     verified_bitmap: bytes
     durable: bool
-    def __init__(self, complete: _Optional[bool] = ..., chunk_count: _Optional[int] = ..., verified_bitmap: _Optional[bytes] = ..., durable: _Optional[bool] = ...) -> None: ...
+    streams: int
+    def __init__(self, complete: _Optional[bool] = ..., chunk_count: _Optional[int] = ..., verified_bitmap: _Optional[bytes] = ..., durable: _Optional[bool] = ..., streams: _Optional[int] = ...) -> None: ...
 
 class LocateRequest(_message.Message):
-    __slots__ = ("adapter_id", "digest")
+    __slots__ = ("adapter_id", "digest", "at_home")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    AT_HOME_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     digest: str
-    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+    at_home: bool
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., at_home: _Optional[bool] = ...) -> None: ...
 
 class PeerHolding(_message.Message):
-    __slots__ = ("address", "complete", "verified_chunks")
+    __slots__ = ("address", "complete", "verified_chunks", "streams")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
     address: str
     complete: bool
     verified_chunks: int
-    def __init__(self, address: _Optional[str] = ..., complete: _Optional[bool] = ..., verified_chunks: _Optional[int] = ...) -> None: ...
+    streams: int
+    def __init__(self, address: _Optional[str] = ..., complete: _Optional[bool] = ..., verified_chunks: _Optional[int] = ..., streams: _Optional[int] = ...) -> None: ...
+
+class AnnounceRequest(_message.Message):
+    __slots__ = ("adapter_id", "digest", "complete", "dropped", "address")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    digest: str
+    complete: bool
+    dropped: bool
+    address: str
+    def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., complete: _Optional[bool] = ..., dropped: _Optional[bool] = ..., address: _Optional[str] = ...) -> None: ...
+
+class AnnounceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class LocateResponse(_message.Message):
-    __slots__ = ("digest", "peers")
+    __slots__ = ("digest", "peers", "origin")
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     digest: str
     peers: _containers.RepeatedCompositeFieldContainer[PeerHolding]
-    def __init__(self, digest: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerHolding, _Mapping]]] = ...) -> None: ...
+    origin: str
+    def __init__(self, digest: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerHolding, _Mapping]]] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class ListAdaptersRequest(_message.Message):
     __slots__ = ("page_size", "page_token")

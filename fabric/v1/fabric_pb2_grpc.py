@@ -5,7 +5,7 @@ import warnings
 
 from adapter_fabric.v1 import fabric_pb2 as fabric_dot_v1_dot_fabric__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -93,6 +93,11 @@ class FabricStub:
                 '/fabric.v1.Fabric/Locate',
                 request_serializer=fabric_dot_v1_dot_fabric__pb2.LocateRequest.SerializeToString,
                 response_deserializer=fabric_dot_v1_dot_fabric__pb2.LocateResponse.FromString,
+                _registered_method=True)
+        self.Announce = channel.unary_unary(
+                '/fabric.v1.Fabric/Announce',
+                request_serializer=fabric_dot_v1_dot_fabric__pb2.AnnounceRequest.SerializeToString,
+                response_deserializer=fabric_dot_v1_dot_fabric__pb2.AnnounceResponse.FromString,
                 _registered_method=True)
         self.StoreStatus = channel.unary_unary(
                 '/fabric.v1.Fabric/StoreStatus',
@@ -207,6 +212,13 @@ class FabricServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Announce(self, request, context):
+        """A holder tells one of an id's homes that it holds the id (or dropped it): the home names it to lookups.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StoreStatus(self, request, context):
         """The store's usage and quota, the uploads and partial downloads it keeps, and damaged entries.
         """
@@ -291,6 +303,11 @@ def add_FabricServicer_to_server(servicer, server):
                     servicer.Locate,
                     request_deserializer=fabric_dot_v1_dot_fabric__pb2.LocateRequest.FromString,
                     response_serializer=fabric_dot_v1_dot_fabric__pb2.LocateResponse.SerializeToString,
+            ),
+            'Announce': grpc.unary_unary_rpc_method_handler(
+                    servicer.Announce,
+                    request_deserializer=fabric_dot_v1_dot_fabric__pb2.AnnounceRequest.FromString,
+                    response_serializer=fabric_dot_v1_dot_fabric__pb2.AnnounceResponse.SerializeToString,
             ),
             'StoreStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.StoreStatus,
@@ -632,6 +649,33 @@ class Fabric:
             '/fabric.v1.Fabric/Locate',
             fabric_dot_v1_dot_fabric__pb2.LocateRequest.SerializeToString,
             fabric_dot_v1_dot_fabric__pb2.LocateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Announce(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fabric.v1.Fabric/Announce',
+            fabric_dot_v1_dot_fabric__pb2.AnnounceRequest.SerializeToString,
+            fabric_dot_v1_dot_fabric__pb2.AnnounceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from adapter_fabric.node.settings import FLAGS, NodeSettings, parse_settings
 
 
@@ -19,3 +21,11 @@ def test_with_nothing_set_every_setting_is_its_flags_default() -> None:
     settings = parse_settings([], environ={})
     for flag, _, default, _, _ in FLAGS:
         assert getattr(settings, flag.lstrip("-").replace("-", "_")) == default, flag
+
+
+def test_peers_from_endpoint_slices_without_placement_stop_the_node_by_name(capsys) -> None:
+    """Issue 32: --peers-k8s feeds the fleet's members, which exist only with --homes; alone it would be ignored."""
+    with pytest.raises(SystemExit) as stopped:
+        parse_settings(["--peers-k8s", "fabric-peers:grpc"], environ={})
+    assert stopped.value.code == 2 and "--peers-k8s needs --homes" in capsys.readouterr().err
+    assert parse_settings([], environ={"FABRIC_PEERS_K8S": "fabric-peers:grpc", "FABRIC_HOMES": "3"}).homes == 3

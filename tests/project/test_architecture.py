@@ -41,9 +41,17 @@ LAYERS = {
 #: ~400 lines is the budget for one idea; generated code is exempt
 MAX_MODULE_LINES = 420
 #: pure policy: plain functions over plain data, testable without a device, a model or a socket
-PURE_MODULES = ("fabric/serving/policy.py", "fabric/transport/swarm.py", "fabric/access/policy.py")
-#: what a pure policy may import from fabric: the error types, the id rules and the size parser (plain ``re`` over strings)
-PURE_MAY_IMPORT = {"adapter_fabric.errors", "adapter_fabric.store.ids", "adapter_fabric.units"}
+PURE_MODULES = (
+    "fabric/serving/policy.py", "fabric/transport/swarm.py", "fabric/access/policy.py",
+    "fabric/transport/placement.py", "fabric/transport/lookup.py", "fabric/transport/holder_directory.py", "fabric/transport/rehoming.py",
+    "fabric/transport/home_copies.py",
+)
+#: what a pure policy may import from fabric: the error types, the id rules, the size parser (plain ``re`` over strings), and
+#: the placement and the eviction choice (themselves pure)
+PURE_MAY_IMPORT = {"adapter_fabric.errors", "adapter_fabric.store.ids", "adapter_fabric.units", "adapter_fabric.transport.placement",
+                   "adapter_fabric.store.eviction"}
+#: pure modules that may use numpy: placement scores a fleet (10,000 members) with one vectorised pass, no device, no I/O
+PURE_NUMERIC = {"fabric/transport/placement.py"}
 IMPURE_IMPORTS = {"torch", "grpc", "socket", "numpy", "threading", "asyncio", "os", "subprocess"}
 
 
@@ -139,7 +147,8 @@ def test_policy_stays_pure(relative: str) -> None:
     tree = ast.parse((ROOT / relative).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & IMPURE_IMPORTS, f"{relative} imports {sorted(imported & IMPURE_IMPORTS)}"
+    impure = IMPURE_IMPORTS - ({"numpy"} if relative in PURE_NUMERIC else set())
+    assert not imported & impure, f"{relative} imports {sorted(imported & impure)}"
     fabric_imports = {m for m in _imports(ROOT / relative)}
     assert fabric_imports <= PURE_MAY_IMPORT, fabric_imports
 

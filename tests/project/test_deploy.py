@@ -81,7 +81,7 @@ def test_the_statefulset_agrees_with_the_node_flags_service_probes_and_volumes()
 
 def test_the_dockerfile_installs_through_the_project_and_copies_what_exists() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    assert "ARG BASE_IMAGE=python:3.11-slim" in text and "pip install ." in text and 'ENTRYPOINT ["fabric-node"]' in text
+    assert "ARG BASE_IMAGE=python:3.11-slim" in text and 'pip install ".[k8s]"' in text and 'ENTRYPOINT ["fabric-node"]' in text
     for source in re.findall(r"^COPY (\S+)", text, flags=re.M):
         assert (ROOT / source).exists(), source
     statefulset_port = {p["name"]: p["containerPort"] for p in _kind("StatefulSet")["spec"]["template"]["spec"]["containers"][0]["ports"]}
@@ -266,6 +266,19 @@ def test_sizes_are_written_as_kubernetes_quantities_the_node_reads_alike() -> No
 def _containers(doc: dict) -> list[dict]:
     spec = doc.get("spec", {}).get("template", {}).get("spec", {})
     return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def test_the_node_may_watch_its_services_endpoint_slices_and_nothing_more() -> None:
+    service, statefulset = _kind("Service"), _kind("StatefulSet")
+    account, role, binding = _kind("ServiceAccount"), _kind("Role"), _kind("RoleBinding")
+    pod = statefulset["spec"]["template"]["spec"]
+    node = pod["containers"][0]
+    settings = parse_settings(node.get("args", []), _env(node))
+    assert settings.peers_k8s.split(":")[0] == service["metadata"]["name"] and settings.homes == 3
+    assert settings.peers_k8s.split(":")[1] in {p["name"] for p in service["spec"]["ports"]}
+    assert pod["serviceAccountName"] == account["metadata"]["name"] == binding["subjects"][0]["name"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
 
 
 def test_every_node_runs_the_policy_with_a_peer_token_that_is_not_its_admin_token() -> None:

@@ -15,6 +15,7 @@ from adapter_fabric.rpc.security import AUTH_METADATA_KEY, ON_BEHALF_OF_KEY
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.data_channel import DataChannels
 from adapter_fabric.transport.fetch_metadata import announce_data_port
+from adapter_fabric.transport.members import MemberView
 from adapter_fabric.transport.membership import REFRESH_S, Membership
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.recorder import HeaderRecorder, HelloRecorder
@@ -63,6 +64,22 @@ def test_a_resolver_failure_keeps_the_last_answer() -> None:
     fail.append(1)
     clock.now += REFRESH_S
     assert members.admits("10.0.0.5:50051")
+
+
+def test_with_placement_the_fleets_members_are_the_members_one_notion_for_credentials_and_homes() -> None:
+    """Issue 32: a node with --homes reads who gets its credential from its MemberView (--peers, --peers-dns and
+    --peers-k8s's EndpointSlices, kept current by the node), so every home a lookup asks is credentialed and a member
+    that left is not; the view is read at each question (no resolution of its own)."""
+    view = MemberView("10.0.0.1:50051", ("10.0.0.2:50051",), is_self=lambda address, listen: address == listen)
+    members = Membership(("10.0.0.2:50051",), view=view)
+    assert members.admits("10.0.0.2:50051") and not members.admits("10.0.0.7:50051")
+    view.update("k8s", ["10.0.0.7:50051", "10.0.0.8:50051"])  # the Service's slices as the watch saw them
+    assert members.admits("10.0.0.7:50051") and members.admits("10.0.0.8:50051")
+    assert all(members.admits(m) for m in view.fleet().members)
+    view.update("k8s", ["10.0.0.8:50051"])  # 10.0.0.7's pod left its Service
+    assert not members.admits("10.0.0.7:50051") and members.admits("10.0.0.8:50051")
+    with pytest.raises(NotAMember):
+        members.check_named("10.0.0.7:50051")
 
 
 def test_a_certificate_that_proves_membership_admits_any_address() -> None:
