@@ -19,15 +19,16 @@ stays cheap for the command line.
 
 from __future__ import annotations
 
-import importlib
+import importlib as _importlib
 from importlib import metadata as _metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from adapter_fabric.errors import (
     AdapterNotFound,
     AdaptersUnsupported,
     BadSignature,
     Busy,
+    ClientClosed,
     ConfigMismatch,
     DeadlineExceeded,
     FabricError,
@@ -67,11 +68,14 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path without an i
 #: public name -> the module that defines it (imported on first access)
 _LAZY = {
     "NodeClient": "adapter_fabric.client.node_client",
-    "GenerateResult": "adapter_fabric.client.results",
-    "StageResult": "adapter_fabric.client.results",
-    "PromoteResult": "adapter_fabric.client.results",
-    "Listing": "adapter_fabric.client.results",
-    "StoreStatus": "adapter_fabric.client.results",
+    # what NodeClient's methods return (adapter_fabric.client.results)
+    **dict.fromkeys(
+        ("ActiveSlot", "Availability", "GenerateResult", "Identity", "Listing", "Location", "PeerHolding", "PeftSummary",
+         "PromoteResult", "SlotInfo", "StagedAdapter", "StageResult", "StoreStatus"),
+        "adapter_fabric.client.results",
+    ),
+    "BulkStageResult": "adapter_fabric.client.bulk",
+    "StageFailure": "adapter_fabric.client.bulk",
     "rollout": "adapter_fabric.client.rollout",
     "NodeRollout": "adapter_fabric.client.rollout",
     "TlsFiles": "adapter_fabric.rpc.security",
@@ -93,6 +97,7 @@ __all__ = [
     "AdaptersUnsupported",
     "BadSignature",
     "Busy",
+    "ClientClosed",
     "ConfigMismatch",
     "DeadlineExceeded",
     "OriginTooSlow",
@@ -125,22 +130,39 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public API (``__all__``) and the subpackages loaded so far; not this module's own helpers."""
+    loaded = {name for name, value in globals().items() if type(value).__name__ == "module" and not name.startswith("_")}
+    return sorted({*__all__, *loaded})
 
 
-if TYPE_CHECKING:  # for type checkers and IDEs: the lazy names, eagerly
+if _TYPE_CHECKING:  # for type checkers and IDEs: the lazy names, eagerly
+    from adapter_fabric.client.bulk import BulkStageResult, StageFailure
     from adapter_fabric.client.node_client import NodeClient
-    from adapter_fabric.client.results import GenerateResult, Listing, PromoteResult, StageResult, StoreStatus
+    from adapter_fabric.client.results import (
+        ActiveSlot,
+        Availability,
+        GenerateResult,
+        Identity,
+        Listing,
+        Location,
+        PeerHolding,
+        PeftSummary,
+        PromoteResult,
+        SlotInfo,
+        StagedAdapter,
+        StageResult,
+        StoreStatus,
+    )
     from adapter_fabric.client.rollout import NodeRollout, rollout
     from adapter_fabric.format.config import PeftAdapterConfig
     from adapter_fabric.rpc.security import TlsFiles

@@ -146,8 +146,17 @@ class PeerUnavailable(FabricError):
     retryable = True
 
 
-class DeadlineExceeded(FabricError):
-    """The caller's deadline passed before the work was done (the partial result is not returned as if it were whole)."""
+class DeadlineExceeded(PeerUnavailable):
+    """The caller's deadline passed before the node answered, or before the work was done (a partial result is never
+    returned as if it were whole). The node may go on with the work; a later call, or a longer timeout, may succeed.
+
+    A kind of ``PeerUnavailable`` (the node did not answer in time): code that caught a client's deadline as
+    ``PeerUnavailable``, as it had to before this type was raised for it, still does.
+    """
+
+
+class ClientClosed(FabricError):
+    """A call on a ``NodeClient`` after ``close()`` (or after its ``with`` block ended): make a new client."""
 
 
 # --- origins (adapter_fabric.origins) ---------------------------------------

@@ -181,7 +181,7 @@ def build_node(settings: NodeSettings) -> Node:
     servicer = FabricServicer(
         staging=Staging(context, signed, make_room=room.make_room, on_staged=homes.published if homes is not None else None),
         peer_reads=peer_reads,
-        promotes=Promotes(context, signed, origins, homes),
+        promotes=Promotes(context, signed, origins, homes, model_names=(settings.model, *settings.base_model) if model is not None else ()),
         slots=Slots(context, max_new_tokens=settings.max_new_tokens, engines=engines, origins=origins),
         store_status=StoreReport(context, expire_after=settings.expire_abandoned_after, evictor=evictor, origins=origins),
         policy=policy is not None,

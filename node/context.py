@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from adapter_fabric.errors import AdaptersUnsupported
+from adapter_fabric.errors import AdapterNotFound, AdaptersUnsupported
 from adapter_fabric.node.in_use import InUse
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport.discovery import PeerSource
@@ -48,8 +48,16 @@ class NodeContext:
         self._model_worker.shutdown(wait=True)
 
     async def io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn`` on the default thread pool: store I/O, hashing, peer pulls."""
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        """``fn`` on the default thread pool: store I/O, hashing, peer pulls.
+
+        A file missing, or an id not found, because the store was deleted under the running node is ``StoreMissing``
+        naming the store (an operator's fault to fix), never an UNKNOWN with a traceback, nor "not staged".
+        """
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except (FileNotFoundError, AdapterNotFound):
+            await asyncio.to_thread(self.store.check_present)
+            raise
 
     async def io_cleanup(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``io`` for clean-up that must happen: a cancel of the caller's RPC (a client cut its stream) meanwhile

@@ -43,6 +43,8 @@ log = logging.getLogger("fabric.node")
 POLL_S = 10.0
 #: an engine unanswered this long has registrations unknown: exported adapters are held until it answers
 STALE_S = 300.0
+#: what a listing adds to an engine whose last read failed (fabric ls: "engines: 127.0.0.1:8000 (not answering)")
+NOT_ANSWERING = " (not answering: held as last read)"
 #: bound on one read, whole (connect, TLS, headers and body)
 READ_TIMEOUT_S = 5.0
 
@@ -151,8 +153,9 @@ class EngineViews:
             self._states[engine.url] = engine
 
     def engines_of(self, adapter_id: str) -> list[str]:
-        """The labels (host:port) of the engines that registered ``adapter_id``, as last read."""
-        return [e.label for e in self.engines if adapter_id in e.ids]
+        """The labels (host:port) of the engines that registered ``adapter_id``, as last read; an engine whose last read
+        failed is marked ``NOT_ANSWERING`` (it still holds what it listed, but a listing should not read as if it were up)."""
+        return [e.label + (NOT_ANSWERING if e.error else "") for e in self.engines if adapter_id in e.ids]
 
     def hold(self, ids: list[str]) -> str:
         """What holds one of ``ids`` against eviction: ENGINE, ENGINE_UNKNOWN, ENGINE_CUT, or "" (nothing)."""

@@ -29,6 +29,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabric.node")
 
+#: evictions StoreStatus lists (the count covers all of them)
+RECENT_EVICTIONS = 20
 #: seconds a writer waits for room before it is refused, naming what is under way
 ROOM_WAIT_S = 5.0
 #: seconds between two background looks at the store's usage (a few stats each: ``Quota.usage``)
@@ -116,6 +119,8 @@ class Evictor:
         self.handing_off_reason = HANDING_OFF.replace("a durable peer", hands_to)
         #: adapters (digests) evicted since the node started, for StoreStatus
         self.evictions = 0
+        #: the latest evictions, newest last, for StoreStatus (fabric store-status shows them): (ids, digest, bytes, time, reason)
+        self.recent: deque[tuple[tuple[str, ...], str, int, float, str]] = deque(maxlen=RECENT_EVICTIONS)
         self.hand_offs = HandOffs(hand_off, self._hand_off_ended) if hand_off is not None else None
         self._cond = threading.Condition()  # guards _demands, _woken, _stopped; never held across a round
         self._demands: list[_Demand] = []
@@ -278,6 +283,7 @@ class Evictor:
             if not gone:
                 continue  # unstaged or restaged meanwhile: nothing of it to drop
             self.evictions += 1
+            self.recent.append((tuple(gone), victim.digest, victim.size, time.time(), what))
             metrics.EVICTIONS.inc()
             metrics.EVICTED_BYTES.inc(victim.size)
             event(log, "evicted a cold adapter", adapter=",".join(gone), digest=victim.digest, bytes=victim.size, reason=what)

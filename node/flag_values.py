@@ -115,10 +115,13 @@ def homes_count(text: str) -> int:
 
 
 def choice(*options: str) -> Callable[[str], str]:
+    """One of ``options``, in any case (``--log-level debug`` is DEBUG), returned as ``options`` writes it."""
+    by_folded = {option.casefold(): option for option in options}
+
     def parse(text: str) -> str:
-        if text not in options:
+        if text.strip().casefold() not in by_folded:
             raise ValueError(f"expected one of {', '.join(options)}")
-        return text
+        return by_folded[text.strip().casefold()]
 
     return parse
 

@@ -34,6 +34,7 @@ from adapter_fabric.node.policy_reloads import PolicyReloads
 from adapter_fabric.node.repair import Repairs
 from adapter_fabric.node.scrub import Scrubber
 from adapter_fabric.node.settings import NodeSettings
+from adapter_fabric.node.startup import name_store_holder
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.endpoint import ProbeEndpoint
 from adapter_fabric.rpc.draining import DrainGate
@@ -117,6 +118,7 @@ class Node:
         self.readiness.set(True)  # before health: a caller that saw SERVING (fabric wait) finds /readyz true too
         for service in ("", FABRIC_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        name_store_holder(self.settings, f"{self.settings.listen.rsplit(':', 1)[0]}:{self.port}")  # for a second node's refusal
         print(self.banner, flush=True)
         io, settings = self.context.io, self.settings
         jobs = [background.collect_garbage(self.store, io)]  # a restart's orphans: O(adapters), so after SERVING

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from adapter_fabric.access.caller import caller
 from adapter_fabric.errors import IncompatibleAdapter, IntegrityError, InvalidArgument
+from adapter_fabric.format.base_model import base_model_matches
 from adapter_fabric.format.peft_fields import check_agrees
 from adapter_fabric.node.authority import pull_authority
 from adapter_fabric.node.context import NodeContext
@@ -32,11 +33,15 @@ log = logging.getLogger("fabric.node")
 class Promotes:
     """Promote (into a slot, or ``stage_only`` into the store)."""
 
-    def __init__(self, context: NodeContext, signed: SignedAdapters, origins: OriginFetches | None = None, homes: Homes | None = None) -> None:
+    def __init__(
+        self, context: NodeContext, signed: SignedAdapters, origins: OriginFetches | None = None, homes: Homes | None = None, model_names: tuple[str, ...] = ()
+    ) -> None:
         """``origins``: a request naming no peer: held, else the fleet or the peers, else the --origin list (``node.origin_fetch``);
         ``homes``: this node's part in the fleet (``node.homes``): a pull tells the id's homes this node holds it now."""
         self.homes = homes
         self.context = context
+        #: the names the node's model goes by (--model, --base-model): a promote refuses an adapter made for another model
+        self.model_names = model_names
         self.store = context.store
         self.signed = signed
         self.origins = origins
@@ -61,6 +66,7 @@ class Promotes:
         def check(manifest: Manifest) -> None:
             # Before any byte moves: the caller's PEFT fields, then this model and pool.
             check_agrees(requested, manifest.config, adapter_id)
+            self._check_base_model(manifest, adapter_id)
             model.check_compatible(manifest.pairs)
 
         sinks: list = []
@@ -101,6 +107,16 @@ class Promotes:
             joined=stats.shared,
             **dict(zip(("origin", "revision"), await self._origin_of(adapter_id, manifest), strict=True)),
         )
+
+    def _check_base_model(self, manifest: Manifest, adapter_id: str) -> None:
+        """Refuse an adapter whose base_model_name_or_path names another model (its shapes may fit this one all the same)."""
+        base = manifest.config.base_model_name_or_path
+        if base and self.model_names and not base_model_matches(base, self.model_names):  # no claim matches any model
+            raise IncompatibleAdapter(
+                f"adapter {adapter_id!r} is for base model {base[:200]!r}, and this node serves {', '.join(self.model_names)}: promote it on a "
+                f"node serving that model, or, if it is this model under another name, start this node with --base-model {base[:200]} "
+                "(FABRIC_BASE_MODEL)"
+            )
 
     async def _verified(
         self, request: fabric_pb2.PromoteRequest, adapter_id: str, check: Callable[[Manifest], None], sink_for: SinkFor | None = None
@@ -217,10 +233,12 @@ class Promotes:
 
 
 def _check_base(request: fabric_pb2.PromoteRequest, manifest: Manifest) -> None:
-    """The caller's base model (an engine's resolver knows it), against the adapter's config, before it is used."""
+    """The caller's base model (an engine's resolver knows its names, comma-separated), against the adapter's config, before
+    it is used: by ``adapter_fabric.format.base_model``'s rule (without case, whole or by the last part of a path or hub id)."""
     named = manifest.config.base_model_name_or_path
-    if request.base_model and named != request.base_model:
-        raise IncompatibleAdapter(f"adapter {manifest.adapter_id!r} is for base model {str(named)[:200]!r}, not {request.base_model[:200]!r}")
+    names = [name for name in request.base_model.split(",") if name.strip()]
+    if names and not base_model_matches(named, names):
+        raise IncompatibleAdapter(f"adapter {manifest.adapter_id!r} is for base model {str(named)[:200]!r}, and the engine serves {', '.join(names)[:300]}")
 
 
 def _check_peer_address(address: str) -> None:

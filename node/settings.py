@@ -49,7 +49,7 @@ from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEA
 from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
 from adapter_fabric.store.digests import DEFAULT_CHUNK_SIZE
 from adapter_fabric.transport.pull_values import STALL_TIMEOUT_S
-from adapter_fabric.units import format_duration, format_size
+from adapter_fabric.units import UNITS_HELP, format_duration, format_size
 
 STORE_ONLY = "none"
 PROG = "fabric-node"
@@ -71,6 +71,7 @@ class NodeSettings:
     target_modules: tuple[str, ...]
     peers: tuple[str, ...]
     log_level: str
+    base_model: tuple[str, ...]  # more names of --model that adapters' base_model_name_or_path may give (adapter_fabric.format.base_model)
     chunk_size: int
     upload_rate: int  # bytes/s served to peers; 0 = unlimited
     stall_timeout: float
@@ -133,6 +134,8 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--listen", host_port, "127.0.0.1:50051", "HOST:PORT to serve on (port 0 picks a free one)", ""),
     ("--store", path, Path("./fabric-store"), "directory of the adapter store", ""),
     ("--model", str, "tiny", "'tiny', 'tiny-mistral', 'tiny-qwen2', a local transformers model directory, or 'none' (store-only seeder)", ""),
+    ("--base-model", csv, (), "other names of --model that adapters may give as base_model_name_or_path, comma-separated (a promote "
+     "refuses an adapter for another model; --model's own name and its directory's name always match, without case or hub organisation)", ""),
     ("--device", choice("auto", "cpu", "cuda"), "auto", "where the slot pool lives: auto, cpu or cuda (auto = CUDA when present)", ""),
     ("--slots", positive_int, 4, "adapter slots in the pool", ""),
     ("--max-rank", positive_int, 16, "largest LoRA rank a slot holds", ""),
@@ -196,7 +199,7 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
      "between requests) before the node closes it", "operations"),
     ("--metrics-adapter-labels", boolean, False, "name each resident adapter's id in fabric_resident_adapter_info (/metrics is unauthenticated)", "operations"),
     ("--log-format", choice("text", "json"), "text", "log lines as text (key=value) or json (one object a line)", "operations"),
-    ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR", "operations"),
+    ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "DEBUG, INFO, WARNING or ERROR (any case)", "operations"),
     ("--drain-timeout", positive_duration, 10.0, "seconds in-flight calls (Fetch streams too) get to finish after SIGTERM before they are cut", "operations"),
 ]
 _BOOLEAN_FLAGS = {"--auth-peer-reads", "--metrics-adapter-labels"}
@@ -260,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Run an adapter-fabric node: stage adapters, serve them to peers, promote them into a slot pool.",
         epilog="Every flag can also be set by an environment variable: --max-rank is FABRIC_MAX_RANK, and so on "
-        "(booleans: true/false, 1/0, yes/no, on/off; an empty variable counts as unset).",
+        "(booleans: true/false, 1/0, yes/no, on/off; an empty variable counts as unset). " + UNITS_HELP,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     groups: dict[str, argparse._ArgumentGroup] = {}

@@ -8,7 +8,9 @@ never a traceback, and leaves no state behind.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hmac
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -125,6 +127,7 @@ def open_store(
     and withdraws at once an entry of one they did not (staged before the node trusted signers). ``policy``'s
     ``[[quota]]`` tables are the per-tenant quotas (a reload hands the store the new ones).
     """
+    claim_store(settings)  # before the store's recovery: a second node's would clean up the first one's work
     try:
         return AdapterStore(
             settings.store,
@@ -143,6 +146,43 @@ def open_store(
         fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")
     except FabricError as exc:
         fail(f"--store {settings.store}: {exc}")
+
+
+#: the file naming the node that holds the store (written once it listens); the lock itself is on the directory
+NODE_LOCK = "node.lock"
+_held: list[int] = []  # the store directory's descriptor, kept open (so locked) until the process exits
+
+
+def claim_store(settings: NodeSettings) -> None:
+    """Refuse a --store another running fabric-node uses, naming it: two nodes on one store would each take the other's
+    uploads and partial downloads for abandoned ones, and each other's recovery would remove what the other writes.
+
+    The lock is an ``flock`` on the store directory itself, held for the process's life: taking it writes nothing, so a
+    start refused for another reason (a store of another format, a bad flag) leaves the store as it was.
+    """
+    try:
+        settings.store.mkdir(parents=True, exist_ok=True)
+        fd = os.open(settings.store, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        fail(f"--store {settings.store}: cannot use it as the store directory: {exc.strerror or exc}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            holder = (settings.store / NODE_LOCK).read_text(errors="replace").strip()
+        except OSError:
+            holder = ""
+        fail(f"--store {settings.store} is in use by another fabric-node ({holder[:300] or 'still starting'}): give each node its own --store")
+    _held.append(fd)
+
+
+def name_store_holder(settings: NodeSettings, address: str) -> None:
+    """Write who holds the store into ``node.lock``, for a second node's refusal to name (once this node listens)."""
+    try:
+        (settings.store / NODE_LOCK).write_text(f"pid {os.getpid()}, listening on {address}\n")
+    except OSError:
+        pass  # the name is a courtesy: the lock is the directory's
 
 
 def load_trusted(settings: NodeSettings) -> TrustedSigners:

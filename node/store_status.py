@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from adapter_fabric.access.caller import caller
@@ -57,6 +58,14 @@ class StoreReport:
             evicts=self.evictor is not None,
             damaged_total=len(damaged),
         )
+        now = time.time()
+        for ids, digest, size, at, why in reversed(list(self.evictor.recent) if self.evictor is not None else []):  # newest first
+            shown_ids = [i for i in ids if shown(i)]
+            if shown_ids or readable is None:
+                reason = why[:300] if readable is None else ""  # the commit it made room for may be another tenant's id
+                reply.recent_evictions.append(
+                    fabric_pb2.Eviction(adapter_ids=shown_ids[:16], digest=digest, bytes=size, age_seconds=max(0.0, now - at), reason=reason)
+                )
         for tenant in self.store.tenant_usage():  # one per quota: bounded by the policy's MAX_QUOTAS
             if tenant_shown is not None and not tenant_shown(tenant.prefix):
                 continue  # another tenant's ids and bytes, which move as it stages

@@ -90,6 +90,8 @@ cpu_index_pip() {
 VLLM_TESTED="vllm==0.34.0"
 VLLM_IMPORTS=(packaging msgspec pyzmq urllib3 aiohttp requests pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo
               llguidance "xgrammar==0.2.8" cbor2 fastapi uvicorn)
+# pip's notes that are not problems: a configured find-links location this machine lacks (one per package it
+# looks up), and vLLM's own pins, left unmet on purpose (below). Every pip call's stderr goes through this.
 drop_pip_noise() {
     grep -v -e "is ignored: it is neither" -e "^vllm .* requires " -e "dependency resolver does not currently take into account" || true
 }
@@ -124,20 +126,20 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
             echo "bootstrap: GPU found, installing the default (CUDA) torch build" >&2
-            "${pip[@]}" "$torch_spec"
+            "${pip[@]}" "$torch_spec" 2> >(drop_pip_noise >&2)
         else
             picked="$(pick_cpu_torch "$venv/bin/python")"
             version="${picked%%$'\t'*}" source="${picked#*$'\t'}"
             echo "bootstrap: no GPU, installing the CPU build torch $version ($source)" >&2
             if [ "$source" = default ]; then
-                "${pip[@]}" "torch==$version"
+                "${pip[@]}" "torch==$version" 2> >(drop_pip_noise >&2)
             else
-                cpu_index_pip "${pip[@]}" --index-url "$source" "torch==$version"
+                cpu_index_pip "${pip[@]}" --index-url "$source" "torch==$version" 2> >(drop_pip_noise >&2)
             fi
         fi
     fi
     echo "bootstrap: installing adapter-fabric and its test tools" >&2
-    "${pip[@]}" -e "$root[test]" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+    "${pip[@]}" -e "$root[test]" 2> >(drop_pip_noise >&2)
     install_vllm_for_tests
     echo "$want" > "$stamp"
 fi

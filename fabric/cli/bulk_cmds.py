@@ -12,12 +12,19 @@ from adapter_fabric.exit_codes import EXIT_REFUSED
 MAX_SHOWN_FAILURES = 50
 
 
+def named_items(dirs: list[str], prefix: str) -> list[tuple[Path, str]]:
+    """``(directory, id)`` for each directory: ``prefix``, a ``/`` and the directory's name (``team-x`` gives ``team-x/NAME``,
+    never ``team-xNAME``; ``team-x/`` the same; no prefix: the name alone)."""
+    joined = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    return [(Path(d), joined + Path(d).resolve().name) for d in dirs]
+
+
 def cmd_stage_many(args: argparse.Namespace) -> None:
     from adapter_fabric.cli.connect import client_for
     from adapter_fabric.cli.output import emit
     from adapter_fabric.client.bulk import DEFAULT_WORKERS
 
-    items = [(Path(d), args.prefix + Path(d).resolve().name) for d in args.dirs]
+    items = named_items(args.dirs, args.prefix)
     with client_for(args, timeout=args.timeout) as client:
         result = client.stage_many(items, workers=args.workers or DEFAULT_WORKERS)
     failures = [{"adapter_id": f.adapter_id, "dir": f.directory, "error": type(f.error).__name__, "message": str(f.error)} for f in result.failed]
@@ -46,5 +53,5 @@ def register(command) -> None:
         "leaves the others staged (exit 1 when any failed)", long=True,
     )  # fmt: skip
     p.add_argument("dirs", nargs="+", metavar="DIR", help="directories with adapter_config.json and adapter_model.safetensors")
-    p.add_argument("--prefix", default="", help="each adapter's id is this prefix and its directory's name (e.g. team-a/)")
+    p.add_argument("--prefix", default="", help="each adapter's id is this prefix, a /, and its directory's name (team-a gives team-a/DIRNAME)")
     p.add_argument("--workers", type=workers, default=DEFAULT_WORKERS, help=f"concurrent Stage calls (1 to {MAX_WORKERS}; default {DEFAULT_WORKERS})")

@@ -52,8 +52,9 @@ def cmd_rollout(args: argparse.Namespace) -> None:
             if result is None:
                 watcher.poll()
             else:
-                note = f"{result.seconds:.2f} s from {','.join(result.source_peers) or '-'}" if result.ok else f"FAILED: {result.error}"
-                watcher.finish(note)
+                # a failure's reason is long: the bar says FAILED, the result lines below say why in full
+                note = f"{result.seconds:.2f} s from {','.join(result.source_peers) or '-'}" if result.ok else "FAILED (why: below)"
+                watcher.finish(note, ok=result.ok)
                 watcher.node.close()
                 del watchers[node]
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 from pathlib import Path
 
 from adapter_fabric.cli.output import emit
+from adapter_fabric.cli.paths import make_directory
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from adapter_fabric.harness.demo import run_demo
+
+    if args.workdir:
+        make_directory(args.workdir, "--workdir")
 
     if args.json:  # the demo narrates as it goes; JSON gets the outcome alone
         import contextlib
@@ -62,16 +67,19 @@ def cmd_make_adapter(args: argparse.Namespace) -> None:
     from adapter_fabric.serving.tiny import TINY_PRESETS, load_base_model, make_peft_adapter
 
     out = Path(args.dir)
-    if out.exists() and any(out.iterdir()):
-        raise InvalidArgument(f"{out} exists and is not empty: give a new directory")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidArgument(f"{out} exists and is not an empty directory: give a new directory")
     if args.model not in TINY_PRESETS and not Path(args.model).is_dir():
         raise InvalidArgument(f"--model {args.model!r} is neither a built-in model ({', '.join(TINY_PRESETS)}) nor a local model directory")
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, not ours
     targets = [t.strip() for t in args.targets.split(",") if t.strip()] if args.targets != "all-linear" else "all-linear"
     base = load_base_model(args.model)
     check_targets(base, targets)  # PEFT itself refuses only a list that matches nothing: q_proj,nope_proj went through
+    make_directory(out, "make-adapter DIR")
+    # random unless --seed says otherwise (the seed is printed: --seed with it makes the same weights again)
+    weights_seed = args.seed if args.seed is not None else secrets.randbelow(MAX_SEED + 1)
     try:
-        make_peft_adapter(out, base_model=base, r=args.rank, lora_alpha=args.alpha, target_modules=targets, seed=args.seed)
+        make_peft_adapter(out, base_model=base, r=args.rank, lora_alpha=args.alpha, target_modules=targets, seed=weights_seed)
     except ValueError as exc:  # PEFT's refusal, e.g. a --targets module the model lacks
         raise InvalidArgument(f"--model {args.model} cannot take this adapter: {str(exc).splitlines()[0][:300]}") from None
     config_path = out / "adapter_config.json"
@@ -79,7 +87,8 @@ def cmd_make_adapter(args: argparse.Namespace) -> None:
     # A model built in code has no name; engines (vLLM's resolvers) match adapters to their model by this field.
     config["base_model_name_or_path"] = args.base_model_name or config.get("base_model_name_or_path") or args.model
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
-    emit(args.json, {"dir": str(out), "model": args.model, "r": args.rank, "lora_alpha": args.alpha, "base_model_name_or_path": config["base_model_name_or_path"]}, f"made {out} (PEFT LoRA r={args.rank} for --model {args.model})")
+    payload = {"dir": str(out), "model": args.model, "r": args.rank, "lora_alpha": args.alpha, "seed": weights_seed, "base_model_name_or_path": config["base_model_name_or_path"]}
+    emit(args.json, payload, f"made {out} (PEFT LoRA r={args.rank} for --model {args.model}, seed {weights_seed})")
 
 
 def check_targets(base, targets: list[str] | str) -> None:
@@ -106,5 +115,6 @@ def register(command) -> None:
     p.add_argument("--rank", type=lora_rank, default=8, help="LoRA rank r (default: %(default)s)")
     p.add_argument("--alpha", type=lora_alpha, default=16.0, help=f"lora_alpha, above 0 and at most {MAX_ALPHA:g} (default: %(default)g)")
     p.add_argument("--targets", default="q_proj,v_proj", help="comma-separated modules, or all-linear (default: %(default)s)")
-    p.add_argument("--seed", type=seed, default=1, help=f"random seed of the weights, 0 to {MAX_SEED} (default: %(default)s)")
+    p.add_argument("--seed", type=seed, default=None, help=f"seed of the random weights, 0 to {MAX_SEED}: the same seed and flags make the same adapter, "
+                   "byte for byte (default: a random seed, printed)")
     p.add_argument("--base-model-name", help="base_model_name_or_path to record (default: --model); vLLM matches it to its served model")

@@ -18,6 +18,7 @@ import adapter_fabric as fabric
 from adapter_fabric.cli import bulk_cmds, cluster_cmds, local_cmds, sign, slot_cmds, store_cmds, store_status
 from adapter_fabric.cli.connect import add_security_flags, duration_arg, node_address
 from adapter_fabric.cli.output import report_error
+from adapter_fabric.cli.paths import os_problem
 from adapter_fabric.errors import FabricError
 from adapter_fabric.exit_codes import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_code_for
 
@@ -81,12 +82,17 @@ def run(argv: Sequence[str] | None = None) -> int:
     except FabricError as exc:
         return report_error(command, args.json, type(exc).__name__, str(exc), exit_code_for(exc) != EXIT_REFUSED, exit_code_for(exc))
     except KeyboardInterrupt:
+        if "tqdm" in sys.modules:  # a command that draws bars: end them first, the message goes on a line of its own
+            from adapter_fabric.cli.progress import end_bars
+
+            end_bars()
         message = "interrupted; run the same command to resume" if command in RESUMABLE else "interrupted"
         return report_error(command, args.json, "Interrupted", message, command in RESUMABLE, EXIT_INTERRUPTED)
     except BrokenPipeError:  # `fabric ls ... | head`
         return EXIT_OK
-    except OSError as exc:  # a file named on the command line (an adapter directory, a PEM) that cannot be read
-        return report_error(command, args.json, type(exc).__name__, str(exc), False, EXIT_REFUSED)
+    except OSError as exc:  # a file named on the command line that a command did not check itself: said in words all the same
+        message = f"{os_problem(exc)}: check the paths given on the command line"
+        return report_error(command, args.json, "InvalidArgument", message, False, EXIT_REFUSED)
     return EXIT_OK
 
 

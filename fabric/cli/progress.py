@@ -40,6 +40,13 @@ class _Bar(tqdm):
         return super().refresh(nolock, lock_args)
 
 
+def end_bars() -> None:
+    """Close every bar still drawn (a Ctrl-C came mid-transfer), leaving each where it stopped, so what is printed next
+    starts on a line of its own instead of inside the last bar."""
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
 def unknown_terminal_size() -> tuple[int, int] | None:
     """None when stderr's terminal reports its size (tqdm then follows it); else the ``(columns, lines)`` to draw in.
 
@@ -127,9 +134,10 @@ class PullWatcher:
         self.bar.n = held_bytes(self.node, digest, size, chunk)
         self.bar.refresh()
 
-    def finish(self, note: str) -> None:
-        """Fill the bar and leave ``note`` (e.g. the sources) after it."""
+    def finish(self, note: str, ok: bool = True) -> None:
+        """Fill the bar and leave ``note`` (e.g. the sources) after it; a failed pull's bar stays where it stopped."""
         if self.plan is not None:
-            self.bar.n = self.plan[1]
+            if ok:
+                self.bar.n = self.plan[1]
             self.bar.set_postfix_str(note, refresh=False)  # close draws the final line, once
         self.bar.close()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from adapter_fabric.cli.connect import client_for, peer_address
 from adapter_fabric.cli.output import emit, pull_note
 from adapter_fabric.cli.progress import PullWatcher, byte_bar, on_terminal, run_polled
+from adapter_fabric.cli.sign import private_key_file, read_signature_file
 
 
 def cmd_stage(args: argparse.Namespace) -> None:
@@ -25,8 +25,9 @@ def cmd_stage(args: argparse.Namespace) -> None:
             if show:
                 bar.write(f"resuming the upload of {args.id}: the node holds {offset} of {total} bytes")
 
-        sign_key = Path(args.sign_key).read_bytes() if args.sign_key else None
-        reply = run_polled(lambda: client.stage(args.dir, args.id, progress=progress, on_resume=resumed, sign_key=sign_key), None)
+        sign_key = private_key_file(args.sign_key, "--sign-key") if args.sign_key else None
+        signature = read_signature_file(args.signature) if args.signature else None
+        reply = run_polled(lambda: client.stage(args.dir, args.id, progress=progress, on_resume=resumed, sign_key=sign_key, signature=signature), None)
     notes = [n for n, on in (("its bytes were here already: nothing new stored", reply.already_staged), (f"resumed at byte {reply.resumed_from}", reply.resumed_from)) if on]
     note = f" ({', '.join(notes)})" if notes else ""
     emit(args.json, reply.to_dict(), f"staged {reply.adapter_id} digest={reply.digest} content_id={reply.content_id:#018x}{note}")
@@ -87,6 +88,7 @@ def cmd_ls(args: argparse.Namespace) -> None:
 
 def cmd_inspect(args: argparse.Namespace) -> None:
     from adapter_fabric.store.manifest import Manifest
+    from adapter_fabric.trust.signing import signatures_from_proto
 
     with client_for(args) as client:
         reply = client.manifest_proto(args.id, with_sha256=args.sha256)
@@ -103,6 +105,8 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         "config": json.loads(m.config_json),
         "modules": list(m.modules),
         "tensors": tensors,
+        # each signer's raw Ed25519 public key in hex, as fabric keygen and fabric sign print it ("" for one not recorded)
+        "signers": [signed.signer for signed in signatures_from_proto(reply)],
         "origin": reply.origin,
         "revision": reply.revision,
     }
@@ -113,6 +117,8 @@ def cmd_inspect(args: argparse.Namespace) -> None:
     c = m.config
     lines.append(f"  r={c.r} lora_alpha={c.lora_alpha:g} use_rslora={c.use_rslora} base_model={payload['config'].get('base_model_name_or_path')}")
     lines.append(f"  {len(tensors)} tensors over {len(m.modules)} modules: {', '.join(m.modules[:6])}{' …' if len(m.modules) > 6 else ''}")
+    signers = [signer or "(a signer this node did not record)" for signer in payload["signers"]]
+    lines.append(f"  signed by {len(signers)}: {', '.join(signers)}" if signers else "  unsigned (fabric stage --sign-key KEY, or --signature FILE, signs it)")
     emit(args.json, payload, "\n".join(lines))
 
 
@@ -129,7 +135,9 @@ def register(command) -> None:
     p = command("stage", cmd_stage, "upload a PEFT adapter directory to a node (resumes an interrupted upload)", long=True)
     p.add_argument("dir", help="directory with adapter_config.json and adapter_model.safetensors")
     p.add_argument("--id", required=True, help="adapter id, e.g. team-a/support-v3")
-    p.add_argument("--sign-key", help="sign the adapter's digest with this Ed25519 private key (fabric keygen); the signature travels with it")
+    signing = p.add_mutually_exclusive_group()
+    signing.add_argument("--sign-key", help="sign the adapter's digest with this Ed25519 private key (fabric keygen); the signature travels with it")
+    signing.add_argument("--signature", help="attach a signature made elsewhere: the file fabric sign DIR --key KEY --out FILE wrote")
 
     p = command("pull", cmd_pull, "make a node pull an adapter into its store from a peer (and the swarm), loading no slot", long=True)
     p.add_argument("--from", dest="peer", type=peer_address,

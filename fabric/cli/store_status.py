@@ -5,15 +5,6 @@ from __future__ import annotations
 import argparse
 
 
-def _size(count: int) -> str:
-    n = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _more(count: int, what: str, hint: str) -> list[str]:
     """The line saying how many of a bounded list the reply left out (none when it left out nothing)."""
     return [f"  ... and {count} more {what} ({hint})"] if count > 0 else []
@@ -25,14 +16,24 @@ def cmd_store_status(args: argparse.Namespace) -> None:
 
     with client_for(args) as client:
         reply = client.store_status()
-    from adapter_fabric.units import format_duration, format_size
+    from adapter_fabric.units import describe_size as _size
+    from adapter_fabric.units import format_duration
 
-    # the limits as the flags and the README write them (--max-store-bytes 18GiB, --expire-abandoned-after 24h)
-    quota = format_size(reply.quota_bytes) if reply.quota_bytes else "no limit"
+    # sizes in one unit everywhere (QuotaExceeded says them alike); durations as the flags write them (24h)
+    used = f"{_size(reply.used_bytes)} used of {_size(reply.quota_bytes)}" if reply.quota_bytes else f"{_size(reply.used_bytes)} used, no limit but the disk"
     expiry = f"after {format_duration(reply.expire_after_seconds)} untouched" if reply.expire_after_seconds else "never"
-    lines = [f"{args.node}: {reply.adapters} adapter{'' if reply.adapters == 1 else 's'}, {_size(reply.used_bytes)} used of {quota}; abandoned entries expire {expiry}"]
-    at_limit = f"evicts cold adapters ({reply.evictions} evicted since start)" if reply.evicts else "refuses commits (a durable node: never evicts)"
-    lines.append(f"  at the limit: {at_limit}; {reply.kept} kept by an operator")
+    lines = [f"{args.node}: {reply.adapters} adapter{'' if reply.adapters == 1 else 's'}, {used}; abandoned entries expire {expiry}"]
+    if not reply.quota_bytes:
+        at_limit = "without --max-store-bytes nothing is evicted"
+    elif reply.evicts:
+        at_limit = f"at the limit: evicts cold adapters, least recently used first ({reply.evictions} evicted since start)"
+    else:
+        at_limit = "at the limit: refuses commits (a durable node: never evicts)"
+    lines.append(f"  {at_limit}; {reply.kept} kept by an operator")
+    for evicted in reply.recent_evictions:
+        ids = ",".join(evicted.adapter_ids) or "?"
+        lines.append(f"  evicted  {ids:30} {_size(evicted.bytes):>10}  {format_duration(round(evicted.age_seconds))} ago  {evicted.digest[:16]}  (for {evicted.reason})")
+    lines.extend(_more(reply.evictions - len(reply.recent_evictions), "evictions", "the latest are shown; fabric_store_evictions_total counts them"))
     for tenant in reply.tenants:
         limit_bytes = _size(tenant.max_bytes) if tenant.max_bytes else "no byte limit"
         limit_ids = f"{tenant.max_adapters} adapters" if tenant.max_adapters else "no id limit"

@@ -5,6 +5,7 @@ from adapter_fabric.client.results import (
     ActiveSlot,
     Availability,
     GenerateResult,
+    Identity,
     Listing,
     Location,
     PeerHolding,
@@ -13,6 +14,7 @@ from adapter_fabric.client.results import (
     SlotInfo,
     StagedAdapter,
     StageResult,
+    StoreStatus,
 )
 from adapter_fabric.client.rollout import NodeRollout, rollout
 
@@ -20,6 +22,7 @@ __all__ = [
     "ActiveSlot",
     "Availability",
     "GenerateResult",
+    "Identity",
     "Listing",
     "Location",
     "NodeClient",
@@ -30,5 +33,6 @@ __all__ = [
     "SlotInfo",
     "StageResult",
     "StagedAdapter",
+    "StoreStatus",
     "rollout",
 ]

@@ -15,11 +15,26 @@ def check_address(address: str) -> str:
     if address.startswith(("unix:", "unix-abstract:")):
         return address
     match = _HOST_PORT.fullmatch(address)
-    if match is None or not 0 < int(match.group(1)) < 65536:
-        raise InvalidArgument(f"node address {address!r} must be host:port (e.g. 127.0.0.1:50051); a bare host is not dialled on a default port")
+    if match is not None and not 0 < int(match.group(1)) < 65536:
+        raise InvalidArgument(f"node address {address!r}: port {int(match.group(1))} is out of range; a port is 1 to 65535 (e.g. 127.0.0.1:50051)")
+    if match is None:
+        host, colon, port = address.rpartition(":")
+        if colon and host and port and not port.isdigit():
+            why = f"port {port[:20]!r} is not a number"
+        elif not colon or not port:
+            why = "it names no port, and a bare host is not dialled on a default port"
+        elif not host:
+            why = "it names no host"
+        else:
+            why = f"host {host[:100]!r} is not a host name or an address ([v6 address]:port for IPv6)"
+        raise InvalidArgument(f"node address {address[:200]!r} must be host:port (e.g. 127.0.0.1:50051): {why}")
     return address
 
 
+#: what gRPC's resolvers (c-ares, the native one) say when a host name does not resolve
+_NAME_NOT_FOUND = ("domain name not found", "name resolution", "dns resolution failed", "errors resolving", "hostname lookup error")
+#: the hint for a host name that does not resolve (TLS or a running node has nothing to do with it)
+NAME_HINT = "its host name does not resolve: check the spelling, or use the node's IP address"
 #: the hint for a refused connection (a node not started yet, or stopped)
 WAIT_HINT = "is fabric-node running and listening there? (`fabric wait NODE` waits for it)"
 
@@ -27,7 +42,9 @@ WAIT_HINT = "is fabric-node running and listening there? (`fabric wait NODE` wai
 def unreachable_hint(details: str, *, tls: bool, client_cert: bool) -> str:
     """What a person can change when a node's transport fails (gRPC UNAVAILABLE with no fabric error inside)."""
     text = details.lower()
-    if "connection refused" in text or "name resolution" in text or "dns" in text:
+    if any(sign in text for sign in _NAME_NOT_FOUND):
+        return NAME_HINT
+    if "connection refused" in text:
         return WAIT_HINT
     if not tls:
         return (

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from adapter_fabric.client.addresses import WAIT_HINT, check_address, unreachable_hint
 from adapter_fabric.client.results import ActiveSlot, Availability, GenerateResult, Identity, Listing, Location, PeerHolding, PromoteResult, StageResult, StoreStatus
-from adapter_fabric.errors import InvalidAdapter, InvalidArgument, PeerUnavailable
+from adapter_fabric.errors import BadSignature, ClientClosed, DeadlineExceeded, InvalidAdapter, InvalidArgument, PeerUnavailable
 from adapter_fabric.format.config import CONFIG_FILE
 from adapter_fabric.rpc import security
 from adapter_fabric.rpc.security import TlsFiles
@@ -28,6 +28,8 @@ from adapter_fabric.rpc.status import ERROR_DETAIL_KEY, error_from_rpc
 from adapter_fabric.store.digests import DIGEST_SCHEME, WEIGHTS_FILE, adapter_digest, check_scheme, hash_bytes, hash_file, whole_file_blake3
 from adapter_fabric.store.manifest import Manifest, manifest_request
 from adapter_fabric.transport import wire
+from adapter_fabric.trust.signing import Signed
+from adapter_fabric.units import format_size
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 
 UPLOAD_PIECE = 1 << 20
@@ -57,12 +59,45 @@ _RETRY_SERVICE_CONFIG = json.dumps(
 
 
 
+def _deadline(timeout: float | None, default: float | None) -> float | None:
+    """gRPC's deadline for a call: ``default`` for None (and ``False``, which meant the default before), none for 0."""
+    if timeout is None or timeout is False:
+        return default or None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:  # nan fails too
+        raise InvalidArgument(f"timeout={timeout!r}: give seconds (0 for no deadline), or None for the client's own")
+    return float(timeout) or None
+
+
+def _signed(sign_key: bytes | None, digest: str) -> Signed:
+    from adapter_fabric.trust.signing import sign
+
+    assert sign_key is not None
+    return sign(sign_key, digest)
+
+
+def adapter_files(adapter_dir: str | Path) -> tuple[Path, Path]:
+    """The config and weights files of a PEFT adapter directory; ``InvalidAdapter`` saying what was given instead."""
+    adapter_dir = Path(adapter_dir)
+    layout = f"a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}"
+    if adapter_dir.is_file():
+        raise InvalidAdapter(f"{adapter_dir} is a file, not a directory: give the directory that holds it ({adapter_dir.parent}); {layout}")
+    if not adapter_dir.is_dir():
+        raise InvalidAdapter(f"{adapter_dir} does not exist: give an adapter directory ({layout}; fabric make-adapter writes one)")
+    missing = [adapter_dir / name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (adapter_dir / name).is_file()]
+    if missing:
+        raise InvalidAdapter(f"{' and '.join(map(str, missing))} does not exist: {layout}, as PEFT's save_pretrained writes them")
+    return adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
+
+
 class NodeClient:
     """A blocking client of one node: stage, promote, pull, list, pin, generate, health, and the peer reads.
 
     Use it as a context manager, or call ``close`` to drop the channel.
-    ``timeout`` bounds quick calls; ``long_timeout`` (None: no deadline) bounds
-    the calls that move an adapter, and each of those also takes ``timeout=``.
+    Deadlines: ``timeout`` (seconds) bounds each quick call, ``long_timeout`` the calls that move an
+    adapter (``stage``, ``stage_many``, ``promote``, ``pull``; None or 0: no deadline). Every call also
+    takes ``timeout=``: seconds for that call alone; None (the default) means the client's own (``timeout``
+    or ``long_timeout``), 0 no deadline. Past a deadline a call raises ``DeadlineExceeded`` (a kind of
+    ``PeerUnavailable``); a call on a closed client raises ``ClientClosed``.
     """
 
     def __init__(
@@ -86,9 +121,11 @@ class NodeClient:
         self.stub = fabric_pb2_grpc.FabricStub(self.channel)
         self.timeout = timeout
         self.long_timeout = long_timeout
+        self._closed = False
 
     def close(self) -> None:
-        """Close the channel (in-flight calls are cancelled)."""
+        """Close the channel (in-flight calls are cancelled); a later call raises ``ClientClosed``."""
+        self._closed = True
         self.channel.close()
 
     def __enter__(self) -> NodeClient:
@@ -97,7 +134,14 @@ class NodeClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _check_open(self) -> None:
+        """``ClientClosed`` after ``close``: grpc raises a bare ValueError for a call on a closed channel (and a stub made on
+        one crashes the process)."""
+        if self._closed:
+            raise ClientClosed(f"this NodeClient of {self.address} is closed (close() was called, or its with block ended): make a new NodeClient")
+
     def _call(self, method, request, **kwargs):
+        self._check_open()
         try:
             return method(request, timeout=kwargs.pop("timeout", self.timeout), **kwargs)
         except grpc.RpcError as exc:
@@ -110,20 +154,25 @@ class NodeClient:
             hint = unreachable_hint(exc.details() or "", tls=self._tls, client_cert=self._client_cert)
             return PeerUnavailable(f"node {self.address} unreachable: UNAVAILABLE: {exc.details()}; {hint}")
         if not has_detail and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return PeerUnavailable(f"node {self.address} did not answer in time (the node may go on with the work; run the same command again, or raise --timeout)")
+            return DeadlineExceeded(
+                f"node {self.address} did not answer in time (the node may go on with the work; call again, or allow more time: "
+                "the call's timeout=, or --timeout)"
+            )
         return error_from_rpc(exc, peer=self.address)
 
-    def _quick(self, timeout: float | None) -> float:
-        """A quick call's deadline: the caller's seconds, else the client's ``timeout``."""
-        return self.timeout if timeout is None else timeout
+    def _quick(self, timeout: float | None) -> float | None:
+        """A quick call's deadline in seconds (None: none): the caller's ``timeout``, else the client's."""
+        return _deadline(timeout, self.timeout)
 
-    def _long(self, timeout: float | None | bool) -> float | None:
-        return self.long_timeout if timeout is False else timeout
+    def _long(self, timeout: float | None) -> float | None:
+        """The deadline of a call that moves an adapter: the caller's ``timeout``, else the client's ``long_timeout``."""
+        return _deadline(timeout, self.long_timeout)
 
     # ------------------------------------------------------------ health
 
     def health(self, timeout: float = 5.0) -> str:
         """The node's gRPC health status: ``SERVING``, ``NOT_SERVING`` (shutting down) or ``UNKNOWN``."""
+        self._check_open()
         stub = health_pb2_grpc.HealthStub(self.channel)
         reply = self._call(stub.Check, health_pb2.HealthCheckRequest(service=""), timeout=timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
@@ -165,23 +214,22 @@ class NodeClient:
         progress: Callable[[int, int], None] | None = None,
         piece_size: int = UPLOAD_PIECE,
         *,
-        timeout: float | None | bool = False,
+        timeout: float | None = None,
         on_resume: Callable[[int, int], None] | None = None,
         sign_key: bytes | None = None,
+        signature: Signed | None = None,
     ) -> StageResult:
         """Upload a PEFT directory; resumes where an interrupted upload of the same bytes stopped.
 
         ``progress(done, total)`` is called as bytes go out; ``on_resume(offset, total)``
         once, before any byte, when the node already held ``offset`` bytes.
-        ``timeout``: seconds for the whole upload (default ``long_timeout``; None: no deadline).
+        ``timeout``: seconds for the whole upload (None: the client's ``long_timeout``; 0: no deadline).
         ``sign_key``: an Ed25519 private key (PEM or 32 raw bytes); the adapter's digest is signed with it
-        and the signature travels with its manifest (``adapter_fabric.trust.signing``).
+        and the signature travels with its manifest (``adapter_fabric.trust.signing``). ``signature``: a signature made
+        elsewhere (``fabric sign --out``, ``adapter_fabric.trust.signing.sign``), attached instead: it must be over the
+        digest these files have at the node's chunk size (``BadSignature`` before any byte is sent otherwise).
         """
-        adapter_dir = Path(adapter_dir)
-        config_path, weights_path = adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
-        for path in (config_path, weights_path):
-            if not path.is_file():
-                raise InvalidAdapter(f"{path} does not exist: a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")
+        config_path, weights_path = adapter_files(adapter_dir)
         size = weights_path.stat().st_size
         blake3 = whole_file_blake3(weights_path)  # names the upload before the node's chunk size is known
         target = self._upload_target(adapter_id, blake3)
@@ -195,10 +243,15 @@ class NodeClient:
             adapter_id=adapter_id, config_json=config, safetensors_size=size, safetensors_blake3=blake3, weights_root=weights_root,
             offset=offset, digest_scheme=DIGEST_SCHEME,
         )
-        if sign_key is not None:
-            from adapter_fabric.trust.signing import sign
-
-            signed = sign(sign_key, adapter_digest(hash_bytes(CONFIG_FILE, config, target.chunk_size).root, weights_root))
+        if sign_key is not None or signature is not None:
+            digest = adapter_digest(hash_bytes(CONFIG_FILE, config, target.chunk_size).root, weights_root)
+            signed = signature if signature is not None else _signed(sign_key, digest)
+            if signature is not None and not signature.verifies(digest):
+                raise BadSignature(
+                    f"the signature given is not over this adapter's digest {digest[:16]}... at node {self.address}'s chunk size of "
+                    f"{format_size(target.chunk_size)}: sign this directory again (fabric sign DIR --key KEY "
+                    f"--chunk-size {format_size(target.chunk_size).replace(' ', '')} --out FILE)"
+                )
             begin.signature, begin.signer_public_key = signed.signature, signed.public_key
 
         def requests() -> Iterator[fabric_pb2.StageRequest]:
@@ -217,7 +270,7 @@ class NodeClient:
         r = self._call(self.stub.Stage, requests(), timeout=self._long(timeout))
         return StageResult(r.adapter_id, r.digest, r.content_id, r.bytes_received, r.already_staged, resumed_from=offset)
 
-    def stage_many(self, items, workers: int = 16, *, timeout: float | None | bool = False, on_done=None):
+    def stage_many(self, items, workers: int = 16, *, timeout: float | None = None, on_done=None):
         """Stage many ``(directory, adapter_id)`` pairs, ``workers`` concurrent Stage calls at a time (``adapter_fabric.client.bulk``).
 
         Returns a ``BulkStageResult``: the committed ``StageResult`` s and each failed adapter named with its error;
@@ -260,13 +313,13 @@ class NodeClient:
         named_peer_only: bool = False,
         base_model: str = "",
         export_version: bool = False,
-        timeout: float | None | bool = False,
+        timeout: float | None = None,
     ) -> PromoteResult:
         """Make the node pull ``adapter_id`` (from ``peer`` and the swarm) and load it as ``name``; the result names slot and evicted adapter.
 
         ``stage_only``: pull into the store, load no slot (see ``pull``); ``named_peer_only``: pull from
         ``peer`` alone, not the swarm; ``pin``: pin it too (refused before anything is evicted when
-        the pin limit is reached). ``timeout``: seconds (default ``long_timeout``; None: no deadline).
+        the pin limit is reached). ``timeout``: seconds (None: the client's ``long_timeout``; 0: no deadline).
         A promote that loads a slot makes the adapter the node's active one (replacing a ``set_active`` choice).
         """
         request = fabric_pb2.PromoteRequest(
@@ -279,7 +332,7 @@ class NodeClient:
 
     def pull(
         self, adapter_id: str, *, peer: str = "", named_peer_only: bool = False, base_model: str = "", export_version: bool = False,
-        timeout: float | None | bool = False,
+        timeout: float | None = None,
     ) -> PromoteResult:
         """Pull ``adapter_id`` into the node's store without loading a slot (``slot`` is -1): from ``peer`` (and the swarm), or,
         with no ``peer``, from wherever the node finds it (held, its known peers, its origins).
@@ -291,7 +344,7 @@ class NodeClient:
         )
 
     def locate(self, adapter_id: str = "", digest: str = "", *, timeout: float | None = None) -> Location:
-        """Which of the node's known peers hold an adapter, fully or in part. ``timeout``: seconds (None: the client's ``timeout``)."""
+        """Which of the node's known peers hold an adapter, fully or in part. ``timeout``: seconds (None: the client's ``timeout``; 0: none)."""
         r = self._call(self.stub.Locate, fabric_pb2.LocateRequest(adapter_id=adapter_id, digest=digest), timeout=self._quick(timeout))
         return Location(r.digest, [PeerHolding(p.address, p.complete, p.verified_chunks) for p in r.peers])
 
@@ -341,7 +394,7 @@ class NodeClient:
     ) -> GenerateResult:
         """Run the node's model on ``input_ids`` with a resident adapter (or the base model); greedy tokens and, if asked, the last logits.
 
-        ``timeout``: seconds (None: the client's ``timeout``); past it, ``PeerUnavailable`` saying the node did not answer in time.
+        ``timeout``: seconds (None: the client's ``timeout``; 0: none); past it, ``DeadlineExceeded``.
         Ids or a count the wire cannot carry are ``InvalidArgument``, before anything is sent.
         """
         try:

@@ -145,10 +145,10 @@ class StagedAdapter(_Result):
 
 @dataclass(frozen=True)
 class SlotInfo(_Result):
-    """One slot of a node's pool; ``name`` is empty while it was never filled (``empty``)."""
+    """One slot of a node's pool; ``name`` is None while it was never filled (``empty``)."""
 
     slot: int
-    name: str
+    name: str | None
     content_id: int
     ref_count: int
     pinned: bool
@@ -160,7 +160,7 @@ class SlotInfo(_Result):
     @property
     def empty(self) -> bool:
         """Never filled: no adapter, content id 0, nothing else to show."""
-        return not self.name
+        return self.name is None
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class Listing(_Result):
     def from_proto(cls, pb: fabric_pb2.ListAdaptersResponse) -> Listing:
         staged = [StagedAdapter(a.adapter_id, a.digest, a.content_id, a.size, PeftSummary.from_proto(a.peft), a.damaged, tuple(a.engines),
                                 a.origin, a.revision, a.checked_at) for a in pb.staged]
-        slots = [SlotInfo(s.slot, s.name, s.content_id, s.ref_count, s.pinned, s.active, s.last_used, s.rank, s.digest) for s in pb.slots]
+        slots = [SlotInfo(s.slot, s.name or None, s.content_id, s.ref_count, s.pinned, s.active, s.last_used, s.rank, s.digest) for s in pb.slots]
         return cls(staged=staged, slots=slots, max_rank=pb.max_rank, device=pb.device)
 
 
@@ -282,6 +282,17 @@ class TenantUsage(_Result):
 
 
 @dataclass(frozen=True)
+class EvictedAdapter(_Result):
+    """A cold adapter an evicting node dropped: the ids that named it, its digest and bytes, how long ago, and for what."""
+
+    adapter_ids: list[str]
+    digest: str
+    bytes: int
+    age_seconds: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class OriginState(_Result):
     """How one --origin answered the node last: ids it gave are served on while it does not answer."""
 
@@ -310,6 +321,7 @@ class StoreStatus(_Result):
     uploads_total: int = 0
     partials_total: int = 0
     damaged_total: int = 0
+    recent_evictions: list[EvictedAdapter] = field(default_factory=list)  # the latest (at most 20), newest first
     origins: list[OriginState] = field(default_factory=list)  # one per --origin: how it answered last
 
     @classmethod
@@ -323,5 +335,6 @@ class StoreStatus(_Result):
             [DamagedEntry(d.adapter_id, d.digest, d.reason) for d in pb.damaged], pb.evictions, pb.kept, pb.evicts,
             [TenantUsage(t.prefix, t.max_bytes, t.max_adapters, t.bytes, t.adapters) for t in pb.tenants],
             pb.uploads_total, pb.partials_total, pb.damaged_total,
+            [EvictedAdapter(list(e.adapter_ids), e.digest, e.bytes, e.age_seconds, e.reason) for e in pb.recent_evictions],
             [OriginState(o.origin, o.answering, o.error, o.since) for o in pb.origins],
         )

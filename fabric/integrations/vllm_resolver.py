@@ -25,8 +25,19 @@ canonical name per adapter; the export directory's escaped name
 (``team-a%2Fsupport-v3``) is not resolved, so one directory never becomes two
 LoRAs in vLLM.
 
+Base model: an adapter is resolved when its ``base_model_name_or_path`` names the model vLLM
+loaded (what vLLM hands resolvers: the model path or hub id given to ``vllm serve``, not
+``--served-model-name``) or a name in FABRIC_BASE_MODEL, by ``adapter_fabric.format.base_model``'s
+rules (without case; whole, or by the last part: ``meta-llama/Llama-3.1-8B-Instruct`` matches
+``/models/Llama-3.1-8B-Instruct``); the node checks it (PromoteRequest.base_model carries the
+names). A model mounted under another name (``/models/base``) needs FABRIC_BASE_MODEL.
+
+Logs go to vLLM's own log (the ``vllm.adapter_fabric`` logger, under vLLM's ``vllm`` handler):
+why the resolver is not registered, an adapter for another base model, a failed resolve.
+
 Configuration (environment, read by ``register``):
   FABRIC_EXPORT_DIR       the node's --export-dir (required; without it the resolver is not registered)
+  FABRIC_BASE_MODEL       more names of the served model, comma-separated (see Base model)
   FABRIC_NODE             the local node's host:port (default 127.0.0.1:50051)
   FABRIC_RESOLVE_TIMEOUT  seconds a resolve (locate and pull) may take, 1 to 3600 (default 120)
   FABRIC_TLS_CA, FABRIC_TLS_CERT, FABRIC_TLS_KEY, FABRIC_AUTH_TOKEN_FILE  as for the ``fabric`` command
@@ -44,6 +55,7 @@ from pathlib import Path
 
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.errors import AdapterNotFound, FabricError, IncompatibleAdapter, InvalidArgument
+from adapter_fabric.format.base_model import base_model_matches
 from adapter_fabric.rpc.security import TlsFiles, read_token
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import CONFIG_FILE
@@ -56,18 +68,22 @@ MAX_RESOLVE_TIMEOUT_S = 3600.0
 #: the name the resolver registers under in vLLM's LoRAResolverRegistry
 RESOLVER_NAME = "adapter-fabric"
 
-log = logging.getLogger("fabric.vllm")
+#: a child of vLLM's ``vllm`` logger, so its records reach the handler vLLM configures (a ``fabric.*`` logger's did not)
+log = logging.getLogger("vllm.adapter_fabric")
+#: the plugin's name in vLLM's VLLM_PLUGINS (pyproject.toml's vllm.general_plugins entry point)
+PLUGIN_NAME = "fabric_lora_resolver"
 
 
-def _matches(directory: Path, base_model_name: str | None) -> bool:
-    """A PEFT LoRA directory for ``base_model_name`` (None: any base), as vLLM's filesystem resolver checks."""
+def _matches(directory: Path, names: tuple[str, ...] | None) -> bool:
+    """A PEFT LoRA directory for a model going by ``names`` (None: any base), by ``adapter_fabric.format.base_model``'s rules."""
     try:
         config = json.loads((directory / CONFIG_FILE).read_text())
     except (OSError, ValueError):
         return False
     if config.get("peft_type") != "LORA":
         return False
-    return base_model_name is None or config.get("base_model_name_or_path") == base_model_name
+    base = config.get("base_model_name_or_path")
+    return names is None or base_model_matches(base if isinstance(base, str) else None, names)
 
 
 def resolve(
@@ -79,6 +95,7 @@ def resolve(
     tls: TlsFiles | None = None,
     token: str | None = None,
     timeout: float = DEFAULT_RESOLVE_TIMEOUT_S,
+    base_model_aliases: tuple[str, ...] = (),
 ) -> Path | None:
     """The export directory of the digest adapter id ``lora_name`` names now, brought onto the node at ``node_addr`` first.
 
@@ -88,7 +105,9 @@ def resolve(
     ones is reused. None when ``lora_name`` is not an id, when neither the fabric nor an origin has it, or when it
     is not a LoRA for ``base_model_name`` (checked by the node before any byte moves). Other failures (a node
     unreachable, the ``timeout`` passed) raise the library's errors; the vLLM resolver turns them into None.
+    ``base_model_aliases``: more names of the served model (FABRIC_BASE_MODEL).
     """
+    names = None if base_model_name is None else tuple(n for n in (base_model_name, *base_model_aliases) if n and "," not in n)
     if "%" in lora_name or "#" in lora_name:
         log.info("not resolving %r: ask for the adapter by its id (an export directory's names are escaped)", lora_name[:200])
         return None
@@ -98,9 +117,13 @@ def resolve(
         return None  # not a name the fabric can hold
     with NodeClient(node_addr, tls=tls, token=token, timeout=timeout, long_timeout=timeout) as node:
         try:
-            reply = node.pull(adapter_id, base_model=base_model_name or "", export_version=True, timeout=timeout)
-        except (AdapterNotFound, IncompatibleAdapter) as exc:
-            log.info("not resolving %r: %s", adapter_id, str(exc)[:500])
+            reply = node.pull(adapter_id, base_model=",".join(names or ()), export_version=True, timeout=timeout)
+        except AdapterNotFound as exc:
+            log.info("adapter-fabric: not resolving %r: %s", adapter_id, str(exc)[:500])
+            return None
+        except IncompatibleAdapter as exc:  # another base model: said in vLLM's log with what to set (it was a bare 404)
+            log.warning("adapter-fabric: not resolving %r: %s; if that is this model under another name, add it to FABRIC_BASE_MODEL",
+                        adapter_id, str(exc)[:500])
             return None
     if not reply.export_name:
         raise InvalidArgument(f"node {node_addr} exports nothing: start it with --export-dir {export_dir}")
@@ -108,7 +131,7 @@ def resolve(
     if not (directory / CONFIG_FILE).is_file():
         raise InvalidArgument(f"node {node_addr} exported {adapter_id!r} but {directory} is absent: is the node's --export-dir {export_dir}?")
     log.info("resolved %r: digest %s%s", adapter_id, reply.digest[:16], f" (origin {reply.origin} revision {reply.revision[:40]})" if reply.origin else "")
-    return directory if _matches(directory, base_model_name) else None
+    return directory if _matches(directory, names) else None
 
 
 def lora_int_id(lora_name: str) -> int:
@@ -139,6 +162,7 @@ class ResolverConfig:
     node: str
     timeout: float
     connection: dict
+    base_model_aliases: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> ResolverConfig | None:
@@ -160,7 +184,8 @@ class ResolverConfig:
             timeout = math.nan
         if not 1 <= timeout <= MAX_RESOLVE_TIMEOUT_S:  # nan fails too
             raise InvalidArgument(f"FABRIC_RESOLVE_TIMEOUT={raw[:50]!r}: expected seconds from 1 to {MAX_RESOLVE_TIMEOUT_S:g}")
-        return cls(Path(export_dir), node, timeout, settings_from_env())
+        aliases = tuple(name.strip() for name in os.environ.get("FABRIC_BASE_MODEL", "").split(",") if name.strip())
+        return cls(Path(export_dir), node, timeout, settings_from_env(), aliases)
 
 
 # ---- vLLM glue: run against vLLM's own plugin loader and serving layer by tests/integrations/test_vllm.py ----
@@ -174,7 +199,12 @@ def register() -> None:
         log.warning("adapter-fabric: the vLLM LoRA resolver is not registered: %s", exc)
         return
     if config is None:
-        log.info("adapter-fabric: FABRIC_EXPORT_DIR is not set: the vLLM LoRA resolver is not registered")
+        # A warning where VLLM_PLUGINS asked for this plugin by name; else (every installed plugin loads) a note
+        asked = PLUGIN_NAME in os.environ.get("VLLM_PLUGINS", "").split(",")
+        (log.warning if asked else log.info)(
+            "adapter-fabric: FABRIC_EXPORT_DIR is not set: the vLLM LoRA resolver is not registered "
+            "(set it to the fabric node's --export-dir, as vLLM sees it)"
+        )
         return
     try:
         from vllm.lora.request import LoRARequest
@@ -191,7 +221,8 @@ def register() -> None:
 
             try:
                 path = await asyncio.to_thread(
-                    resolve, settled.node, lora_name, base_model_name, settled.export_dir, timeout=settled.timeout, **settled.connection
+                    resolve, settled.node, lora_name, base_model_name, settled.export_dir, timeout=settled.timeout,
+                    base_model_aliases=settled.base_model_aliases, **settled.connection,
                 )
             except Exception as exc:  # noqa: BLE001 (never into vLLM: it would answer 500 and skip the other resolvers)
                 log.warning("adapter-fabric: resolving %r failed: %s: %s; answering None", lora_name[:200], type(exc).__name__, str(exc)[:500])
@@ -202,3 +233,6 @@ def register() -> None:
         LoRAResolverRegistry.register_resolver(RESOLVER_NAME, FabricResolver())
     except Exception as exc:  # noqa: BLE001 (a registry of another vLLM version: logged, vLLM starts without us)
         log.warning("adapter-fabric: vLLM refused the resolver: %s: %s", type(exc).__name__, exc)
+        return
+    aliases = f"; base model also named {', '.join(config.base_model_aliases)}" if config.base_model_aliases else ""
+    log.info("adapter-fabric: LoRA resolver registered (node %s, export directory %s%s)", config.node, config.export_dir, aliases)

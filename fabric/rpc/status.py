@@ -56,12 +56,13 @@ _CODES: tuple[tuple[type[errors.FabricError], grpc.StatusCode], ...] = (
     (errors.BadSignature, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.IntegrityError, grpc.StatusCode.DATA_LOSS),
+    (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),  # before PeerUnavailable: it is one
     (errors.PeerUnavailable, grpc.StatusCode.UNAVAILABLE),
-    (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.ClientClosed, grpc.StatusCode.FAILED_PRECONDITION),  # raised by a client, never sent: mapped for completeness
 )
 
 _ADVICE: dict[grpc.StatusCode, str] = {
-    grpc.StatusCode.RESOURCE_EXHAUSTED: "retry once a running sequence ends or space is freed",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "retry later",
     grpc.StatusCode.UNAVAILABLE: "check the peer address and that the peer is running, then retry",
     grpc.StatusCode.DATA_LOSS: "the bytes were not used; retry, or re-stage the adapter on its source",
     grpc.StatusCode.UNAUTHENTICATED: "send the cluster's bearer token: --auth-token-file, or FABRIC_AUTH_TOKEN_FILE",
@@ -99,13 +100,22 @@ def rich_status(exc: errors.FabricError, code: grpc.StatusCode, message: str) ->
     return rpc_status.to_status(status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail]))
 
 
+#: advice for one error type, before its code's (RESOURCE_EXHAUSTED is both a busy pool and a full store)
+_ADVICE_BY_TYPE: dict[type[errors.FabricError], str] = {
+    errors.PoolFull: "retry once a running sequence ends",
+    errors.QuotaExceeded: "retry once there is room under the limit",
+}
+
+
 def public_message(exc: errors.FabricError) -> str:
-    """The message a caller is sent: bounded, with the advice its status code carries."""
+    """The message a caller is sent: bounded, with the advice its type or status code carries."""
     code = status_code_for(exc)
     message = bounded(str(exc))
     # a non-retryable RESOURCE_EXHAUSTED (a pin past the pin limit) gets no "retry" advice: only an unpin frees it
-    advise = code in _ADVICE and (exc.retryable or code != grpc.StatusCode.RESOURCE_EXHAUSTED)
-    return f"{message} ({_ADVICE[code]})" if advise else message
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not exc.retryable:
+        return message
+    advice = next((text for kind, text in _ADVICE_BY_TYPE.items() if isinstance(exc, kind)), _ADVICE.get(code))
+    return f"{message} ({advice})" if advice else message
 
 
 def error_from_detail(detail_bytes: bytes) -> errors.FabricError | None:
@@ -192,7 +202,9 @@ def error_from_rpc(exc: grpc.RpcError, *, peer: str = "") -> errors.FabricError:
             if error is not None:
                 return error
     where = f" from {peer}" if peer else ""
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.DeadlineExceeded(f"peer{where} did not answer in time: {details}")
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return errors.PeerUnavailable(f"peer{where} unavailable: {code.name}: {details}")
     if code == grpc.StatusCode.NOT_FOUND:
         return errors.AdapterNotFound(details)

@@ -7,6 +7,7 @@ caller's random state. The demo, the tests and the benchmarks all use these.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -101,4 +102,14 @@ def make_peft_adapter(
     peft_model.save_pretrained(str(out))
     # get_peft_model wrapped the base in place; undo it so a shared base stays clean.
     peft_model.unload()
+    sort_target_modules(out / "adapter_config.json")
     return out
+
+
+def sort_target_modules(config_path: Path) -> None:
+    """Write ``target_modules`` sorted: PEFT keeps them as a set, so their order in the file followed the process's string
+    hashing, and the same weights got a different config, hence a different digest, from one run to the next."""
+    config = json.loads(config_path.read_text())
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True))

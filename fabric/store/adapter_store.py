@@ -308,8 +308,13 @@ class AdapterStore:
 
     # ------------------------------------------------------------ writing
 
+    def check_present(self) -> None:
+        """``StoreMissing`` when the store (or a core part of it) was deleted under this process: called before a writer opens, so a write never recreates parts of a deleted store, and after an unexpected missing file, to say why."""
+        self._catalog.check_present()
+
     def stage(self, directory: Path | str, adapter_id: str, check: Callable[[Manifest], None] | None = None) -> Manifest:
         """Copy a PEFT adapter directory in under ``adapter_id``; everything is checked before a byte is written (``check`` too)."""
+        self.check_present()
         return self._stager.stage(directory, adapter_id, check)
 
     def unstage(self, adapter_id: str) -> bool:
@@ -327,6 +332,7 @@ class AdapterStore:
 
     def open_partial(self, manifest: Manifest) -> PartialDownload:
         """The download of ``manifest``'s weights, keyed by digest; resumes what an earlier one left verified."""
+        self.check_present()
         return self._partials.open(manifest)
 
     def refer(self, manifest: Manifest) -> Manifest:
@@ -355,6 +361,7 @@ class AdapterStore:
 
     def open_upload(self, adapter_id: str, config_json: bytes, size: int, blake3: str, weights_root: str) -> Upload:
         """A client upload of a safetensors file; reopening the same (id, whole-file BLAKE3) continues at its offset."""
+        self.check_present()
         return self._uploads.open(adapter_id, config_json, size, blake3, weights_root)
 
     def signatures_of(self, digest: str) -> tuple[Signed, ...]:

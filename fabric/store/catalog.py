@@ -264,11 +264,22 @@ class Catalog:
             manifest = None
         return next((f.name for f in manifest.files if f.root == root), "file") if manifest is not None else "file"
 
+    def check_present(self) -> None:
+        """Raise ``missing_store()`` when the store's root, its format marker or a core directory is gone.
+
+        The marker counts: a writer that recreated a directory of a deleted store (a lock file, an upload's folder) does
+        not make it a store again.
+        """
+        layout = self.layout
+        if not (layout.format_marker.is_file() and all(d.is_dir() for d in (layout.refs, layout.manifests, layout.blobs))):
+            raise self.missing_store()
+
     def missing_store(self) -> StoreMissing:
         """The error for a store whose directory (or a part of it) was removed while this process uses it."""
         layout = self.layout
-        gone = next((d for d in (layout.root, layout.refs, layout.manifests, layout.blobs) if not d.is_dir()), layout.refs)
-        what = "is missing" if gone == layout.root else f"is missing its {gone.relative_to(layout.root)}/ directory"
+        parts = (layout.root, layout.format_marker, layout.refs, layout.manifests, layout.blobs)
+        gone = next((d for d in parts if not (d.is_file() if d == layout.format_marker else d.is_dir())), layout.refs)
+        what = "is missing" if gone in (layout.root, layout.format_marker) else f"is missing its {gone.relative_to(layout.root)}/ directory"
         return StoreMissing(
             f"the adapter store {layout.root} {what} (removed while the node runs): "
             "restore it, or restart the node to start an empty store there and pull adapters from peers again"

@@ -63,10 +63,31 @@ def choose_victims(candidates: list[Candidate], needed: int, used: int, limit: i
 
 
 def refusal(candidates: list[Candidate], needed: int, used: int, limit: int, what: str, after: int) -> str:
-    """Why no room can be made: the adapters held, counted by what holds them."""
+    """Why no room can be made: the adapters held, counted by what holds them, each with what would let them go."""
+    from adapter_fabric.store.quota import quota_exceeded  # the one wording of a store's QuotaExceeded
+
     held = Counter(c.held for c in candidates if c.held)
-    reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(held.items())) or "no adapters to drop"
-    return (
-        f"{what} needs {needed} bytes but the store holds {used} of its {limit}-byte limit and nothing more can be evicted "
-        f"(dropping every cold adapter would leave {after}): held are {reasons}; unkeep or unstage adapters, or raise the limit"
-    )
+    phrases = [f"{n} adapter{' is' if n == 1 else 's are'} {_plural(reason, n)}: {_frees(reason)}" for reason, n in sorted(held.items())]
+    return str(quota_exceeded(needed, used, limit, what, held="; ".join(phrases) or "nothing (no adapters to drop)", after=after))
+
+
+def _plural(reason: str, n: int) -> str:
+    return reason.replace("copy", "copies") if n > 1 and reason == LAST_COPY else reason
+
+
+def _frees(reason: str) -> str:
+    """What lets an adapter held for ``reason`` go (an engine's hold is not an operator's unkeep or unstage)."""
+    hints = {
+        KEPT: "fabric keep NODE --id ID --unkeep lets one go",
+        RESIDENT: "it may go once another adapter is promoted into its slot",
+        IN_USE: "it may go once that ends",
+        LAST_COPY: "a durable peer (--when-full refuse) in --peers takes a last copy first",
+    }
+    if reason in hints:
+        return hints[reason]
+    head, _, tail = ENGINE_UNKNOWN.partition("{}")
+    if reason.startswith(head) and reason.endswith(tail):
+        return "once the engine answers, only what it lists is held"
+    if any(reason.startswith(template.partition("{}")[0]) for template in (ENGINE, ENGINE_NOT_UNLOADED)):
+        return "unload it in the engine first"
+    return "it may go once that is done"  # a hold the node names itself (a hand-off under way)

@@ -19,6 +19,7 @@ from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES
 from adapter_fabric.store.dir_sizes import DirSizes, tree_bytes
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import Manifest
+from adapter_fabric.units import describe_size
 
 T = TypeVar("T")
 
@@ -27,14 +28,23 @@ T = TypeVar("T")
 MakeRoom = Callable[[StoreFull], None]
 
 
-def quota_exceeded(needed: int, used: int, limit: int, what: str, why: str = "") -> StoreFull:
-    """The refusal of ``needed`` more bytes in a store holding ``used`` of ``limit`` (``why``: the store's role, said after)."""
-    return StoreFull(
-        f"{what} needs {needed} bytes but the store holds {used} of its {limit}-byte limit "
-        f"({used + needed - limit} over){'; ' + why if why else ''}; unstage adapters or raise the limit",
-        needed,
-        what,
+def quota_exceeded(needed: int, used: int, limit: int, what: str, why: str = "", *, held: str = "", after: int | None = None) -> StoreFull:
+    """The refusal of ``needed`` more bytes in a store holding ``used`` of ``limit``, sizes in store-status's units.
+
+    ``why``: the store's role (a durable node), said after. ``held`` and ``after``: an evicting store that could not make
+    room: what holds the rest, each with what frees it (``adapter_fabric.store.eviction.refusal``), and what dropping
+    every cold adapter would still leave.
+    """
+    text = (
+        f"{what} needs {describe_size(needed)}, and the store holds {describe_size(used)} of its {describe_size(limit)} limit "
+        f"({describe_size(used + needed - limit)} over)"
     )
+    if after is not None:
+        text += f"; nothing more can be evicted (dropping every cold adapter would still leave {describe_size(after)})"
+    if why:
+        text += f"; {why}"
+    fix = f". Held: {held}. Or raise --max-store-bytes" if held else "; unstage adapters (fabric unstage) or raise --max-store-bytes"
+    return StoreFull(text + fix, needed, what)
 
 
 def opened_with_room(open_writer: Callable[[], T], make_room: MakeRoom | None) -> T:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from adapter_fabric.rpc import security
+from adapter_fabric.rpc.status import ERROR_DETAIL_KEY
 from adapter_fabric.store.lock_watch import check_no_store_lock
 from adapter_fabric.transport import wire
 from adapter_fabric.transport.data_channel import DataChannels
@@ -90,6 +91,19 @@ class PeerChannels:
         view.behalf = identity
         view._owner = False
         return view
+
+    def failed(self, address: str, exc: grpc.RpcError) -> None:
+        """Forget ``address``'s channel after a transport failure (UNAVAILABLE that no node said), so the next call dials
+        afresh: a channel that met "connection refused" waits out its reconnect backoff (seconds, growing), and a peer
+        that restarted meanwhile was answered "connection refused" until then, though it said SERVING."""
+        said = any(key == ERROR_DETAIL_KEY for key, _ in (exc.trailing_metadata() or ())) if hasattr(exc, "trailing_metadata") else True
+        if said or not hasattr(exc, "code") or exc.code() != grpc.StatusCode.UNAVAILABLE:
+            return
+        with self._pool.lock:
+            gone = [self._pool.channels.pop((address, member), None) for member in (True, False)]
+        for channel in gone:
+            if channel is not None:
+                channel.close()  # a connection that failed carries no other call worth keeping
 
     def learn(self, peer: str, metadata: Any) -> None:
         """Note the data channel port ``peer`` announced (or not) in a reply's metadata."""

@@ -59,6 +59,7 @@ def first_manifest(channels: PeerChannels, peers: Sequence[str], adapter_id: str
         try:
             reply, call = stub.GetManifest.with_call(manifest_request(adapter_id), timeout=MANIFEST_TIMEOUT_S)
         except grpc.RpcError as exc:
+            channels.failed(peer, exc)
             error = error_from_rpc(exc, peer=peer)
             if isinstance(error, AdapterNotFound):
                 missing.append(peer)
@@ -84,6 +85,7 @@ def holding(channels: PeerChannels, peer: str, digest: str, timeout: float = AVA
     try:
         reply, call = stub.Availability.with_call(fabric_pb2.AvailabilityRequest(digest=digest), timeout=timeout)
     except grpc.RpcError as exc:
+        channels.failed(peer, exc)
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
             return Holding(set(), False, 0)  # an older peer: it can still serve what GetManifest says it has
         error = error_from_rpc(exc, peer=peer)
@@ -104,7 +106,8 @@ def is_durable(channels: PeerChannels, peer: str, timeout: float = AVAILABILITY_
     stub = fabric_pb2_grpc.FabricStub(channels.get(peer))
     try:
         return stub.Availability(fabric_pb2.AvailabilityRequest(), timeout=timeout).durable
-    except grpc.RpcError:
+    except grpc.RpcError as exc:
+        channels.failed(peer, exc)
         return False
 
 

@@ -98,8 +98,14 @@ _COMMON_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.http2.bdp_probe", 1),
 )
 
-#: Options for every channel to a peer (``grpc.aio.insecure_channel(addr, options=...)``).
-CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = _COMMON_OPTIONS
+#: Options for every channel to a peer (``grpc.aio.insecure_channel(addr, options=...)``). A channel that could not
+#: connect retries after a backoff that grew to 2 minutes by default: a node restarted meanwhile stayed "refused"
+#: that long to a caller keeping its channel. Capped at 2 s (nodes also redial at once: ``PeerChannels.failed``).
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    *_COMMON_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
 #: Options for the node's server (``grpc.aio.server(options=...)``).
 SERVER_OPTIONS: tuple[tuple[str, Any], ...] = _COMMON_OPTIONS
 

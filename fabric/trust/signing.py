@@ -51,8 +51,8 @@ def load_private_key(data: bytes):
         return Ed25519PrivateKey.from_private_bytes(data)
     try:
         key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise InvalidArgument(f"not an Ed25519 private key (PEM PKCS#8 or 32 raw bytes): {exc}") from None
+    except (ValueError, TypeError):  # cryptography's reason names PEM framing internals, not what to give
+        raise InvalidArgument("not an Ed25519 private key (PEM PKCS#8 or 32 raw bytes, as fabric keygen writes NAME.key)") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise InvalidArgument(f"the private key is {type(key).__name__}, not Ed25519")
     return key
@@ -67,8 +67,8 @@ def load_public_key(data: bytes):
         return Ed25519PublicKey.from_public_bytes(data)
     try:
         key = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError) as exc:
-        raise InvalidArgument(f"not an Ed25519 public key (PEM or 32 raw bytes): {exc}") from None
+    except (ValueError, TypeError):
+        raise InvalidArgument("not an Ed25519 public key (PEM or 32 raw bytes, as fabric keygen writes NAME.pub)") from None
     if not isinstance(key, Ed25519PublicKey):
         raise InvalidArgument(f"the public key is {type(key).__name__}, not Ed25519")
     return key

@@ -546,7 +546,7 @@ class DamagedEntry(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StoreStatusResponse(_message.Message):
-    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts", "tenants", "uploads_total", "partials_total", "damaged_total", "origins")
+    __slots__ = ("used_bytes", "quota_bytes", "adapters", "uploads", "partials", "expire_after_seconds", "damaged", "evictions", "kept", "evicts", "tenants", "uploads_total", "partials_total", "damaged_total", "origins", "recent_evictions")
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
@@ -562,6 +562,7 @@ class StoreStatusResponse(_message.Message):
     PARTIALS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ORIGINS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     used_bytes: int
     quota_bytes: int
     adapters: int
@@ -577,7 +578,8 @@ class StoreStatusResponse(_message.Message):
     partials_total: int
     damaged_total: int
     origins: _containers.RepeatedCompositeFieldContainer[OriginState]
-    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ..., uploads_total: _Optional[int] = ..., partials_total: _Optional[int] = ..., damaged_total: _Optional[int] = ..., origins: _Optional[_Iterable[_Union[OriginState, _Mapping]]] = ...) -> None: ...
+    recent_evictions: _containers.RepeatedCompositeFieldContainer[Eviction]
+    def __init__(self, used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., adapters: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., partials: _Optional[_Iterable[_Union[StoreLeftover, _Mapping]]] = ..., expire_after_seconds: _Optional[float] = ..., damaged: _Optional[_Iterable[_Union[DamagedEntry, _Mapping]]] = ..., evictions: _Optional[int] = ..., kept: _Optional[int] = ..., evicts: _Optional[bool] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ..., uploads_total: _Optional[int] = ..., partials_total: _Optional[int] = ..., damaged_total: _Optional[int] = ..., origins: _Optional[_Iterable[_Union[OriginState, _Mapping]]] = ..., recent_evictions: _Optional[_Iterable[_Union[Eviction, _Mapping]]] = ...) -> None: ...
 
 class OriginState(_message.Message):
     __slots__ = ("origin", "answering", "error", "since")
@@ -590,6 +592,20 @@ class OriginState(_message.Message):
     error: str
     since: float
     def __init__(self, origin: _Optional[str] = ..., answering: _Optional[bool] = ..., error: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
+
+class Eviction(_message.Message):
+    __slots__ = ("adapter_ids", "digest", "bytes", "age_seconds", "reason")
+    ADAPTER_IDS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    adapter_ids: _containers.RepeatedScalarFieldContainer[str]
+    digest: str
+    bytes: int
+    age_seconds: float
+    reason: str
+    def __init__(self, adapter_ids: _Optional[_Iterable[str]] = ..., digest: _Optional[str] = ..., bytes: _Optional[int] = ..., age_seconds: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TenantUsage(_message.Message):
     __slots__ = ("prefix", "max_bytes", "max_adapters", "bytes", "adapters")

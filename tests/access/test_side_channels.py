@@ -5,7 +5,7 @@ under ``team-b/`` only. The unauthenticated ``/metrics`` names no adapter id
 (unless the operator opts in, ``--metrics-adapter-labels``); team-b's StoreStatus
 shows its own quota line, not team-a's; and a Stage of bytes team-a holds tells
 team-b nothing (``already_staged`` false), while it still tells a tenant about
-bytes it may read.
+bytes it may read. An eviction team-b sees in StoreStatus names its own id, not team-a's commit it made room for.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.support.scrape import http_get, scrape
 
 pytestmark = pytest.mark.slow
 
-TOKENS = {"cluster": "cluster-token-a41f", "team-a": "team-a-token-7c02", "team-b": "team-b-token-e9d3"}
+TOKENS = {"cluster": "cluster-token-a41f", "team-a": "team-a-token-7c02", "team-b": "team-b-token-e9d3", "peers": "peers-token-5b18"}
 SECRET = "team-a/secret-launch-v7"
 
 
@@ -36,6 +36,7 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
 def node(tmp_path_factory, adapters):
     root = tmp_path_factory.mktemp("side")
     (root / "cluster.token").write_text(TOKENS["cluster"])
+    (root / "peer.token").write_text(TOKENS["peers"])  # what a node sends its members (the eviction test's second node)
     (root / "policy.toml").write_text(f"""
 [[principal]]
 name = "team-a"
@@ -46,6 +47,11 @@ grants = [{{ verbs = ["read", "pull", "publish", "operate"], prefixes = ["team-a
 name = "team-b"
 token_sha256 = "{token_sha256(TOKENS['team-b'])}"
 grants = [{{ verbs = ["read", "publish"], prefixes = ["team-b/"] }}, {{ verbs = ["read"], prefixes = ["team-a/public/"] }}]
+
+[[principal]]
+name = "peers"
+token_sha256 = "{token_sha256(TOKENS['peers'])}"
+grants = [{{ verbs = ["read", "pull"], prefixes = ["*"] }}]
 
 [[quota]]
 prefix = "team-a/"
@@ -91,3 +97,25 @@ def test_already_staged_tells_only_about_bytes_the_caller_may_read(node, adapter
         assert team_b.stage(adapters["b"], "team-b/own").already_staged is True  # the same id again
     with as_(node, "team-a") as team_a:
         assert team_a.stage(adapters["secret"], SECRET).already_staged is True
+
+
+def test_an_eviction_shows_a_tenant_its_ids_and_not_the_commit_of_another_tenant_it_made_room_for(node, adapters, tmp_path) -> None:
+    """StoreStatus lists the latest evictions (issue 33) with the commit each made room for: another tenant's id, which
+    only a caller who may read every id sees."""
+    newer = make_peft_adapter(tmp_path / "newer", base_model=build_tiny_model(), r=4, seed=2)  # the same shape: the same size
+    with node.client() as admin:
+        size = next(a.size for a in admin.list().staged if a.adapter_id == SECRET)
+        admin.stage(adapters["b"], "team-b/elsewhere")  # a copy on a peer: team-b's adapter is not a last copy, so it may go
+    root = node.store.parent  # the module node's token and policy files
+    flags = ["--policy", str(root / "policy.toml"), "--peer-token-file", str(root / "peer.token"), "--max-store-bytes", str(size * 5 // 2)]
+    with LocalNode(tmp_path / "S", token_file=root / "cluster.token", peers=[node.address], extra_args=flags) as evicting:
+        with as_(evicting, "team-b") as team_b, as_(evicting, "team-a") as team_a:
+            team_b.stage(adapters["b"], "team-b/cold")
+            team_a.stage(adapters["secret"], "team-a/warm")
+            team_a.stage(newer, SECRET)  # two fit, not three: team-b/cold, the least recently used, goes
+            (seen_by_b,) = team_b.store_status().recent_evictions
+            assert seen_by_b.adapter_ids == ["team-b/cold"] and seen_by_b.reason == "", seen_by_b
+            assert team_a.store_status().recent_evictions == []  # nothing of team-a's went
+        with evicting.client() as admin:
+            (seen,) = admin.store_status().recent_evictions
+            assert seen.adapter_ids == ["team-b/cold"] and SECRET in seen.reason, seen

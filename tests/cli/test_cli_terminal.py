@@ -214,3 +214,75 @@ def test_ctrl_c_of_pull_leaves_the_nodes_pull_running_and_the_rerun_says_what_it
         assert again.returncode == 0 and again.stdout.strip() == f"term/mid digest={digest}: already present on the node, nothing moved", again.stdout
     finally:
         slow.stop()
+
+
+class PtyProcess:
+    """``fabric ARGS`` on a sized pseudo-terminal, its output read on a thread while the test drives it."""
+
+    def __init__(self, *args: str) -> None:
+        import threading
+
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, "COLUMNS": "120"}
+        self.process = subprocess.Popen([*FABRIC, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, cwd=ROOT, env=env)
+        os.close(slave)
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, args=(master,), daemon=True)
+        self._reader.start()
+
+    def _read(self, master: int) -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            self._chunks.append(data)
+        os.close(master)
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout)
+        return code, b"".join(self._chunks).decode(errors="replace")
+
+
+def test_ctrl_c_on_a_terminal_prints_its_message_on_a_line_of_its_own(cluster, tmp_path) -> None:
+    """Issue 33: the Ctrl-C message of a pull landed inside its progress line ("pull x  12%|██ ...fabric pull: interrupted")."""
+    seed = cluster.nodes[0]
+    adapter = make_peft_adapter(tmp_path / "tty", base_model=build_tiny_model(), r=128, target_modules="all-linear", seed=24)
+    with NodeClient(seed.address) as client:
+        digest = client.stage(adapter, "term/tty").digest
+    slow = LocalNode(tmp_path / "slow", model="none", peers=[seed.address], extra_args=["--download-rate", "128KiB"]).start()
+    try:
+        run = PtyProcess("pull", slow.address, "--from", seed.address, "--id", "term/tty")
+        with NodeClient(slow.address) as observer:
+            deadline = time.monotonic() + 120
+            while not arriving(observer, digest) and run.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # not an assertion: lets the bar be drawn once or twice before the Ctrl-C
+            run.process.send_signal(signal.SIGINT)
+            code, shown = run.finish()
+    finally:
+        slow.stop()
+    assert code == 130, shown
+    lines = drawn_lines(shown)
+    message = "fabric pull: interrupted; run the same command to resume"
+    assert message in lines, lines  # a line of its own, not the tail of the bar's
+    assert any("pull term/tty" in line and "%" in line for line in lines[: lines.index(message)]), lines  # the bar stays above it
+
+
+def test_a_failed_rollout_node_keeps_its_bar_where_it_stopped_and_its_whole_reason(tmp_path, cluster, adapters) -> None:
+    """Issue 33: a node that failed drew a full bar, its reason cut to the bar's width ("FAILED: PeerU")."""
+    seed, target = (node.address for node in cluster.nodes)
+    with NodeClient(seed) as client:
+        client.stage(adapters["small"], "term/rollout-fail")
+    with LocalNode(tmp_path / "store-only", model="none") as store_only:  # refuses a promote into a slot: it has none
+        code, shown = on_pty("rollout", target, store_only.address, "--from", seed, "--id", "term/rollout-fail")
+    assert code == 1, shown
+    lines = drawn_lines(shown)
+    bar = [line for line in lines if line.startswith(f"{store_only.address:<21}")]
+    assert bar and "FAILED (why: below)" in bar[-1] and "100%" not in bar[-1], lines
+    reason = next(line for line in lines if line.strip().startswith(store_only.address) and "FAILED: AdaptersUnsupported:" in line)
+    assert "this node is store-only (started with --model none)" in reason and reason.rstrip().endswith("use a node with a model"), reason

@@ -98,3 +98,29 @@ def test_the_printers_round_trip() -> None:
         assert parse_size(format_size(size).replace(" ", "")) == size
     for seconds in (86400, 600, 10, 2.5):
         assert parse_duration(format_duration(seconds)) == seconds
+
+
+def test_kubernetes_quantities_and_iec_units_mean_what_they_mean_there() -> None:
+    """Ki/Mi/Gi/Ti and KiB/... are powers of 1024; k/K/M/G/T and KB/... powers of 1000 (10G was 10 GiB, 20Gi was refused)."""
+    assert parse_size("20Gi") == parse_size("20GiB") == 20 << 30
+    assert parse_size("18Gi") == 18 << 30 and parse_size("512Mi") == 512 << 20 and parse_size("1Ki") == 1024 and parse_size("2Ti") == 2 << 40
+    assert parse_size("10G") == parse_size("10GB") == 10 * 10**9
+    assert parse_size("1k") == parse_size("1K") == parse_size("1KB") == 1000 and parse_size("5M") == 5 * 10**6
+    assert parse_size("64kib") == parse_size("64KI") == 64 << 10  # letters in any case
+    settings = parse_settings(["--max-store-bytes", "20Gi"], {"FABRIC_MAX_ADAPTER_BYTES": "2Gi", "FABRIC_UPLOAD_RATE": "100M"})
+    assert (settings.max_store_bytes, settings.max_adapter_bytes, settings.upload_rate) == (20 << 30, 2 << 30, 100 * 10**6)
+
+
+def test_help_says_which_size_suffix_is_binary_and_which_decimal() -> None:
+    shown = " ".join(node_parser().format_help().split())
+    assert "64KiB or 64Ki = 64 x 1024 bytes; 64KB or 64k = 64 x 1000" in shown
+    sign_help = " ".join(fabric_parser()._subparsers._group_actions[0].choices["sign"].format_help().split())
+    assert "Ki" in sign_help and "1000" in sign_help
+
+
+def test_choices_take_any_case(capsys) -> None:
+    settings = parse_settings(["--log-level", "debug", "--log-format", "JSON", "--when-full", "Refuse"], {"FABRIC_DEVICE": "CPU"})
+    assert (settings.log_level, settings.log_format, settings.when_full, settings.device) == ("DEBUG", "json", "refuse", "cpu")
+    with pytest.raises(SystemExit):
+        parse_settings(["--log-level", "loud"], {})
+    assert "expected one of DEBUG, INFO, WARNING, ERROR" in capsys.readouterr().err

@@ -113,6 +113,19 @@ def test_an_adapter_vllm_registered_is_held_and_shown_and_goes_once_vllm_unloads
             client.pull(IDS[1], peer=seed_node.address)
         left = staged(sidecar)
         assert IDS[0] not in left and IDS[1] in left, left
+
+        # An engine that stops answering: what it listed stays held, and the listing says it is not answering
+        engine.post("/test/request", {"model": IDS[2]})
+        with sidecar.client() as client:
+            client.pull(IDS[0], peer=seed_node.address)  # an eviction (of IDS[1]) reads the engine: it names IDS[2]
+        assert staged(sidecar)[IDS[2]] == (label,)
+        engine.stop()
+        with sidecar.client() as client:
+            client.pull(IDS[1], peer=seed_node.address)  # the next eviction reads the engine afresh, and fails
+        left = staged(sidecar)
+        assert IDS[2] in left and left[IDS[2]] == (f"{label} (not answering: held as last read)",), left
+        assert cli(["ls", sidecar.address]) == 0
+        assert f"engines: {label} (not answering" in capsys.readouterr().out
     finally:
         sidecar.stop()
         engine.stop()

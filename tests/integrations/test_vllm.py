@@ -61,7 +61,9 @@ def cluster(tmp_path_factory, adapter):
 
 def probe(env: dict[str, str], *args: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
-    done = subprocess.run([sys.executable, str(PROBE), *args], env={**clean, **env}, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    # vLLM's own log handler on stderr (it writes to stdout by default): "log" is what vLLM's log shows
+    logs = {"VLLM_LOGGING_STREAM": "ext://sys.stderr", "VLLM_PLUGINS": "fabric_lora_resolver"}
+    done = subprocess.run([sys.executable, str(PROBE), *args], env={**clean, **logs, **env}, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert done.returncode == 0, f"vLLM did not get through (rc {done.returncode}): {done.stderr[-3000:]}"
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "log": done.stderr}
 
@@ -93,8 +95,27 @@ def test_a_wrong_base_model_is_refused_without_a_pull(cluster, tmp_path) -> None
     try:
         answer = probe({"FABRIC_EXPORT_DIR": str(export), "FABRIC_NODE": fresh.address}, "another-model", "team-a/support")
         assert answer["kind"] == "error" and answer["code"] == 404, answer
+        # said in vLLM's own log (it was a bare 404): which model the adapter is for, and what to set
+        assert "is for base model 'tiny'" in answer["log"] and "FABRIC_BASE_MODEL" in answer["log"], answer["log"]
         with fresh.client() as client:
             assert client.list().staged == [] and client.store_status().partials == []  # not a byte moved
+    finally:
+        fresh.stop()
+
+
+def test_the_base_model_match_follows_what_operators_write(cluster, tmp_path) -> None:
+    """vLLM hands resolvers its model path: /models/Tiny is the adapter's "tiny" (the directory's name, without case);
+    /models/base is not, until FABRIC_BASE_MODEL names it (the sidecar manifest's layout)."""
+    seed, _, _ = cluster
+    export = tmp_path / "export"
+    fresh = LocalNode(tmp_path / "fresh", model="none", port=free_port(), peers=[seed.address], extra_args=["--export-dir", str(export)]).start()
+    try:
+        env = {"FABRIC_EXPORT_DIR": str(export), "FABRIC_NODE": fresh.address}
+        assert probe(env, "/models/base", "team-a/support")["code"] == 404
+        answer = probe({**env, "FABRIC_BASE_MODEL": "other,tiny"}, "/models/base", "team-a/support")
+        assert answer["kind"] == "lora", answer
+        assert "base model also named other, tiny" in answer["log"]  # the registration is in vLLM's log too
+        assert probe(env, "/models/Tiny", "team-a/support")["kind"] == "lora"
     finally:
         fresh.stop()
 
@@ -129,6 +150,7 @@ def test_a_bad_setting_leaves_vllm_starting_without_the_resolver(cluster) -> Non
         assert "not registered" in answer["log"] and name in answer["log"], (name, answer["log"])
 
 
-def test_without_an_export_dir_the_plugin_stays_out_of_the_way() -> None:
+def test_without_an_export_dir_the_plugin_stays_out_of_the_way_and_says_why_in_vllms_log() -> None:
     answer = probe({})
     assert RESOLVER_NAME not in answer["registered"]
+    assert "FABRIC_EXPORT_DIR is not set" in answer["log"] and "WARNING" in answer["log"], answer["log"]  # VLLM_PLUGINS asked for it

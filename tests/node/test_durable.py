@@ -85,7 +85,10 @@ def test_with_no_durable_node_reachable_the_last_copy_is_kept_and_the_refusal_na
             c.stage(seeder["dirs"]["solo"], "solo")
             c.pull("b", peer=peer)
             c.keep("b")
-            with pytest.raises(QuotaExceeded, match="1 kept by an operator, 1 the last complete copy among the known peers"):
+            # the last copy is held either as one (the hand-off to the gone durable peer failed) or as one being handed off (that
+            # hand-off still under way when the round chose, as under load): the refusal names it either way
+            held = r"(?=.*1 adapter is kept by an operator)(?=.*1 adapter is (the last complete copy among the known peers|a last copy being handed))"
+            with pytest.raises(QuotaExceeded, match=held):
                 c.pull("c", peer=peer)
             assert staged(c) == ["b", "solo"]
             assert c.store_status().evictions == 0

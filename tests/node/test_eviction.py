@@ -85,12 +85,17 @@ def test_a_pull_into_a_full_store_evicts_the_least_recently_used_adapter_and_suc
         assert staged(c) == ["a", "c"]
         status = c.store_status()
         assert status.evictions == 1 and status.evicts
+        # shown, as the README says, not only counted (issue 33): which adapter, its bytes, for which commit
+        (evicted,) = status.recent_evictions
+        assert (evicted.adapter_ids, evicted.bytes, evicted.reason) == (["b"], seeder["size"], "downloading 'c'"), evicted
         assert status.used_bytes <= status.quota_bytes
         samples = scrape(node)
         assert samples[("fabric_store_evictions_total", frozenset())] == 1
         assert samples[("fabric_store_evicted_bytes_total", frozenset())] == seeder["size"]
         text = cli("store-status", node.address)
-        assert text.returncode == 0 and "evicts cold adapters (1 evicted since start)" in text.stdout, text.stdout + text.stderr
+        assert text.returncode == 0 and "evicts cold adapters, least recently used first (1 evicted since start)" in text.stdout, text.stdout + text.stderr
+        line = next(line for line in text.stdout.splitlines() if line.split()[:1] == ["evicted"])
+        assert line.split()[1] == "b" and "ago" in line and "(for downloading 'c')" in line, line
 
 
 def test_evict_to_sets_how_far_an_eviction_frees(tmp_path, seeder) -> None:
@@ -119,7 +124,7 @@ def test_when_nothing_can_be_evicted_the_refusal_names_why_and_changes_nothing(t
     with full_cache(tmp_path, seeder) as (_, c):
         c.keep("a")
         c.keep("b")
-        with pytest.raises(QuotaExceeded, match="nothing more can be evicted.*2 kept by an operator"):
+        with pytest.raises(QuotaExceeded, match="nothing more can be evicted.*2 adapters are kept by an operator: fabric keep NODE --id ID --unkeep"):
             c.pull("c", peer=seeder["node"].address)
         assert staged(c) == ["a", "b"]
         assert c.store_status().evictions == 0
@@ -171,7 +176,7 @@ def test_the_last_complete_copy_among_the_peers_is_never_evicted(tmp_path, seede
             c.pull("c", peer=peer)
             assert staged(c) == ["c", "solo"]  # b went: the seeder holds it still
             c.keep("c")
-            with pytest.raises(QuotaExceeded, match="1 kept by an operator, 1 the last complete copy among the known peers"):
+            with pytest.raises(QuotaExceeded, match="1 adapter is kept by an operator: .*; 1 adapter is the last complete copy among the known peers: a durable peer"):
                 c.pull("a", peer=peer)
             assert staged(c) == ["c", "solo"]
     finally:

@@ -61,6 +61,18 @@ def test_a_second_node_on_a_busy_port_exits_1_naming_the_port(tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_a_second_node_on_the_same_store_exits_1_naming_the_first(tmp_path) -> None:
+    """Issue 33: two nodes shared one --store without a word (each would take the other's uploads for abandoned ones)."""
+    with LocalNode(tmp_path / "shared", model="none") as first:
+        done = run_node(["--model", "none", "--store", str(first.store), "--listen", "127.0.0.1:0"])
+        one_line_failure(done, f"--store {first.store} is in use by another fabric-node", f"pid {first.pid}, listening on {first.address}", "give each node its own --store")
+        assert first.process.poll() is None and first.client().list().staged == []  # the first node was not disturbed
+    # once it stopped, the store is free again (the lock goes with the process)
+    with LocalNode(tmp_path / "shared", model="none") as again:
+        assert again.client().list().staged == []
+
+
+@pytest.mark.slow
 def test_a_busy_metrics_port_exits_1_naming_the_flag(tmp_path) -> None:
     with LocalNode(tmp_path / "first", model="none", extra_args=["--metrics-listen", "127.0.0.1:0"]) as first:
         port = first.metrics_address.rsplit(":", 1)[1]

@@ -51,7 +51,9 @@ def test_store_status_and_the_cli_name_an_adapter_whose_manifest_is_truncated(tm
         assert reply.adapters == 1  # b is sound; a is counted as damaged, not as an adapter
         text = store_status_cli(node.address)
         assert text.returncode == 0, text.stderr
-        assert "no limit; abandoned entries expire after 24h untouched" in text.stdout, text.stdout  # as the README and --help write it (was 86400s)
+        assert "used, no limit but the disk; abandoned entries expire after 24h untouched" in text.stdout, text.stdout  # as --help writes it (was 86400s)
+        # no limit: it claimed "at the limit: evicts cold adapters" (issue 33)
+        assert "without --max-store-bytes nothing is evicted" in text.stdout and "at the limit" not in text.stdout, text.stdout
         line = next((l for l in text.stdout.splitlines() if l.split()[:1] == ["damaged"]), None)
         assert line is not None, text.stdout
         assert line.split()[1] == "a" and digest[:16] in line and "manifest" in line, line
@@ -64,11 +66,24 @@ def test_store_status_and_the_cli_name_an_adapter_whose_manifest_is_truncated(tm
 
 
 def test_a_store_deleted_under_a_running_node_is_a_named_error(tmp_path, adapters) -> None:
-    node = LocalNode(tmp_path / "n", model="none", port=free_port()).start()
+    seed = LocalNode(tmp_path / "seed", model="none", port=free_port()).start()
+    node = LocalNode(tmp_path / "n", model="none", port=free_port(), peers=[seed.address]).start()
     try:
         with node.client() as c:
             c.stage(adapters["a"], "a")
+        with seed.client() as c:
+            c.stage(adapters["b"], "b")
         shutil.rmtree(node.store)
+        # What writes (issue 33: stage and pull said UNKNOWN: Unexpected <class 'FileNotFoundError'>, with tracebacks in
+        # the node's log) and what reads by id: the same named error, and the deleted store is not recreated in part
+        with node.client() as c:
+            for call in (lambda: c.stage(adapters["b"], "b2"), lambda: c.pull("b", peer=seed.address), lambda: c.keep("a"), lambda: c.unstage("a")):
+                with pytest.raises(StoreMissing, match=f"the adapter store {node.store} is missing"):
+                    call()
+        assert not node.store.exists() or not (node.store / "uploads").exists()
+        for command in (["stage", node.address, str(adapters["b"]), "--id", "b3"], ["pull", node.address, "--from", seed.address, "--id", "b"]):
+            said = subprocess.run([sys.executable, "-m", "adapter_fabric.cli", *command], capture_output=True, text=True, timeout=60)
+            assert said.returncode == 1 and said.stderr.startswith(f"fabric {command[0]}: StoreMissing: the adapter store"), said.stderr
         with grpc.insecure_channel(node.address) as channel:
             with pytest.raises(grpc.RpcError) as caught:
                 fabric_pb2_grpc.FabricStub(channel).StoreStatus(fabric_pb2.StoreStatusRequest(), timeout=30)
@@ -85,6 +100,9 @@ def test_a_store_deleted_under_a_running_node_is_a_named_error(tmp_path, adapter
         assert text.returncode != 0 and str(node.store) in text.stderr and "Traceback" not in text.stderr, text.stderr
     finally:
         node.stop()
+        seed.stop()
+    log = node.log_path.read_text()
+    assert "Traceback" not in log and "UNKNOWN" not in log and "StoreMissing" in log, log[-3000:]
 
 
 def test_a_store_with_more_damage_than_one_reply_lists_counts_it_all_and_lists_a_bounded_part(tmp_path, adapters) -> None:

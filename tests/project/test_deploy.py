@@ -214,6 +214,60 @@ def test_the_readmes_kubernetes_names_are_the_manifests() -> None:
     assert ("Deployment", "sglang-engine") in names and "deploy/sglang-sidecar.yaml" in readme
 
 
+# ------------------------------------------------------------ the README's rules for engines, held by the manifests
+
+#: the model the README's examples serve, and so what an adapter for it names in base_model_name_or_path
+README_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.parametrize("name", ["vllm-engine", "sglang-engine"])
+def test_an_evicting_node_beside_an_engine_holds_what_the_engine_registered(name: str) -> None:
+    """README (What the engines hold): a node that may evict beside vLLM reads its engine's /v1/models
+    (--engine-url), or drives its SGLang (--sglang-url), so it never removes a directory the engine still names."""
+    _, node, engine = _engine_pod(name)
+    settings = parse_settings(node.get("args", []), _env(node))
+    assert settings.max_store_bytes > 0 and settings.when_full == "evict"  # a cache: it evicts
+    http = {p["name"]: p["containerPort"] for p in engine["ports"]}["http"]
+    engine_urls = {*settings.engine_url, *([settings.sglang_url] if settings.sglang_url else [])}
+    assert f"http://localhost:{http}" in engine_urls, (name, engine_urls)
+
+
+def test_the_vllm_plugin_resolves_adapters_made_for_the_model_it_serves() -> None:
+    """README (vLLM): vLLM hands the plugin its model path (/models/base here), so the plugin must be told the name
+    adapters give that model (FABRIC_BASE_MODEL), by the same rule the node and the plugin use."""
+    from adapter_fabric.format.base_model import base_model_matches
+
+    _, _, vllm = _engine_pod()
+    env = _env(vllm)
+    model_path = vllm["args"][0]
+    aliases = [n.strip() for n in env.get("FABRIC_BASE_MODEL", "").split(",") if n.strip()]
+    assert base_model_matches(README_MODEL, [model_path, *aliases])
+    assert not base_model_matches("mistralai/Mistral-7B-v0.1", [model_path, *aliases])  # the rule still refuses another model
+    assert "FABRIC_BASE_MODEL" in PLUGIN_SOURCE.read_text()
+
+
+def test_sizes_are_written_as_kubernetes_quantities_the_node_reads_alike() -> None:
+    """FABRIC_*_BYTES as 18Gi (not "19327352832"), which the node reads as Kubernetes does: Gi = 2^30."""
+    from adapter_fabric.units import parse_size
+
+    found = 0
+    for doc in _docs():
+        for container in _containers(doc):
+            for variable, value in _env(container).items():
+                if variable.endswith(("_BYTES", "_RATE")) and variable.startswith("FABRIC_"):
+                    quantity = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)", str(value))
+                    assert quantity, (variable, value)
+                    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+                    assert parse_size(str(value)) == int(quantity[1]) * units[quantity[2]]
+                    found += 1
+    assert found >= 3
+
+
+def _containers(doc: dict) -> list[dict]:
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
 def test_the_node_may_watch_its_services_endpoint_slices_and_nothing_more() -> None:
     service, statefulset = _kind("Service"), _kind("StatefulSet")
     account, role, binding = _kind("ServiceAccount"), _kind("Role"), _kind("RoleBinding")

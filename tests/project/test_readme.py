@@ -91,6 +91,7 @@ def test_section_runs_as_pasted(section: Section, tmp_path: Path) -> None:
     output = log.read_text()
     assert code == 0, f"README section {section.title!r} failed ({code}):\n{script}\n--- output ---\n{output}"
     assert "Traceback" not in output, output
+    assert "Warning:" not in output, output  # a reader's first run shows no library's FutureWarning (issue 33)
     # What the blocks wrote (pki/, keys, the token, stores, logs, adapters) is neither committed by `git add -A`
     # nor shipped by `docker build .`.
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=clone, capture_output=True, text=True, check=True).stdout

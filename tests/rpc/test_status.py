@@ -30,6 +30,7 @@ EXPECTED = {
     errors.Busy: grpc.StatusCode.ABORTED,
     errors.Untrusted: grpc.StatusCode.PERMISSION_DENIED,
     errors.PeerUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,  # a PeerUnavailable, with a code of its own
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
@@ -55,7 +56,9 @@ def test_no_error_type_falls_through_to_internal() -> None:
 
 def test_only_pool_full_quota_busy_peers_and_origins_are_retryable() -> None:
     retryable = {kind for kind in _every_error_type() if kind.retryable}
-    assert retryable == {errors.PoolFull, errors.QuotaExceeded, errors.StoreFull, errors.Busy, errors.PeerUnavailable, errors.OriginUnavailable}
+    # a deadline (a node, or an origin, that did not answer in time) may pass too: a kind of PeerUnavailable (issue 33)
+    assert retryable == {errors.PoolFull, errors.QuotaExceeded, errors.StoreFull, errors.Busy, errors.PeerUnavailable, errors.OriginUnavailable,
+                         errors.DeadlineExceeded, errors.OriginTooSlow}
     assert not errors.PinLimitReached.retryable  # only an operator's unpin frees a pin
 
 

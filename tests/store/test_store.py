@@ -18,6 +18,7 @@ from blake3 import blake3
 
 from tests.support import STAGE_WORKER
 from tests.support.store import SMALL_CHUNK, blake3_of, corrupt_behind_the_writer, flip_byte, snapshot
+from adapter_fabric.units import describe_size
 from adapter_fabric.errors import (
     AdapterNotFound,
     IntegrityError,
@@ -418,7 +419,8 @@ def test_the_quota_is_checked_before_writing(tmp_path: Path, adapters, manifests
     store.stage(adapters["a"], "a")
     store.stage(adapters["a"], "same-bytes")  # no new bytes: always fits
     before = snapshot(tmp_path)
-    with pytest.raises(QuotaExceeded, match=f"staging 'b' needs {manifests['b'].total_size} bytes .* {limit}-byte limit"):
+    # in store-status's units (issue 33: it said "a 204800-byte limit" where store-status said "200 KiB")
+    with pytest.raises(QuotaExceeded, match=f"staging 'b' needs {describe_size(manifests['b'].total_size)}, .* of its {describe_size(limit)} limit"):
         store.stage(adapters["b"], "b")
     with pytest.raises(QuotaExceeded, match="downloading 'c'"):
         store.open_partial(manifests["c"])
@@ -461,7 +463,7 @@ def test_a_room_maker_that_frees_too_little_leaves_the_refusal_and_the_store_as_
     store.stage(adapters["a"], "a")
     before = snapshot(tmp_path)
     room = _DropForRoom(store, [])  # nothing it may drop
-    with pytest.raises(StoreFull, match=f"downloading 'b' needs .* holds {manifests['a'].total_size} "):
+    with pytest.raises(StoreFull, match=f"downloading 'b' needs .* holds {describe_size(manifests['a'].total_size)} "):
         opened_with_room(lambda: store.open_partial(manifests["b"]), room)
     assert len(room.asked) == 1 and snapshot(tmp_path) == before
 

@@ -4,7 +4,7 @@
     python tests/support/vllm_probe.py BASE_MODEL LORA_NAME # ... then OpenAIServingModels.resolve_lora(LORA_NAME)
     python tests/support/vllm_probe.py --starts JSON        # vLLM's start-up once per environment in the JSON list
 
-Only the engine core is replaced (``FakeEngine``: a model config naming the
+vLLM's logging is its own (``vllm.logger``'s configuration; the tests point its stream at stderr). Only the engine core is replaced (``FakeEngine``: a model config naming the
 base model, and ``add_lora`` recording what it is given); the plugin is found
 through adapter-fabric's real ``vllm.general_plugins`` entry point, and the
 request goes through vLLM's ``OpenAIServingModels`` as an HTTP request naming
@@ -34,6 +34,14 @@ class FakeEngine:
         return True
 
 
+def configure_vllm_logging() -> None:
+    """What ``vllm serve`` does first (vllm.entrypoints.cli.main: configure_logging_from_args): vLLM's handler on its ``vllm`` logger."""
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging
+
+    configure_logging(LoggingConfig())
+
+
 def starts(cases: list[dict[str, str]]) -> list[dict]:
     """For each environment: vLLM's plugin loading from scratch (its once-per-process flag and the registry reset),
     what registered, and what the plugin logged."""
@@ -53,17 +61,17 @@ def starts(cases: list[dict[str, str]]) -> list[dict]:
         LoRAResolverRegistry.resolvers.clear()
         captured = io.StringIO()
         handler = logging.StreamHandler(captured)
-        logging.getLogger("fabric.vllm").addHandler(handler)
-        logging.getLogger("fabric.vllm").setLevel(logging.INFO)
+        logging.getLogger("vllm").addHandler(handler)  # vLLM's own logger: what reaches it reaches vLLM's log
         try:
             vllm.plugins.load_general_plugins()  # raises here if a plugin would stop vLLM from starting
         finally:
-            logging.getLogger("fabric.vllm").removeHandler(handler)
+            logging.getLogger("vllm").removeHandler(handler)
         results.append({"registered": sorted(LoRAResolverRegistry.get_supported_resolvers()), "log": captured.getvalue()})
     return results
 
 
 def main() -> None:
+    configure_vllm_logging()
     if sys.argv[1:2] == ["--starts"]:
         print(json.dumps(starts(json.loads(sys.argv[2]))))
         return
