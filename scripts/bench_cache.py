@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from adapter_fabric.errors import AdapterNotFound, QuotaExceeded  # noqa: E402
 from adapter_fabric.harness import adapter_sets  # noqa: E402
-from adapter_fabric.harness.cluster import LocalNode, free_port  # noqa: E402
+from adapter_fabric.harness.cluster import LocalNode, free_port, start_all  # noqa: E402
 
 QUICK = {"nodes": 4, "adapters": 120, "requests": 400, "baseline": 8, "jobs": 1}
 #: bounds on the flags (a run is a few processes on one machine)
@@ -165,16 +165,7 @@ def start_cluster(args: argparse.Namespace, work: Path, limit: int) -> list[Loca
         order.shuffle(others)
         extra = ["--when-full", "evict", "--max-store-bytes", str(limit), *quiet]
         nodes.append(LocalNode(work / f"n{i}", model="none", port=ports[i], peers=[*others, addresses[0]], extra_args=extra))
-    try:
-        for node in nodes:
-            node.launch()
-        for node in nodes:
-            node.wait_ready()
-    except BaseException:
-        for node in nodes:
-            node.stop()
-        raise
-    return nodes
+    return start_all(nodes)
 
 
 def start_fleet(args: argparse.Namespace, work: Path, limit: int, origin: str) -> list[LocalNode]:
@@ -187,16 +178,7 @@ def start_fleet(args: argparse.Namespace, work: Path, limit: int, origin: str) -
         LocalNode(work / f"n{i}", model="none", port=ports[i], peers=[a for a in addresses if a != addresses[i]], extra_args=extra)
         for i in range(args.nodes)
     ]
-    try:
-        for node in nodes:
-            node.launch()
-        for node in nodes:
-            node.wait_ready()
-    except BaseException:
-        for node in nodes:
-            node.stop()
-        raise
-    return nodes
+    return start_all(nodes)
 
 
 def run(args: argparse.Namespace) -> dict:

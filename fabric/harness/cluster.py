@@ -166,6 +166,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+def start_all(nodes: list[LocalNode]) -> list[LocalNode]:
+    """Launch every node before waiting on any (their start-ups overlap); on any failure every node is stopped."""
+    try:
+        for node in nodes:
+            node.launch()
+        for node in nodes:
+            node.wait_ready()
+    except BaseException:
+        stop_all(nodes)
+        raise
+    return nodes
+
+
+def stop_all(nodes: list[LocalNode]) -> None:
+    """All drain at once (each lingers for its peers' streams), then each is waited for."""
+    for node in nodes:
+        node.terminate()
+    for node in nodes:
+        node.stop()
+
+
 class LocalCluster:
     """Several nodes in separate processes, each knowing the others as peers."""
 
@@ -179,22 +200,11 @@ class LocalCluster:
         ]
 
     def start(self) -> LocalCluster:
-        # Launch them all before waiting on any: their start-up (imports, model) overlaps.
-        try:
-            for node in self.nodes:
-                node.launch()
-            for node in self.nodes:
-                node.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        start_all(self.nodes)
         return self
 
     def stop(self) -> None:
-        for node in self.nodes:  # all drain at once (each lingers for its peers' streams), then each is waited for
-            node.terminate()
-        for node in self.nodes:
-            node.stop()
+        stop_all(self.nodes)
 
     def __enter__(self) -> LocalCluster:
         return self.start()

@@ -21,6 +21,7 @@ from adapter_fabric.errors import AdapterNotFound, FabricError
 from adapter_fabric.harness.cluster import LocalCluster, LocalNode
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.store import blake3_of
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them out: -m 'not slow')
 
@@ -185,22 +186,26 @@ def arriving(client: NodeClient, digest: str) -> bool:
     return True
 
 
+def staged_with_a_slow_puller(seed: LocalNode, tmp_path: Path, adapter_id: str, adapter_seed: int) -> tuple[str, LocalNode]:
+    """A ~1 MB adapter staged on ``seed`` (its digest), and a started node that pulls at 128 KiB/s: its pull waits ~8 s on
+    the rate limit, long after the client is gone (a Ctrl-C and a rerun take well under that; was ~2 MB, ~16 s, which
+    every run waited out)."""
+    name = adapter_id.rsplit("/", 1)[-1]
+    adapter = make_peft_adapter(tmp_path / name, base_model=build_tiny_model(), r=128, target_modules="all-linear", seed=adapter_seed)
+    with NodeClient(seed.address) as client:
+        digest = client.stage(adapter, adapter_id).digest
+    return digest, LocalNode(tmp_path / "slow", model="none", peers=[seed.address], extra_args=["--download-rate", "128KiB"]).start()
+
+
 def test_ctrl_c_of_pull_leaves_the_nodes_pull_running_and_the_rerun_says_what_it_found(cluster, tmp_path) -> None:
     """The rerun joins the node's pull still under way, then finds the adapter present: neither reads as "0 bytes"."""
     seed = cluster.nodes[0]
-    # ~1 MB pulled at 128 KiB/s: the node's pull waits ~8 s on its rate limit, long after the client is gone (a Ctrl-C
-    # and a rerun take well under that; was ~2 MB, ~16 s, which every run waited out)
-    adapter = make_peft_adapter(tmp_path / "mid", base_model=build_tiny_model(), r=128, target_modules="all-linear", seed=23)
-    with NodeClient(seed.address) as client:
-        digest = client.stage(adapter, "term/mid").digest
-    slow = LocalNode(tmp_path / "slow", model="none", peers=[seed.address], extra_args=["--download-rate", "128KiB"]).start()
+    digest, slow = staged_with_a_slow_puller(seed, tmp_path, "term/mid", adapter_seed=23)
     try:
         command = [*FABRIC, "pull", slow.address, "--from", seed.address, "--id", "term/mid"]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         with NodeClient(slow.address) as observer:
-            deadline = time.monotonic() + 120
-            while not arriving(observer, digest) and process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for(lambda: arriving(observer, digest) or process.poll() is not None, "the node's pull to begin", timeout=120, every=0.05)
             process.send_signal(signal.SIGINT)
             out, err = process.communicate(timeout=60)
             assert process.returncode == 130 and "run the same command to resume" in err, out + err
@@ -251,16 +256,11 @@ class PtyProcess:
 def test_ctrl_c_on_a_terminal_prints_its_message_on_a_line_of_its_own(cluster, tmp_path) -> None:
     """Issue 33: the Ctrl-C message of a pull landed inside its progress line ("pull x  12%|██ ...fabric pull: interrupted")."""
     seed = cluster.nodes[0]
-    adapter = make_peft_adapter(tmp_path / "tty", base_model=build_tiny_model(), r=128, target_modules="all-linear", seed=24)
-    with NodeClient(seed.address) as client:
-        digest = client.stage(adapter, "term/tty").digest
-    slow = LocalNode(tmp_path / "slow", model="none", peers=[seed.address], extra_args=["--download-rate", "128KiB"]).start()
+    digest, slow = staged_with_a_slow_puller(seed, tmp_path, "term/tty", adapter_seed=24)
     try:
         run = PtyProcess("pull", slow.address, "--from", seed.address, "--id", "term/tty")
         with NodeClient(slow.address) as observer:
-            deadline = time.monotonic() + 120
-            while not arriving(observer, digest) and run.process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for(lambda: arriving(observer, digest) or run.process.poll() is not None, "the node's pull to begin", timeout=120, every=0.05)
             time.sleep(0.5)  # not an assertion: lets the bar be drawn once or twice before the Ctrl-C
             run.process.send_signal(signal.SIGINT)
             code, shown = run.finish()

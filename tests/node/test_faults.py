@@ -357,17 +357,6 @@ def test_stalled_only_peer_gives_unavailable(tmp_path, staller) -> None:
 # ---------------------------------------------------------------- disk full
 
 
-@pytest.fixture
-def small_disk(tmp_path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs for the disk-full test (needs root / CAP_SYS_ADMIN): {result.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.mark.slow

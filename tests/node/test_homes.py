@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 from adapter_fabric.errors import AdapterNotFound
-from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.harness.cluster import LocalNode, free_port, start_all, stop_all
 from adapter_fabric.transport import placement
 from adapter_fabric.transport.placement import Fleet
 from adapter_fabric.v1 import fabric_pb2
@@ -61,19 +61,11 @@ def fleet(api, tmp_path_factory):
         )  # fmt: skip
         for i, port in enumerate(ports)
     ]
-    for node in nodes:
-        node.launch()
+    start_all(nodes)
     try:
-        for node in nodes:
-            node.wait_ready()
         yield nodes
     finally:
-        for node in nodes:
-            if node.process is not None and node.process.poll() is None:
-                node.terminate()
-        for node in nodes:
-            if node.process is not None:
-                node.process.wait(timeout=60)
+        stop_all(nodes)
 
 
 def held(node: LocalNode) -> set[str]:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.harness.cluster import LocalNode, free_port, start_all, stop_all
 from adapter_fabric.transport.placement import Fleet
 
 from tests.support.scrape import scrape
@@ -46,11 +46,8 @@ def test_eight_nodes_asked_at_once_download_an_origin_only_adapter_once(tmp_path
         )  # fmt: skip
         for i, port in enumerate(ports)
     ]
-    for node in nodes:
-        node.launch()
+    start_all(nodes)
     try:
-        for node in nodes:
-            node.wait_ready()
         clients = [node.client() for node in nodes]
         with ThreadPoolExecutor(NODES) as pool:
             replies = list(pool.map(lambda client: client.pull("team-a/hot"), clients))
@@ -68,5 +65,4 @@ def test_eight_nodes_asked_at_once_download_an_origin_only_adapter_once(tmp_path
         wait_for(lambda: all(held(by_address[h]) for h in homes), what="every home to hold it")
         assert _origin_fetches(nodes, origin) == 1
     finally:
-        for node in nodes:
-            node.stop()
+        stop_all(nodes)

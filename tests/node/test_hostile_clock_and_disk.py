@@ -8,10 +8,7 @@ behind); a node whose store is on a 1 MiB tmpfs is filled up and sent Stages.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -44,17 +41,6 @@ def test_an_id_stamped_ahead_of_the_clock_is_still_the_least_recently_used(tmp_p
         node.stop()
 
 
-@pytest.fixture
-def small_disk(tmp_path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs for the disk-full test (needs root / CAP_SYS_ADMIN): {result.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_stages_refused_on_a_full_disk_leave_no_upload_listed(tmp_path, small_disk, seeder) -> None:  # noqa: F811
