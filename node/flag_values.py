@@ -108,6 +108,31 @@ def k8s_target(text: str) -> str:
     return text
 
 
+#: --origin-concurrency's bound: each fetch holds an I/O thread and a connection to its origin
+MAX_ORIGIN_CONCURRENCY = 64
+
+
+def origin_concurrency(text: str) -> int:
+    """Origin fetches at once: 1 to MAX_ORIGIN_CONCURRENCY."""
+    if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= MAX_ORIGIN_CONCURRENCY:
+        raise ValueError(f"expected a whole number from 1 to {MAX_ORIGIN_CONCURRENCY}")
+    return int(text)
+
+
+#: --base-model's bounds: a few aliases of one model, each a path or hub id
+MAX_BASE_MODEL_NAMES, MAX_BASE_MODEL_NAME_CHARS = 16, 512
+
+
+def base_model_names(text: str) -> tuple[str, ...]:
+    """Comma-separated other names of --model: at most MAX_BASE_MODEL_NAMES, each at most MAX_BASE_MODEL_NAME_CHARS."""
+    names = csv(text)
+    if len(names) > MAX_BASE_MODEL_NAMES:
+        raise ValueError(f"at most {MAX_BASE_MODEL_NAMES} names, got {len(names)}")
+    if any(len(name) > MAX_BASE_MODEL_NAME_CHARS or "\0" in name for name in names):
+        raise ValueError(f"each name is a path or hub id of at most {MAX_BASE_MODEL_NAME_CHARS} characters")
+    return names
+
+
 def homes_count(text: str) -> int:
     if not _DIGITS.fullmatch(text) or int(text) > 64:
         raise ValueError("expected a whole number from 0 (no placement) to 64")

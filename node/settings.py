@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from adapter_fabric.exit_codes import EXIT_USAGE
 from adapter_fabric.node.flag_values import (
+    base_model_names,
     boolean,
     choice,
     chunk_size,
@@ -33,6 +34,7 @@ from adapter_fabric.node.flag_values import (
     k8s_target,
     optional_host_port,
     optional_path,
+    origin_concurrency,
     path,
     path_list,
     peer_host_port,
@@ -134,7 +136,7 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--listen", host_port, "127.0.0.1:50051", "HOST:PORT to serve on (port 0 picks a free one)", ""),
     ("--store", path, Path("./fabric-store"), "directory of the adapter store", ""),
     ("--model", str, "tiny", "'tiny', 'tiny-mistral', 'tiny-qwen2', a local transformers model directory, or 'none' (store-only seeder)", ""),
-    ("--base-model", csv, (), "other names of --model that adapters may give as base_model_name_or_path, comma-separated (a promote "
+    ("--base-model", base_model_names, (), "other names of --model that adapters may give as base_model_name_or_path, comma-separated (a promote "
      "refuses an adapter for another model; --model's own name and its directory's name always match, without case or hub organisation)", ""),
     ("--device", choice("auto", "cpu", "cuda"), "auto", "where the slot pool lives: auto, cpu or cuda (auto = CUDA when present)", ""),
     ("--slots", positive_int, 4, "adapter slots in the pool", ""),
@@ -162,7 +164,7 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--origin-ttl", duration, 300.0, "how long an id fetched from an origin is served before the next request revalidates it "
      "(a conditional request; a changed origin moves the id to the new digest); 0 = every request", "origins"),
     ("--origin-timeout", positive_duration, 60.0, "bound on one fetch from an origin, both files and retries included (a slow drip is refused at it)", "origins"),
-    ("--origin-concurrency", positive_int, 4, "origin fetches this node runs at once (requests for one id always share one)", "origins"),
+    ("--origin-concurrency", origin_concurrency, 4, "origin fetches this node runs at once (requests for one id always share one)", "origins"),
     ("--data-port", data_port, 0, "port of the data channel that carries chunk bytes to peers beside gRPC, on --listen's host "
      "(same TLS and token as gRPC; 0 = a free port, announced to peers; off = peers fetch over gRPC)", ""),
     ("--stall-timeout", positive_duration, STALL_TIMEOUT_S, "seconds without a byte before a peer's stream is dropped and the pull fails over "

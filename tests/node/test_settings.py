@@ -29,3 +29,26 @@ def test_peers_from_endpoint_slices_without_placement_stop_the_node_by_name(caps
         parse_settings(["--peers-k8s", "fabric-peers:grpc"], environ={})
     assert stopped.value.code == 2 and "--peers-k8s needs --homes" in capsys.readouterr().err
     assert parse_settings([], environ={"FABRIC_PEERS_K8S": "fabric-peers:grpc", "FABRIC_HOMES": "3"}).homes == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        (["--homes", "65"], "from 0 (no placement) to 64"),
+        (["--homes", "-1"], "from 0 (no placement) to 64"),
+        (["--peers-k8s", "no-port"], "is not [NAMESPACE/]SERVICE:PORT"),
+        (["--non-member-peers", "sometimes"], "expected one of refuse, anonymous"),
+        (["--peer-token-file", "a\0b"], "expected a file path"),
+        (["--origin-concurrency", "65"], "from 1 to 64"),
+        (["--origin-concurrency", "0"], "from 1 to 64"),
+        (["--base-model", ",".join(f"m{i}" for i in range(17))], "at most 16 names, got 17"),
+        (["--base-model", "m" * 513], "at most 512 characters"),
+        (["--origin", "ftp://x"], "is not one of s3://"),
+    ],
+)
+def test_the_flags_this_step_added_refuse_values_past_their_bounds_by_name(args, refusal, capsys) -> None:
+    """Every flag issues 28, 31, 32 and 33 added has a bound; a value past it stops the node at start, naming the flag."""
+    with pytest.raises(SystemExit) as stopped:
+        parse_settings(args, environ={})
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and f"argument {args[0]}" in err and refusal in err, err
