@@ -247,8 +247,8 @@ def test_an_idle_node_stops_at_once_whatever_its_drain_bound(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_a_node_on_0000_never_lists_itself_whatever_name_reaches_it(tmp_path, adapters) -> None:
-    port = free_port()
     with LocalNode(tmp_path / "other", model="none") as other:
+        port = free_port()  # after the other node listens: taken before, the OS could hand the other node the same free port
         me = LocalNode(
             tmp_path / "me", model="none", host="0.0.0.0",
             port=port, peers=[f"127.0.0.1:{port}", f"localhost:{port}", other.address], extra_args=["--peers-dns", f"localhost:{port}"],
