@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from adapter_fabric.harness.cluster import free_port
+from adapter_fabric.node.data_server import MAX_CONNECTIONS_PER_SOURCE
 from adapter_fabric.observability.metrics import DATA_CONNECTIONS, DATA_FALLBACKS
 from adapter_fabric.transport import data_frames, fetch_metadata
 from adapter_fabric.transport.data_channel import DataChannels
 from adapter_fabric.transport.idle_connections import IdleConnections
 from adapter_fabric.v1 import fabric_pb2
-from tests.transport.test_data_channel import adapter, counter, store_node  # noqa: F401 (adapter: a module fixture)
+from tests.support.waiting import wait_for
+from tests.transport.test_data_channel import adapter, counter, data_port, store_node  # noqa: F401 (adapter: a module fixture)
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -70,6 +72,43 @@ def test_requests_to_one_peer_share_a_kept_connection_and_one_the_node_closed_is
         assert connections("new") - new == 2 and fallbacks() == fell_back  # a new connection, not gRPC
         channels.close()
     finally:
+        seed.stop()
+
+
+def read_stream(sock: socket.socket) -> list[int]:
+    """The kinds of one stream's frames, up to its END or ERROR (the connection stays open)."""
+    kinds: list[int] = []
+    while not kinds or kinds[-1] not in (data_frames.END, data_frames.ERROR):
+        header = sock.recv(data_frames.FRAME.size, socket.MSG_WAITALL)
+        assert len(header) == data_frames.FRAME.size, "the node closed the connection mid-stream"
+        kind, _, length = data_frames.parse_frame_header(header)
+        assert len(sock.recv(length, socket.MSG_WAITALL)) == length
+        kinds.append(kind)
+    return kinds
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_kept_connection_counts_as_idle_between_requests_and_is_shed_first(tmp_path, adapter) -> None:
+    seed = store_node(tmp_path, "seed").start()
+    others: list[socket.socket] = []
+    try:
+        with seed.client() as client:
+            digest = client.stage(adapter, "team/a").digest
+        hello = data_frames.encode_hello(fabric_pb2.DataHello(fetch=fabric_pb2.FetchRequest(digest=digest, file=WEIGHTS), keep_open=True))
+        kept = socket.create_connection(("127.0.0.1", data_port(seed)), timeout=30)
+        for _ in range(2):  # two requests on one connection
+            kept.sendall(hello)
+            assert read_stream(kept)[-1] == data_frames.END
+        shed = counter(seed, "fabric_data_channel_streams_total", outcome="shed")
+        for _ in range(MAX_CONNECTIONS_PER_SOURCE):  # the source's bound: the oldest idle connection makes room
+            others.append(socket.create_connection(("127.0.0.1", data_port(seed)), timeout=30))
+        assert kept.recv(1) == b""  # shed: it was idle, waiting for a third request
+        wait_for(lambda: counter(seed, "fabric_data_channel_streams_total", outcome="shed") > shed, "the kept connection counted as shed", 30)
+        kept.close()
+    finally:
+        for sock in others:
+            sock.close()
         seed.stop()
 
 
