@@ -22,16 +22,20 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from adapter_fabric.client.node_client import UPLOAD_PIECE  # a file of one Stage data message gains nothing from a resume
 from adapter_fabric.client.results import StageResult
 from adapter_fabric.errors import FabricError, IntegrityError, InvalidArgument
 from adapter_fabric.store.digests import WEIGHTS_FILE, whole_file_blake3
 from adapter_fabric.v1 import fabric_pb2
 
-if TYPE_CHECKING:
-    from adapter_fabric.client.node_client import NodeClient
+
+class Stager(Protocol):
+    """What ``BatchStage`` needs of a client (``NodeClient``)."""
+
+    def upload_target(self, adapter_id: str, blake3: str) -> fabric_pb2.UploadOffsetResponse: ...
+
+    def stage(self, adapter_dir: Path, adapter_id: str, *, timeout: float | None = ..., target: Any = ...) -> StageResult: ...
 
 #: concurrent Stage calls by default, and at most: past ~32 the node's I/O threads are the limit, not its disk
 DEFAULT_WORKERS = 16
@@ -69,15 +73,17 @@ class BatchStage:
     --chunk-size refuses the root declared at the old one (IntegrityError): that adapter is staged again, asking.
     """
 
-    def __init__(self, client: NodeClient, timeout: float | None) -> None:
+    def __init__(self, client: Stager, timeout: float | None, piece_size: int) -> None:
+        """``piece_size``: bytes of one Stage data message (``node_client.UPLOAD_PIECE``): a file this small gains nothing from a resume."""
         self.client = client
         self.timeout = timeout
+        self.piece_size = piece_size
         self._first: fabric_pb2.UploadOffsetResponse | None = None  # the batch's first answer
         self._asking = threading.Lock()  # the batch's workers start together: one asks, the others wait for its answer
 
     def __call__(self, directory: Path, adapter_id: str) -> StageResult:
         weights = directory / WEIGHTS_FILE
-        if not weights.is_file() or weights.stat().st_size > UPLOAD_PIECE:
+        if not weights.is_file() or weights.stat().st_size > self.piece_size:
             return self.client.stage(directory, adapter_id, timeout=self.timeout)  # the refusal, or a resumable upload
         with self._asking:
             first = self._first

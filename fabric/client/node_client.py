@@ -281,7 +281,7 @@ class NodeClient:
         """
         from adapter_fabric.client.bulk import BatchStage, stage_many
 
-        return stage_many(BatchStage(self, timeout), items, workers, on_done)
+        return stage_many(BatchStage(self, timeout, UPLOAD_PIECE), items, workers, on_done)
 
     def unstage(self, adapter_id: str, *, timeout: float | None = None) -> bool:
         """Remove an id from the node's store; True when its bytes went too (no other id shares them). ``timeout`` as ``locate``."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from adapter_fabric.client.bulk import BatchStage
+from adapter_fabric.client.node_client import UPLOAD_PIECE
 from adapter_fabric.errors import InvalidArgument
 from adapter_fabric.harness.bench import make_small_adapters
 from adapter_fabric.harness.cluster import LocalNode
@@ -142,7 +143,7 @@ def test_a_batch_of_small_adapters_asks_upload_offset_once(tmp_path, adapters) -
 def test_a_batch_that_learnt_another_chunk_size_stages_each_adapter_again_asking(tmp_path, adapters) -> None:
     """A node restarted mid-batch with another --chunk-size refuses the root declared at the old one: staged again, asking."""
     with LocalNode(tmp_path / "n", model="none", extra_args=["--metrics-listen", "127.0.0.1:0"]) as node, node.client() as c:
-        stage = BatchStage(c, None)
+        stage = BatchStage(c, None, UPLOAD_PIECE)
         stage._first = fabric_pb2.UploadOffsetResponse(offset=0, chunk_size=8 << 20, digest_scheme=DIGEST_SCHEME)  # not the node's
         results = [stage(d, f"again/{d.name}") for d in adapters[:3]]
         assert [r.adapter_id for r in results] == [f"again/{d.name}" for d in adapters[:3]]
