@@ -40,7 +40,9 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("term"), 2, slots=2, max_rank=16) as started:
+    """Two nodes as a mesh (``--homes 0``, an operator's choice): a Stage stays on its node, so the pulls below move bytes
+    to show progress for (and to interrupt). With placement (the default) a Stage would reach both nodes, its homes."""
+    with LocalCluster(tmp_path_factory.mktemp("term"), 2, slots=2, max_rank=16, extra_args=["--homes", "0"]) as started:
         yield started
 
 
