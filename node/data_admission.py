@@ -1,7 +1,8 @@
 """Which connections the data channel keeps: counted from accept, bounded per source address and in all, idle ones shed first.
 
-A connection is *idle* from its accept until its hello has been read (its TLS handshake included): an
-honest peer sends its hello at once, so idle connections are what a flood of silent sockets is made of. At
+A connection is *idle* from its accept until its hello has been read (its TLS handshake included), and again
+between two requests on a kept connection: an honest peer sends its hello at once, so idle connections are
+what a flood of silent sockets is made of, and a kept one costs its puller only a new connect when shed. At
 a bound, the oldest idle connection (of the same source, at the per-source bound) is shed to make room;
 only when none is idle is the new connection refused. Counting starts at accept, not at the end of a TLS
 handshake: 2,000 silent TLS connections once held ~400 MB and the node's descriptors, uncounted.
@@ -60,6 +61,11 @@ class Admission:
         """``key`` sent its hello: no longer idle (never shed)."""
         if key in self._open:
             self._open[key] = (self._open[key][0], False)
+
+    def idle(self, key: Hashable) -> None:
+        """``key`` finished a request and waits for its next one: idle again (shed first)."""
+        if key in self._open:
+            self._open[key] = (self._open[key][0], True)
 
     def leave(self, key: Hashable) -> None:
         """``key`` closed (or was shed)."""

@@ -1,6 +1,6 @@
 """The node's data channel: Fetch's chunk bytes on a TCP port of their own (``adapter_fabric.transport.data_frames``).
 
-Each connection carries one request. The node answers it with the same pieces
+Each connection carries requests one after another. The node answers each with the same pieces
 a gRPC Fetch sends (``PeerReads.pieces``: committed blobs verified at rest,
 the verified chunks of a download still arriving, super-seeding picks), and
 writes a committed blob's chunks with ``loop.sendfile``: the kernel copies
@@ -16,6 +16,12 @@ holding no buffer and no TLS state; a first byte, handshake and hello that
 must come within ``HELLO_TIMEOUT_S``; and a reader that stops reading is cut
 once a frame has waited ``write_stall`` seconds (the node's --stall-timeout)
 plus its length at ``MIN_READ_RATE``.
+
+A puller that asks for it (``DataHello.keep_open``) sends its next request on the same connection once a stream
+ended well (END): a swarm's requests are one or two chunks, and a connection each cost as much CPU as the copies
+the channel saves. Between requests the connection is idle again (shed first at a bound, as one that never sent a
+hello) and is closed after ``KEEP_OPEN_S`` without a request; every request is admitted on its own hello (token,
+policy, streams per peer). A refusal or a broken stream still ends the connection.
 """
 
 from __future__ import annotations
@@ -36,13 +42,16 @@ from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.rpc.security import BEHALF_WITHOUT_POLICY, BearerAuth
 from adapter_fabric.rpc.status import error_detail, public_message
 from adapter_fabric.transport import data_frames
+from adapter_fabric.v1 import fabric_pb2
 
-__all__ = ["DataServer", "HELLO_TIMEOUT_S", "MAX_CONNECTIONS", "MAX_CONNECTIONS_PER_SOURCE", "MIN_READ_RATE"]
+__all__ = ["DataServer", "HELLO_TIMEOUT_S", "KEEP_OPEN_S", "MAX_CONNECTIONS", "MAX_CONNECTIONS_PER_SOURCE", "MIN_READ_RATE"]
 
 log = logging.getLogger("fabric.node.data")
 
 #: bytes/s below which a reader counts as stalled
 MIN_READ_RATE = 64 << 10
+#: seconds a kept connection waits for its next request before the node closes it
+KEEP_OPEN_S = 30.0
 
 
 def _sans(writer: asyncio.StreamWriter) -> list[str]:
@@ -52,7 +61,7 @@ def _sans(writer: asyncio.StreamWriter) -> list[str]:
 
 
 class DataServer:
-    """Serves ``PeerReads.pieces`` on a TCP (or TLS) port; one request per connection."""
+    """Serves ``PeerReads.pieces`` on a TCP (or TLS) port; requests one after another on a connection kept open."""
 
     def __init__(
         self, reads: PeerReads, streams: PeerStreamLimit, *, auth: BearerAuth | AccessGate | None = None, tls: ssl.SSLContext | None = None,
@@ -86,9 +95,39 @@ class DataServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: Connection, hello_within: float) -> None:
         host = connection.host
-        counted = clean = False
+        clean = False
         try:
-            hello = await asyncio.wait_for(self._hello(reader), hello_within)
+            prefix = None
+            while True:
+                clean, keep = await self._request(reader, writer, connection, hello_within, prefix)
+                if not keep:
+                    return
+                self.listener.admission.idle(connection)  # between requests: shed first, as a connection without a hello
+                prefix = await self._next_request(reader)
+                if prefix is None:
+                    return  # the puller closed it, or sent nothing for KEEP_OPEN_S
+                hello_within = HELLO_TIMEOUT_S
+        except asyncio.TimeoutError:
+            log.debug("data channel connection from %s cut: its next hello did not end in %gs", host, HELLO_TIMEOUT_S)
+            clean = False
+        except (ConnectionError, ssl.SSLError, OSError) as exc:
+            log.debug("data channel connection from %s broke between requests: %s", host, exc)
+            clean = False
+        finally:  # a cancel (shed while idle, or the node stopping) passes through here too, and goes on
+            self._open.discard(writer)
+            if clean:
+                writer.close()  # what is written still goes out
+            else:
+                writer.transport.abort()  # a reader that stopped: drop what waits for it
+
+    async def _request(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: Connection, hello_within: float, prefix: bytes | None,
+    ) -> tuple[bool, bool]:
+        """Read one hello and answer it: ``(clean, keep)``: the connection may close gracefully; it may carry another request."""
+        host = connection.host
+        counted = False
+        try:
+            hello = await asyncio.wait_for(self._hello(reader, prefix), hello_within)
             self.listener.admission.busy(connection)  # no longer idle: never shed
             self._open.add(writer)
             still = None
@@ -108,29 +147,39 @@ class DataServer:
                         await still.check()  # a policy reload since: the next chunk goes only if it still allows the stream
                     await self._send(writer, piece)
             DATA_STREAMS_SERVED.labels("ok").inc()
-            clean = True
+            return True, hello.keep_open
         except FabricError as exc:
             DATA_STREAMS_SERVED.labels("refused").inc()
             log.info("data channel stream from %s refused: %s: %s", host, type(exc).__name__, exc)
-            clean = await self._refuse(writer, exc)
+            return await self._refuse(writer, exc), False
         except asyncio.TimeoutError:
             DATA_STREAMS_SERVED.labels("broken").inc()
             log.info("data channel stream to %s cut: it read nothing for %gs (or sent no hello in %gs)", host, self.write_stall, HELLO_TIMEOUT_S)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as exc:
             DATA_STREAMS_SERVED.labels("broken").inc()
             log.debug("data channel stream to %s broke: %s", host, exc)
-        finally:  # a cancel (shed while idle, or the node stopping) passes through here too, and goes on
+        finally:
             self._open.discard(writer)
             if counted:
                 self.streams.leave(host)
-            if clean:
-                writer.close()  # what is written still goes out
-            else:
-                writer.transport.abort()  # a reader that stopped: drop what waits for it
+        return False, False
 
-    async def _hello(self, reader: asyncio.StreamReader):
+    async def _next_request(self, reader: asyncio.StreamReader) -> bytes | None:
+        """The first bytes of a kept connection's next hello; None when the puller closed it or sent none for KEEP_OPEN_S."""
         try:
-            length = data_frames.hello_length(await reader.readexactly(data_frames.HELLO_PREFIX.size))
+            return await asyncio.wait_for(reader.readexactly(data_frames.HELLO_PREFIX.size), KEEP_OPEN_S)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise ConnectionResetError("the connection closed inside a hello") from None
+            return None
+        except asyncio.TimeoutError:
+            return None
+
+    async def _hello(self, reader: asyncio.StreamReader, prefix: bytes | None = None) -> fabric_pb2.DataHello:
+        try:
+            if prefix is None:
+                prefix = await reader.readexactly(data_frames.HELLO_PREFIX.size)
+            length = data_frames.hello_length(prefix)
             hello = data_frames.decode_hello(await reader.readexactly(length))
         except asyncio.IncompleteReadError:
             raise InvalidArgument("the data channel connection closed before its hello ended") from None

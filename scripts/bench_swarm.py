@@ -3,6 +3,7 @@
 
     sudo .venv/bin/python scripts/bench_swarm.py                      # 8 and 16 nodes, 200 Mbit/s links
     sudo .venv/bin/python scripts/bench_swarm.py --nodes 16 --rate-mbit 100
+    sudo .venv/bin/python scripts/bench_swarm.py --nodes 16 --skip-star --baseline 277762c --rounds 3   # before/after, in turn
 
 Per node count: N store-only nodes (``--model none``), each in its own network
 namespace, joined through a bridge; every link limited with tc tbf in both
@@ -12,6 +13,10 @@ seed. Side by side, in one run on the same nodes:
 - single: one node pulls from the seed alone (the link-speed baseline);
 - swarm:  every other node pulls at once, from the seed and from each other;
 - star:   every other node pulls at once from the seed alone.
+
+With ``--baseline REV`` the node processes of each run alternate between
+that revision's package (``adapter_fabric.harness.baseline``) and this
+tree's, ``--rounds`` times each, on the same namespaces and links.
 
 Printed: each mode's slowest node, and ratios against single; under each
 mode, what the pulls' traces (FABRIC_PULL_TRACE) say: seed repeats, when every
@@ -32,6 +37,7 @@ import time
 from pathlib import Path
 
 from adapter_fabric.harness import netlab
+from adapter_fabric.harness.baseline import baseline_env
 from adapter_fabric.harness.bench import make_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,9 +62,10 @@ def inner(args: argparse.Namespace) -> dict:
         LocalNode(
             work / f"n{i}", model="none", host=lab.node_ip(i), port=PORT, netns=lab.node_ns(i),
             peers=[a for a in addresses if a != addresses[i]],
-            # --homes 0: the seed's Stage stays on the seed (with placement it would be pushed to its homes before the rollout)
+            # --homes 0: the seed's Stage stays on the seed (with placement it would be pushed to its homes before the rollout);
+            # every revision since issue 32 (413ef82) takes it, so a --node-pythonpath baseline does too
             extra_args=["--chunk-size", str(args.chunk_kib << 10), "--log-level", "WARNING", "--stall-timeout", "30", "--homes", "0"],
-            env={"FABRIC_PULL_TRACE": str(trace_dir)},
+            env={"FABRIC_PULL_TRACE": str(trace_dir), **({"PYTHONPATH": args.node_pythonpath} if args.node_pythonpath else {})},
         )
         for i in range(args.count)
     ]  # fmt: skip
@@ -200,7 +207,7 @@ def format_trace(t: dict) -> str:
 # ------------------------------------------------------------------ outer: sets up and tears down
 
 
-def run_count(args: argparse.Namespace, count: int, adapter: Path) -> dict:
+def run_count(args: argparse.Namespace, count: int, adapter: Path, pythonpath: str = "") -> dict:
     lab = netlab.NetLab(args.prefix, count, args.rate_mbit, subnet=args.subnet)
     try:
         lab.up()
@@ -210,6 +217,7 @@ def run_count(args: argparse.Namespace, count: int, adapter: Path) -> dict:
             *lab.exec_prefix(lab.ctl), sys.executable, str(Path(__file__).resolve()), "--inner",
             "--prefix", args.prefix, "--count", str(count), "--rate-mbit", str(args.rate_mbit), "--chunk-kib", str(args.chunk_kib),
             "--adapter", str(adapter), "--work", str(work), "--subnet", args.subnet, "--keep-traces", args.keep_traces, *(["--skip-star"] if args.skip_star else []),
+            "--node-pythonpath", pythonpath,
         ]  # fmt: skip
         out = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         if out.returncode != 0:
@@ -231,7 +239,10 @@ def main() -> None:
     parser.add_argument("--work", default="/dev/shm/fabric-bench-swarm", help="node stores and logs (tmpfs keeps the disk out of the figures)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep-traces", default="", help="copy each mode's pull traces under this directory")
+    parser.add_argument("--baseline", default="", help="a git revision: its nodes run in turn with this tree's, on the same links")
+    parser.add_argument("--rounds", type=int, default=1, help="with --baseline: runs of each tree, in turn")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--node-pythonpath", default="", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--adapter", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,23 +257,34 @@ def main() -> None:
     # SIGTERM unwinds like Ctrl-C, so the finally blocks remove namespaces and processes.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     adapter = make_adapter(Path(args.work) / "adapter", args.size_mib)
+    trees = [("this tree", "")]
+    if args.baseline:
+        trees.insert(0, (f"baseline {args.baseline}", baseline_env(ROOT, args.baseline, Path(args.work) / "baseline")["PYTHONPATH"]))
     results = []
     try:
         for count in [int(c) for c in args.nodes.split(",")]:
-            print(f"{count} nodes, {args.rate_mbit:g} Mbit/s links, {args.size_mib} MiB adapter, {args.chunk_kib} KiB chunks:", file=sys.stderr, flush=True)
-            results.append(run_count(args, count, adapter))
+            for round_ in range(args.rounds if args.baseline else 1):
+                for tree, pythonpath in trees:
+                    print(f"{count} nodes, {args.rate_mbit:g} Mbit/s links, {args.size_mib} MiB adapter, {args.chunk_kib} KiB chunks ({tree}, round {round_ + 1}):", file=sys.stderr, flush=True)
+                    results.append({**run_count(args, count, adapter, pythonpath), "tree": tree})
     finally:
         subprocess.run(["rm", "-rf", args.work])
     print()
-    print("| nodes | link | mode | receivers | slowest s | median s | fastest s | slowest / single |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("| tree | nodes | link | mode | receivers | slowest s | median s | fastest s | slowest / single |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    ratios: dict[tuple[str, int, str], list[float]] = {}
     for result in results:
         single = result["rows"][0]["slowest_s"]
         for row in result["rows"]:
+            ratios.setdefault((result["tree"], result["count"], row["mode"]), []).append(row["slowest_s"] / single)
             print(
-                f"| {result['count']} | {result['rate_mbit']:g} Mbit/s | {row['mode']} | {row['nodes']} | {row['slowest_s']:.2f} | "
+                f"| {result['tree']} | {result['count']} | {result['rate_mbit']:g} Mbit/s | {row['mode']} | {row['nodes']} | {row['slowest_s']:.2f} | "
                 f"{row['median_s']:.2f} | {row['fastest_s']:.2f} | {row['slowest_s'] / single:.2f} |"
             )
+    if len(results) > 1:
+        print()
+        for (tree, count, mode), values in ratios.items():
+            print(f"{tree}, {count} nodes, {mode}: slowest / single, median of {len(values)}: {sorted(values)[len(values) // 2]:.2f} ({', '.join(f'{v:.2f}' for v in values)})")
     if args.json:
         print(json.dumps(results, indent=2))
 

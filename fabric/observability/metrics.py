@@ -53,6 +53,10 @@ DATA_FALLBACKS = Counter(
     "fabric_data_channel_fallbacks_total", "Fetches sent over gRPC because a peer's announced data channel could not be reached (connect, tls), refused the stream as busy (busy), or broke before its first frame (broken), by reason.",
     ["reason"], registry=REGISTRY,
 )
+DATA_CONNECTIONS = Counter(
+    "fabric_data_channel_connections_total", "Data channel streams this node opened to peers, by connection: new (a connect) or kept (one an earlier stream to the same peer left open).",
+    ["connection"], registry=REGISTRY,
+)
 DATA_STREAMS_SERVED = Counter("fabric_data_channel_streams_total", "Streams this node's data channel answered, by outcome (ok, refused, broken; shed: an idle connection closed to make room).", ["outcome"], registry=REGISTRY)
 STAGES = Counter("fabric_stage_uploads_total", "Stage uploads from clients, by outcome.", ["outcome"], registry=REGISTRY)
 STAGE_BYTES = Counter("fabric_stage_received_bytes_total", "Adapter bytes received by Stage.", registry=REGISTRY)

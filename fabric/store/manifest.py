@@ -189,7 +189,7 @@ class Manifest:
     # ------------------------------------------------------------- json
 
     def to_json(self) -> bytes:
-        """The store's on-disk form (canonical JSON)."""
+        """The store's on-disk form (canonical JSON: sorted keys, no whitespace)."""
         raw = {
             "format": _JSON_FORMAT,
             "adapter_id": self.adapter_id,
@@ -202,7 +202,8 @@ class Manifest:
                 {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "begin": t.begin, "end": t.end} for t in self.tensors
             ],
         }
-        return json.dumps(raw, indent=1, sort_keys=True).encode("utf-8")
+        # Compact: json's C encoder does not indent, and the pure-Python one took ~5 ms per pull of a 448-tensor adapter.
+        return json.dumps(raw, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:

@@ -113,6 +113,8 @@ class PeerChannels:
     def close(self) -> None:
         if not self._owner:
             return
+        if self.data is not None:
+            self.data.close()
         with self._pool.lock:
             for channel in self._pool.channels.values():
                 channel.close()

@@ -2,8 +2,9 @@
 
 A node announces its channel's port beside its gRPC replies
 (``fetch_metadata.DATA_PORT_KEY``); ``DataChannels`` remembers it per peer and
-opens one connection per Fetch (``adapter_fabric.transport.data_frames``: a hello,
-then frames). Each chunk is read with ``recv_into`` into one buffer per call,
+sends each Fetch as a hello, then reads frames (``adapter_fabric.transport.data_frames``),
+on a connection kept from an earlier request to the same peer when there is
+one (``idle_connections``), else on a new one. Each chunk is read with ``recv_into`` into one buffer per call,
 which the caller verifies and writes from before asking for the next
 (``swarm_fetch``): the bytes are not copied in user space on the way.
 
@@ -27,11 +28,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from adapter_fabric.errors import FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
-from adapter_fabric.observability.metrics import DATA_FALLBACKS
+from adapter_fabric.observability.metrics import DATA_CONNECTIONS, DATA_FALLBACKS
 from adapter_fabric.rpc.status import error_from_detail
 from adapter_fabric.store.lock_watch import check_no_store_lock
 from adapter_fabric.transport import data_frames, fetch_metadata
 from adapter_fabric.transport.discovery import split_host_port
+from adapter_fabric.transport.idle_connections import IdleConnections
 from adapter_fabric.transport.membership import Membership
 from adapter_fabric.v1 import fabric_pb2
 
@@ -76,6 +78,7 @@ class DataChannels:
         self._token = token or ""
         self._tls_name = tls_name
         self._members = members
+        self._idle = IdleConnections()
         self._ports: dict[str, int] = {}
         self._down_until: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -117,13 +120,38 @@ class DataChannels:
         port = self.port(peer)
         if port is None:
             return None
-        host = split_host_port(peer)[0]
         member = self._members is None or self._members.admits(peer)
         hello = fabric_pb2.DataHello(token=self._token, fetch=request, on_behalf_of=behalf) if member else fabric_pb2.DataHello(fetch=request)
-        tls = self._tls if member else self._anonymous_tls
+        hello.keep_open = True
         if holder is not None:
             hello.holder_port, hello.holder_bitmap = holder
         check_no_store_lock(f"a data channel stream from {peer}")
+        sent = data_frames.encode_hello(hello)
+        key = (peer, port, member)  # a kept connection carries the credentials it was opened with
+        kept = self._idle.take(key)
+        if kept is not None:
+            try:
+                kept.sendall(sent)
+            except OSError:
+                kept.close()
+                kept = None
+
+        def connect() -> socket.socket | None:
+            return self._connect(peer, port, self._tls if member else self._anonymous_tls, sent)
+
+        sock = kept if kept is not None else connect()
+        if sock is None:
+            return None
+        DATA_CONNECTIONS.labels("new" if kept is None else "kept").inc()
+        on_refusal = (lambda reason, exc: self.fall_back(peer, reason, exc, BUSY_RETRY_AFTER_S)) if fallback is not None else None
+        return DataCall(
+            sock, peer, port, chunk_size, fallback, on_refusal,
+            keep=lambda done: self._idle.put(key, done), reconnect=connect if kept is not None else None,
+        )
+
+    def _connect(self, peer: str, port: int, tls: ssl.SSLContext | None, hello: bytes) -> socket.socket | None:
+        """A new connection to ``peer``'s channel with ``hello`` sent; None when it cannot be reached (the peer is then fetched from over gRPC)."""
+        host = split_host_port(peer)[0]
         try:
             sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:
@@ -134,7 +162,7 @@ class DataChannels:
             if tls is not None:
                 sock = tls.wrap_socket(sock, server_hostname=self._tls_name or host)
             sock.settimeout(READ_TIMEOUT_S)
-            sock.sendall(data_frames.encode_hello(hello))
+            sock.sendall(hello)
         except ssl.SSLError as exc:  # the same certificates as gRPC: a mismatch is a configuration error, named
             sock.close()
             self.fall_back(peer, "tls", exc)
@@ -143,8 +171,11 @@ class DataChannels:
             sock.close()
             self.fall_back(peer, "connect", exc)
             return None
-        on_refusal = (lambda reason, exc: self.fall_back(peer, reason, exc, BUSY_RETRY_AFTER_S)) if fallback is not None else None
-        return DataCall(sock, peer, port, chunk_size, fallback, on_refusal)
+        return sock
+
+    def close(self) -> None:
+        """Close the connections kept between requests."""
+        self._idle.close()
 
 
 class DataCall:
@@ -152,13 +183,20 @@ class DataCall:
 
     ``data`` is a view of the call's one buffer: valid until the next item is asked for. With a ``fallback``, a stream
     refused as busy or broken before its first frame becomes that gRPC call (``on_refusal`` is told why, first).
+    ``keep`` takes the connection once its stream ended well (END), for the next request; ``reconnect`` (given when the
+    connection was kept from an earlier request) opens a new one with the same hello sent, for when the kept one turns
+    out closed before the first frame (the node let it go in the meantime: not a failure of the peer).
     """
 
     def __init__(
         self, sock: socket.socket, peer: str, port: int, chunk_size: int,
         fallback: Fallback | None = None, on_refusal: Callable[[str, BaseException], None] | None = None,
+        *, keep: Callable[[socket.socket], None] | None = None, reconnect: Callable[[], socket.socket | None] | None = None,
     ) -> None:
         self._sock = sock
+        self._keep = keep
+        self._reconnect = reconnect
+        self._end_lock = threading.Lock()  # a cancel from another thread never cuts a connection already kept
         self._peer = peer
         self._port = port
         self._chunk_size = chunk_size
@@ -208,7 +246,7 @@ class DataCall:
             return
         self._began = True
         try:
-            header = self._next_header()
+            header = self._first_header()
             if header[0] == data_frames.ERROR:
                 error = self._error(header[2])
                 if isinstance(error, QuotaExceeded) and self._switch("busy", error):
@@ -221,6 +259,25 @@ class DataCall:
             self._fail(exc)
         except IntegrityError as exc:
             self._fail(exc)
+
+    def _first_header(self) -> tuple[int, int, int]:
+        """The first frame's header; a kept connection found closed is replaced by a new one, once, the same hello sent."""
+        try:
+            return self._next_header()
+        except DataChannelFailed:
+            reconnect, self._reconnect = self._reconnect, None
+            if reconnect is None or self._cancelled:
+                raise
+        self._sock.close()
+        sock = reconnect()
+        if sock is None:  # unreachable now: the caller's fallback (gRPC) takes the request
+            raise DataChannelFailed(PeerUnavailable(f"{self._peer}: the data channel could not be reached again"))
+        DATA_CONNECTIONS.labels("new").inc()
+        with self._end_lock:
+            self._sock = sock
+        if self._cancelled:
+            self.cancel()
+        return self._next_header()
 
     def _switch(self, reason: str, error: FabricError) -> bool:
         """Become the gRPC call of the same request (nothing of it was received here); False when there is none to become."""
@@ -264,7 +321,7 @@ class DataCall:
                 return offset, view
             if kind == data_frames.END:
                 self._trailer = data_frames.decode_end(self._payload(length))
-                self.close()
+                self._release()
                 raise StopIteration
             if kind == data_frames.ERROR:
                 raise DataChannelFailed(self._error(length))
@@ -305,15 +362,29 @@ class DataCall:
         if self._grpc is not None:
             self._grpc.cancel()
             return
-        if self._closed:
-            return
-        try:
-            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)  # the base method: an SSL socket keeps its state for the reader
-        except OSError:
-            pass
+        with self._end_lock:
+            if self._closed:
+                return
+            try:
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)  # the base method: an SSL socket keeps its state for the reader
+            except OSError:
+                pass
+
+    def _release(self) -> None:
+        """The stream ended well: the connection goes to ``keep`` for the next request (closed when cancelled or not kept)."""
+        with self._end_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._keep is None or self._cancelled:
+                self._sock.close()
+                return
+        self._keep(self._sock)
 
     def close(self) -> None:
         """Release the connection (the stream ended)."""
-        if not self._closed:
+        with self._end_lock:
+            if self._closed:
+                return
             self._closed = True
-            self._sock.close()
+        self._sock.close()

@@ -18,7 +18,9 @@ length-prefixed pieces), is a fixed header and then raw bytes:
   ``END``    the stream ended well; payload = what the node holds (``b"C"`` all, ``b"V"`` + bitmap, or empty)
   ``ERROR``  the stream ended with an error; payload = a serialized ``ErrorDetail`` (as Fetch's trailer)
 
-A connection carries one request; the node closes it after ``END`` or ``ERROR``.
+A connection carries requests one after another: after ``END``, a puller that set ``DataHello.keep_open`` may send its
+next hello on it (a node that does not keep connections closes it, and the puller connects again). The node closes it
+after ``ERROR``, and after ``node.data_server.KEEP_OPEN_S`` without a hello.
 """
 
 from __future__ import annotations

@@ -632,15 +632,17 @@ class ErrorDetail(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ...) -> None: ...
 
 class DataHello(_message.Message):
-    __slots__ = ("token", "fetch", "holder_port", "holder_bitmap", "on_behalf_of")
+    __slots__ = ("token", "fetch", "holder_port", "holder_bitmap", "on_behalf_of", "keep_open")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
     HOLDER_PORT_FIELD_NUMBER: _ClassVar[int]
     HOLDER_BITMAP_FIELD_NUMBER: _ClassVar[int]
     ON_BEHALF_OF_FIELD_NUMBER: _ClassVar[int]
+    KEEP_OPEN_FIELD_NUMBER: _ClassVar[int]
     token: str
     fetch: FetchRequest
     holder_port: int
     holder_bitmap: bytes
     on_behalf_of: str
-    def __init__(self, token: _Optional[str] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., holder_port: _Optional[int] = ..., holder_bitmap: _Optional[bytes] = ..., on_behalf_of: _Optional[str] = ...) -> None: ...
+    keep_open: bool
+    def __init__(self, token: _Optional[str] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., holder_port: _Optional[int] = ..., holder_bitmap: _Optional[bytes] = ..., on_behalf_of: _Optional[str] = ..., keep_open: _Optional[bool] = ...) -> None: ...

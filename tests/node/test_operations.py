@@ -292,7 +292,8 @@ def test_an_abandoned_upload_expires_and_its_bytes_leave_the_quota(tmp_path, ada
         assert json.loads(cli.stdout)["uploads"][0]["adapter_id"] in ("left/behind", "")  # expiry may race the CLI
         after = wait_for(lambda: (lambda s: s if not s.uploads else None)(client.store_status()), "the upload to expire")
         assert after.used_bytes <= held.used_bytes - held.uploads[0].bytes
-        samples = scrape(node)
+        # counted once the hygiene pass that removed it returns: a scrape right after StoreStatus can come first
+        samples = wait_for(lambda: (lambda s: s if value(s, "fabric_store_expired_total", kind="upload") else None)(scrape(node)), "the expiry counted")
         assert value(samples, "fabric_store_expired_total", kind="upload") == 1
         assert value(samples, "fabric_store_expired_bytes_total") == held.uploads[0].bytes
         assert value(samples, "fabric_store_used_bytes") == after.used_bytes
