@@ -3,6 +3,7 @@
 
     python scripts/bench_stage.py --adapters 500 --workers 16
     python scripts/bench_stage.py --adapters 10000 --workers 32 --baseline t30 --rounds 2   # before/after, bulk only
+    python scripts/bench_stage.py --adapters 5000 --workers 32 --ask-each --rounds 3   # the client's UploadOffset per adapter, or not
 
 Real store-only node processes on loopback (``adapter_fabric.harness.cluster``), a
 fresh store each: the first stages every adapter one after another
@@ -27,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from adapter_fabric.client.bulk import stage_many  # noqa: E402
 from adapter_fabric.harness.baseline import baseline_env  # noqa: E402
 from adapter_fabric.harness.bench import make_small_adapters  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode  # noqa: E402
@@ -36,10 +38,11 @@ MAX_ADAPTERS = 20_000
 MAX_WORKERS = 64
 
 
-def run(root: Path, name: str, dirs: list[Path], workers: int, env: dict[str, str] | None = None) -> float:
+def run(root: Path, name: str, dirs: list[Path], workers: int, env: dict[str, str] | None = None, ask_each: bool = False) -> float:
     """Adapters per second staging ``dirs`` into a fresh node (one at a time when ``workers`` is 0); checks they survive a restart.
 
-    ``env``: the node's environment (``adapter_fabric.harness.baseline``: another revision's package)."""
+    ``env``: the node's environment (``adapter_fabric.harness.baseline``: another revision's package). ``ask_each``: the bulk
+    path as the client ran it before ``BatchStage``, with an UploadOffset call per adapter."""
     node = LocalNode(root / name, model="none", env=env).start()
     try:
         with node.client() as client:
@@ -49,7 +52,7 @@ def run(root: Path, name: str, dirs: list[Path], workers: int, env: dict[str, st
                 for directory, adapter_id in items:
                     client.stage(directory, adapter_id)
             else:
-                result = client.stage_many(items, workers=workers)
+                result = stage_many(lambda d, i: client.stage(d, i), items, workers) if ask_each else client.stage_many(items, workers=workers)
                 if result.failed:
                     raise SystemExit(f"{name}: {len(result.failed)} failed, first {result.failed[0].adapter_id}: {result.failed[0].error}")
             seconds = time.perf_counter() - started
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", default="", help="a git revision: its node's bulk path measured beside this tree's, in turn")
     parser.add_argument("--rounds", type=int, default=1, help="with --baseline: each bulk run this many times, in turn (medians)")
     parser.add_argument("--bulk-only", action="store_true", help="leave out the one-at-a-time row (slow at thousands)")
+    parser.add_argument("--ask-each", action="store_true", help="the bulk path with an UploadOffset call per adapter beside this tree's, in turn")
     args = parser.parse_args(argv)
     if not 1 <= args.adapters <= MAX_ADAPTERS or not 1 <= args.workers <= MAX_WORKERS:
         parser.error(f"--adapters takes 1 to {MAX_ADAPTERS}, --workers 1 to {MAX_WORKERS}")
@@ -81,17 +85,18 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(tmp)
         (root / "adapters").mkdir()
         dirs = make_small_adapters(root / "adapters", args.adapters)
-        if args.baseline:
-            env = baseline_env(ROOT, args.baseline, root / "baseline")
-            rates: dict[str, list[float]] = {args.baseline: [], "this tree": []}
+        if args.baseline or args.ask_each:
+            env = baseline_env(ROOT, args.baseline, root / "baseline") if args.baseline else None
+            base = args.baseline or "UploadOffset per adapter"
+            rates: dict[str, list[float]] = {base: [], "this tree": []}
             for n in range(args.rounds):
-                for label, tree_env in ((args.baseline, env), ("this tree", None)):
-                    rates[label].append(run(root, f"bulk-{label.replace(' ', '-')}-{n}", dirs, args.workers, tree_env))
+                for label, tree_env, ask in ((base, env, args.ask_each), ("this tree", None, False)):
+                    rates[label].append(run(root, f"bulk-{label.replace(' ', '-')}-{n}", dirs, args.workers, tree_env, ask))
                     print(f"round {n + 1} {label}: {rates[label][-1]:.1f} adapters/s", file=sys.stderr, flush=True)
             before, after = (statistics.median(r) for r in rates.values())
             print(f"bulk (stage_many, {args.workers} workers), {args.adapters} adapters, medians of {args.rounds}")
             print(f"| tree | adapters/s | {args.adapters:,} adapters in |\n|---|---:|---:|")
-            for label, rate in ((f"baseline ({args.baseline})", before), ("this tree", after)):
+            for label, rate in ((f"baseline ({base})", before), ("this tree", after)):
                 print(f"| {label} | {rate:.1f} | {args.adapters / rate:.1f} s |")
             print(f"this tree / baseline: {after / before:.2f}x; 10,000 adapters would take {10_000 / after:.0f} s (baseline {10_000 / before:.0f} s)")
             return

@@ -8,18 +8,34 @@ of one per adapter: ``adapter_fabric.store.committer``), which is where one-at-a
 staging spends its time. A failure is one adapter's: it is named in the
 result beside the error, and every other adapter is committed or refused on
 its own.
+
+An adapter of one upload piece (most published adapters: a few MB at most) skips its UploadOffset call
+(``BatchStage``): resuming it would save at most that piece, and the call was a quarter of a small Stage's
+cost on the node.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from adapter_fabric.client.results import StageResult
-from adapter_fabric.errors import FabricError, InvalidArgument
+from adapter_fabric.errors import FabricError, IntegrityError, InvalidArgument
+from adapter_fabric.store.digests import WEIGHTS_FILE, whole_file_blake3
+from adapter_fabric.v1 import fabric_pb2
+
+
+class Stager(Protocol):
+    """What ``BatchStage`` needs of a client (``NodeClient``)."""
+
+    def upload_target(self, adapter_id: str, blake3: str) -> fabric_pb2.UploadOffsetResponse: ...
+
+    def stage(self, adapter_dir: Path, adapter_id: str, *, timeout: float | None = ..., target: Any = ...) -> StageResult: ...
 
 #: concurrent Stage calls by default, and at most: past ~32 the node's I/O threads are the limit, not its disk
 DEFAULT_WORKERS = 16
@@ -48,6 +64,39 @@ class BulkStageResult:
     def ok(self) -> bool:
         """True when every adapter was committed."""
         return not self.failed
+
+
+class BatchStage:
+    """``NodeClient.stage`` for each adapter of a batch; one of one upload piece starts at byte 0 without asking UploadOffset.
+
+    It uses the chunk size the node gave the batch's first UploadOffset. A node restarted meanwhile with another
+    --chunk-size refuses the root declared at the old one (IntegrityError): that adapter is staged again, asking.
+    """
+
+    def __init__(self, client: Stager, timeout: float | None, piece_size: int) -> None:
+        """``piece_size``: bytes of one Stage data message (``node_client.UPLOAD_PIECE``): a file this small gains nothing from a resume."""
+        self.client = client
+        self.timeout = timeout
+        self.piece_size = piece_size
+        self._first: fabric_pb2.UploadOffsetResponse | None = None  # the batch's first answer
+        self._asking = threading.Lock()  # the batch's workers start together: one asks, the others wait for its answer
+
+    def __call__(self, directory: Path, adapter_id: str) -> StageResult:
+        weights = directory / WEIGHTS_FILE
+        if not weights.is_file() or weights.stat().st_size > self.piece_size:
+            return self.client.stage(directory, adapter_id, timeout=self.timeout)  # the refusal, or a resumable upload
+        with self._asking:
+            first = self._first
+            if first is None:  # a small file: hashing it twice costs less than the call
+                self._first = target = self.client.upload_target(adapter_id, whole_file_blake3(weights))
+        if first is None:
+            return self.client.stage(directory, adapter_id, timeout=self.timeout, target=target)  # its own answer: it may resume
+        fresh = fabric_pb2.UploadOffsetResponse(offset=0, chunk_size=first.chunk_size, digest_scheme=first.digest_scheme)
+        try:
+            return self.client.stage(directory, adapter_id, timeout=self.timeout, target=fresh)
+        except IntegrityError:
+            self._first = None  # the node's chunk size may have changed (a restart): ask it again
+            return self.client.stage(directory, adapter_id, timeout=self.timeout)
 
 
 def stage_many(

@@ -199,9 +199,9 @@ class NodeClient:
 
     def upload_offset(self, adapter_id: str, blake3: str) -> int:
         """How many bytes of an interrupted upload of these weights (their whole-file BLAKE3, ``b3sum``) the node holds (0: none)."""
-        return self._upload_target(adapter_id, blake3).offset
+        return self.upload_target(adapter_id, blake3).offset
 
-    def _upload_target(self, adapter_id: str, blake3: str) -> fabric_pb2.UploadOffsetResponse:
+    def upload_target(self, adapter_id: str, blake3: str) -> fabric_pb2.UploadOffsetResponse:
         """The node's kept offset and the chunk size it stages with; a node of another digest scheme is refused by name."""
         reply = self._call(self.stub.UploadOffset, fabric_pb2.UploadOffsetRequest(adapter_id=adapter_id, safetensors_blake3=blake3))
         check_scheme(reply.digest_scheme, f"node {self.address}")
@@ -218,6 +218,7 @@ class NodeClient:
         on_resume: Callable[[int, int], None] | None = None,
         sign_key: bytes | None = None,
         signature: Signed | None = None,
+        target: fabric_pb2.UploadOffsetResponse | None = None,
     ) -> StageResult:
         """Upload a PEFT directory; resumes where an interrupted upload of the same bytes stopped.
 
@@ -228,11 +229,13 @@ class NodeClient:
         and the signature travels with its manifest (``adapter_fabric.trust.signing``). ``signature``: a signature made
         elsewhere (``fabric sign --out``, ``adapter_fabric.trust.signing.sign``), attached instead: it must be over the
         digest these files have at the node's chunk size (``BadSignature`` before any byte is sent otherwise).
+        ``target``: where to start and the node's chunk size, when the caller knows them (``upload_target``; bulk staging's
+        small adapters); None asks the node.
         """
         config_path, weights_path = adapter_files(adapter_dir)
         size = weights_path.stat().st_size
         blake3 = whole_file_blake3(weights_path)  # names the upload before the node's chunk size is known
-        target = self._upload_target(adapter_id, blake3)
+        target = target if target is not None else self.upload_target(adapter_id, blake3)
         offset = target.offset
         if offset and on_resume:
             on_resume(offset, size)
@@ -276,9 +279,9 @@ class NodeClient:
         Returns a ``BulkStageResult``: the committed ``StageResult`` s and each failed adapter named with its error;
         one adapter's failure leaves the others committed. ``timeout`` applies to each adapter's Stage.
         """
-        from adapter_fabric.client.bulk import stage_many
+        from adapter_fabric.client.bulk import BatchStage, stage_many
 
-        return stage_many(lambda d, i: self.stage(d, i, timeout=timeout), items, workers, on_done)
+        return stage_many(BatchStage(self, timeout, UPLOAD_PIECE), items, workers, on_done)
 
     def unstage(self, adapter_id: str, *, timeout: float | None = None) -> bool:
         """Remove an id from the node's store; True when its bytes went too (no other id shares them). ``timeout`` as ``locate``."""

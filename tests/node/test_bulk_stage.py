@@ -14,10 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from adapter_fabric.client.bulk import BatchStage
+from adapter_fabric.client.node_client import UPLOAD_PIECE
 from adapter_fabric.errors import InvalidArgument
 from adapter_fabric.harness.bench import make_small_adapters
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.store import AdapterStore
+from adapter_fabric.store.digests import DIGEST_SCHEME
+from adapter_fabric.v1 import fabric_pb2
+from tests.support.scrape import scrape
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -118,3 +123,30 @@ def test_bulk_arguments_are_bounded() -> None:
         stage_many(never, [], workers=0)
     with pytest.raises(InvalidArgument, match="appear twice.*x/a"):
         stage_many(never, [("d1", "x/a"), ("d2", "x/a")])
+
+
+def upload_offset_calls(node: LocalNode) -> float:
+    return scrape(node).get(("fabric_rpc_duration_seconds_count", frozenset({("method", "UploadOffset")})), 0.0)
+
+
+def test_a_batch_of_small_adapters_asks_upload_offset_once(tmp_path, adapters) -> None:
+    """Resuming an adapter of one upload piece saves nothing; the call cost a quarter of a small Stage (was: one per adapter)."""
+    good = [d for i, d in enumerate(adapters[:60]) if i != BROKEN]
+    with LocalNode(tmp_path / "n", model="none", extra_args=["--metrics-listen", "127.0.0.1:0"]) as node, node.client() as c:
+        result = c.stage_many([(d, f"once/{d.name}") for d in good], workers=32)
+        assert result.ok and len(result.staged) == len(good)
+        assert upload_offset_calls(node) == 1
+        for staged, directory in zip(result.staged, good):  # the same digests a Stage of its own gives
+            assert c.stage(directory, f"alone/{directory.name}").digest == staged.digest
+
+
+def test_a_batch_that_learnt_another_chunk_size_stages_each_adapter_again_asking(tmp_path, adapters) -> None:
+    """A node restarted mid-batch with another --chunk-size refuses the root declared at the old one: staged again, asking."""
+    with LocalNode(tmp_path / "n", model="none", extra_args=["--metrics-listen", "127.0.0.1:0"]) as node, node.client() as c:
+        stage = BatchStage(c, None, UPLOAD_PIECE)
+        stage._first = fabric_pb2.UploadOffsetResponse(offset=0, chunk_size=8 << 20, digest_scheme=DIGEST_SCHEME)  # not the node's
+        results = [stage(d, f"again/{d.name}") for d in adapters[:3]]
+        assert [r.adapter_id for r in results] == [f"again/{d.name}" for d in adapters[:3]]
+        assert upload_offset_calls(node) >= 1
+        listed = {a.adapter_id: a.digest for a in c.list().staged}
+        assert listed == {r.adapter_id: r.digest for r in results}
