@@ -152,6 +152,24 @@ def parse_header(
     return index
 
 
+def check_entries(tensors: tuple[TensorInfo, ...]) -> None:
+    """Entries claimed elsewhere (a manifest's tensor index) held to ``parse_header``'s checks of each entry, without a
+    JSON round trip: a string name that is not ``__metadata__``, a known dtype, integer shape and offsets that agree."""
+    for info in tensors:
+        name = info.name
+        if not isinstance(name, str) or name == METADATA_KEY:
+            raise InvalidHeader(f"{name!r} is not a tensor name")
+        dtype = _parse_dtype(name, info.dtype)
+        shape = _parse_shape(name, list(info.shape) if isinstance(info.shape, tuple) else info.shape)
+        begin, end = _parse_offsets(name, [info.begin, info.end])
+        _check_byte_size(name, dtype, shape, end - begin)
+
+
+def check_layout(tensors: tuple[TensorInfo, ...]) -> None:
+    """Entries in offset order lie end to end from the data section's start (``parse_header``'s layout check)."""
+    _check_contiguous(tensors)
+
+
 def read_index(path: str | os.PathLike[str], *, max_header_bytes: int = MAX_HEADER_BYTES, name: str = "") -> SafetensorsIndex:
     """The index of a safetensors file, reading only its ``8 + N`` header bytes.
 

@@ -9,7 +9,10 @@ transformers architecture works unchanged. Three paths:
   (sliced to its rank, so a low-rank adapter does not pay for padding);
 * a mix: gather each row's A and B (base rows gather the all-zero slot) and
   ``bmm``; one kernel pair per module whatever the number of adapters, where
-  PEFT's ``adapter_names=`` loops over sub-batches.
+  PEFT's ``adapter_names=`` loops over sub-batches. The gathers land in a
+  ``GatherScratch`` the model's modules share (one module runs at a time, under
+  the model lock): a fresh ``[batch, r, in]`` tensor per module cost its
+  allocation and page faults, about three times the copy itself on CPU.
 
 The scaling multiplies the rank-``r`` activations (``B(A(x) * scaling)``, the
 small tensor) and the addition is fused into the second GEMM (``addmm_`` /
@@ -58,13 +61,35 @@ def routed(routing: Routing) -> Iterator[None]:
         _ROUTING.reset(token)
 
 
-class LoraLinear(nn.Module):
-    """Wraps ``base`` and adds ``B(A(x)) * scaling`` from the pool's slot for each row."""
+class GatherScratch:
+    """Reused buffers for a mixed batch's gathered A and B, grown to the largest module and batch seen.
 
-    def __init__(self, base: nn.Linear, pool: SlotPool, module: str) -> None:
+    Shared by every ``LoraLinear`` of one model: its forwards run one at a time (under the model's lock) and
+    its modules one after another, so each module's gathers are spent before the next module's overwrite them.
+    """
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self._device, self._dtype = device, dtype
+        self._buffers = [torch.empty(0, device=device, dtype=dtype) for _ in range(2)]
+
+    def take(self, which: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """A tensor of ``shape`` over buffer ``which`` (0: A, 1: B); its contents are whatever the last user left."""
+        numel = 1
+        for size in shape:
+            numel *= size
+        if self._buffers[which].numel() < numel:
+            self._buffers[which] = torch.empty(numel, device=self._device, dtype=self._dtype)
+        return self._buffers[which][:numel].view(shape)
+
+
+class LoraLinear(nn.Module):
+    """Wraps ``base`` and adds ``B(A(x)) * scaling`` from the pool's slot for each row; ``scratch``: the model's."""
+
+    def __init__(self, base: nn.Linear, pool: SlotPool, module: str, scratch: GatherScratch) -> None:
         super().__init__()
         self.base_layer = base
         self.module_name = module
+        self._scratch = scratch
         # Plain attributes (not submodules or buffers): the pool owns the memory.
         self._a = pool.a(module)
         self._b = pool.b(module)  # [slots + 1, out, max_rank]: the GEMMs read it transposed, without a copy
@@ -97,9 +122,9 @@ class LoraLinear(nn.Module):
             return result.view(-1, result.shape[-1]).addmm_(h.view(-1, r), self._b[s, :, :r].t()).view(result.shape)
         rows = routing.rows
         assert rows is not None, "a mixed routing carries its rows"
-        a = self._a[:, :r].index_select(0, rows)  # [batch, r, in]
-        b = self._b[:, :, :r].index_select(0, rows)  # [batch, out, r]
+        batch = rows.shape[0]
+        a = torch.index_select(self._a[:, :r], 0, rows, out=self._scratch.take(0, (batch, r, self.in_features)))
+        b = torch.index_select(self._b[:, :, :r], 0, rows, out=self._scratch.take(1, (batch, self.out_features, r)))
         scale = self._scaling.index_select(0, rows).view(-1, 1, 1)  # [batch, 1, 1]
-        batch = x.shape[0]
         h = torch.bmm(x.reshape(batch, -1, x.shape[-1]), a.transpose(1, 2)) * scale
         return result.view(batch, -1, result.shape[-1]).baddbmm_(h, b.transpose(1, 2)).view(result.shape)

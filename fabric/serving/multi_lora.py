@@ -16,7 +16,7 @@ from torch import nn
 
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument
 from adapter_fabric.serving.device import resolve_device
-from adapter_fabric.serving.lora_layers import BASE_ROUTING, LoraLinear, Routing, routed
+from adapter_fabric.serving.lora_layers import BASE_ROUTING, GatherScratch, LoraLinear, Routing, routed
 from adapter_fabric.serving.pool import ACTIVE, SlotPool
 from adapter_fabric.serving.slot_adapters import SAFETENSORS_FILE, Fetcher, PoolAdapters, PreparedAdapter, RowSlot
 from adapter_fabric.serving.tiny import DEFAULT_TARGET_MODULES, load_base_model
@@ -57,10 +57,11 @@ class MultiLoraModel(PoolAdapters):
             model_label=type(self.model).__name__,
             fetcher=fetcher,
         )
+        scratch = GatherScratch(self.pool.device, dtype)  # shared: forwards run one at a time, under self.lock
         for name in targets:
             linear = self.model.get_submodule(name)
             assert isinstance(linear, nn.Linear)  # targets holds nn.Linear modules only
-            self.model.set_submodule(name, LoraLinear(linear, self.pool, name))
+            self.model.set_submodule(name, LoraLinear(linear, self.pool, name, scratch))
 
     # ------------------------------------------------------------ bounds
 

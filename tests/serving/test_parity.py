@@ -123,3 +123,26 @@ def test_mixed_batch_matches_peft_adapter_names_forward(family: str, adapter_dir
         expected = ref(input_ids=input_ids, adapter_names=rows).logits
     ours = model.forward(input_ids, [None if r == "__base__" else r for r in rows])
     assert (ours - expected).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_batches_of_other_sizes_and_ranks_in_turn_match_peft(device: str, adapter_dirs, input_ids) -> None:
+    """The gathered A and B of a mixed batch reuse one scratch (``GatherScratch``): batches of 6, 2 and 4 rows, at
+    largest rank 8, 2 and 4, one after another, each match PEFT row by row (nothing left over from the one before)."""
+    family = "llama"
+    dirs = adapter_dirs[family]
+    model = loaded_model(family, dirs, device)
+    refs = {name: peft_logits(family, path, input_ids, device) for name, path in dirs.items()}
+    base = base_logits(family, input_ids, device)
+    batches = [
+        ["all_r8_rslora", "patterns", None, "qv_r4", "layer1_up_r1", "mlp_r2"],  # rank 8
+        ["mlp_r2", None],  # rank 2: smaller views of the same buffers
+        ["qv_r4", "mlp_r2", None, "layer1_up_r1"],  # rank 4
+        ["patterns", "all_r8_rslora", "qv_r4", None, "mlp_r2", "patterns"],  # rank 8 again, other rows
+    ]
+    for rows in batches:
+        ours = model.forward(input_ids[: len(rows)], rows)
+        for i, name in enumerate(rows):
+            ref = base[i] if name is None else refs[name][i]
+            diff = (ours[i] - ref).abs().max().item()
+            assert diff <= TOL, f"{rows}: row {i} ({name or 'base'}) max abs diff {diff:.3g}"
