@@ -11,7 +11,8 @@
 - **Publishing and re-homing** (``publish``, ``announce``, ``watch``): a Stage's node has each home pull the adapter
   from it (a stage-only Promote naming this node, as a hand-off does), and a node that pulled an adapter it is no
   home of tells the homes; after the members change, each former home pushes what it holds to the new homes
-  (``adapter_fabric.transport.rehoming``). Pushes and announcements run in the background, ``CONCURRENT`` at a time,
+  (``adapter_fabric.transport.rehoming``), and a node holding a copy of an id it is no home of (any more) tells the
+  homes that did not know of it. Pushes and announcements run in the background, ``CONCURRENT`` at a time,
   at most ``MAX_QUEUED`` waiting (more are dropped and counted: the lookup still finds the holder that published).
 
 Every call here has a deadline; none runs under a store lock (the peer-call layer checks it).
@@ -57,6 +58,8 @@ CONCURRENT = 2
 MAX_QUEUED = 256
 #: seconds an announcement gets
 ANNOUNCE_TIMEOUT_S = 5.0
+#: announcements one re-homing queues at most (more are counted as dropped: a lookup's fan-out still finds those holders)
+MAX_REHOME_ANNOUNCES = MAX_QUEUED // 2
 #: origin-backed digests remembered (the least recently marked go first: then a copy of one counts as possibly the last)
 MAX_BACKED = 100_000
 #: seconds a starting node waits for the first list of its Service's EndpointSlices (it serves either way after)
@@ -268,9 +271,16 @@ class Homes:
         me = self.view.me
         if me is None or self.is_home(adapter_id):
             return
-        request = fabric_pb2.AnnounceRequest(adapter_id=adapter_id, digest=digest, complete=True, dropped=dropped, address=me)
         for home in self.view.live(self.homes_of(adapter_id)):
-            self._jobs.submit(("announce", adapter_id, home, dropped), partial(self._announce, home, request))
+            self._tell(home, adapter_id, digest, dropped)
+
+    def _tell(self, home: str, adapter_id: str, digest: str, dropped: bool = False) -> bool:
+        """Announce this node's copy of ``adapter_id`` (or its drop) to ``home`` in the background; False when not queued."""
+        me = self.view.me
+        if me is None:
+            return False
+        request = fabric_pb2.AnnounceRequest(adapter_id=adapter_id, digest=digest, complete=True, dropped=dropped, address=me)
+        return self._jobs.submit(("announce", adapter_id, home, dropped), partial(self._announce, home, request))
 
     def _announce(self, home: str, request: fabric_pb2.AnnounceRequest) -> None:
         try:
@@ -352,14 +362,25 @@ class Homes:
             await asyncio.sleep(DNS_REFRESH_S)
 
     def rehome(self, before: Fleet, after: Fleet) -> int:
-        """Push what this node holds to the homes it gained after the members changed (``rehoming.pushes``); how many."""
-        held = sorted({h.adapter_id for h in self.store.held()})
-        plan = rehoming.pushes(held, before, after, self.view.me, self.k)
+        """After the members changed: push what this node holds to the homes it gained (``rehoming.pushes``), then tell the
+        homes that do not know of this node's other copies (``rehoming.announcements``: at most ``MAX_REHOME_ANNOUNCES``,
+        after the pushes, so they never crowd out a push); how many pushes."""
+        digests = {h.adapter_id: h.digest for h in self.store.held()}
+        held = sorted(digests)
         pushes = 0
-        for adapter_id, arrivals in plan.items():
+        for adapter_id, arrivals in rehoming.pushes(held, before, after, self.view.me, self.k).items():
             for home in self.view.live(arrivals):
                 pushes += self.push(adapter_id, home, "rehome")
-        event(log, "members changed: re-homing", members=len(after), held=len(held), pushes=pushes)
+        told = dropped = 0
+        for adapter_id, homes in rehoming.announcements(held, before, after, self.view.me, self.k).items():
+            for home in self.view.live(homes):
+                if told < MAX_REHOME_ANNOUNCES and self._tell(home, adapter_id, digests[adapter_id]):
+                    told += 1
+                else:
+                    dropped += 1
+        if dropped:
+            metrics.ANNOUNCES.labels("dropped").inc(dropped)
+        event(log, "members changed: re-homing", members=len(after), held=len(held), pushes=pushes, announced=told, not_announced=dropped)
         return pushes
 
     def close(self) -> None:

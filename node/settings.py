@@ -150,8 +150,9 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--peers-dns", lambda t: peer_host_port(t) if t else "", "", "NAME:PORT whose addresses are peers too (e.g. a Kubernetes headless service); re-resolved on every pull", ""),
     ("--peers-k8s", k8s_target, "", "[NAMESPACE/]SERVICE:PORT: the Service's ready EndpointSlice addresses are members too, watched through the "
      "Kubernetes API (needs get, list, watch on endpointslices: deploy/rbac.yaml; the namespace defaults to the pod's own)", ""),
-    ("--homes", homes_count, 0, "homes per adapter id among the members (rendezvous hashing; 3 is the usual): a Stage's node pushes it "
-     "there, a pull naming no peer asks them first, eviction keeps their copies last; 0 = no placement (every peer is asked)", ""),
+    ("--homes", homes_count, 3, "homes per adapter id among the members (rendezvous hashing): a Stage's node pushes it "
+     "there, a pull naming no peer asks them first, eviction keeps their copies last; 0 = no placement (every peer is asked, "
+     "the mesh of earlier releases)", ""),
     ("--export-dir", optional_path, None, "keep every staged adapter here as a PEFT directory <id with / as %%2F>/ (hard links; same filesystem as --store), for vLLM or SGLang beside the node", ""),
     ("--engine-url", engine_urls, (), "comma-separated base URLs of inference engines beside this node (e.g. http://127.0.0.1:8000): "
      "what each lists in GET /v1/models is shown by fabric ls and never evicted from the export directory", ""),
@@ -307,7 +308,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: dict[str, str] | 
     if len(values["origin"]) > 16:
         usage_error(f"--origin: at most 16 origins, got {len(values['origin'])}")
     if values["peers_k8s"] and not values["homes"]:
-        usage_error("--peers-k8s needs --homes (1 or more): its EndpointSlices are the members adapters are homed on; without placement the node asks only --peers and --peers-dns")
+        usage_error("--peers-k8s needs --homes (1 or more; 3 by default): its EndpointSlices are the members adapters are homed on; with --homes 0 the node asks only --peers and --peers-dns")
     if values["sglang_url"] and values["export_dir"] is None:
         usage_error("--sglang-url needs --export-dir: SGLang loads the adapters from the node's export directory")
     return NodeSettings(**values)

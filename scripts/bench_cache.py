@@ -158,12 +158,12 @@ def start_cluster(args: argparse.Namespace, work: Path, limit: int) -> list[Loca
     ports = [free_port() for _ in range(args.nodes)]
     addresses = [f"127.0.0.1:{p}" for p in ports]
     quiet = ["--metrics-listen", "127.0.0.1:0", "--log-level", "WARNING"]
-    nodes = [LocalNode(work / "n0", model="none", port=ports[0], extra_args=["--when-full", "refuse", *quiet])]
+    nodes = [LocalNode(work / "n0", model="none", port=ports[0], extra_args=["--when-full", "refuse", "--homes", "0", *quiet])]
     order = random.Random(args.seed + 1)
     for i in range(1, args.nodes):
         others = [a for a in addresses[1:] if a != addresses[i]]
         order.shuffle(others)
-        extra = ["--when-full", "evict", "--max-store-bytes", str(limit), *quiet]
+        extra = ["--when-full", "evict", "--max-store-bytes", str(limit), "--homes", "0", *quiet]  # the mesh: every peer asked
         nodes.append(LocalNode(work / f"n{i}", model="none", port=ports[i], peers=[*others, addresses[0]], extra_args=extra))
     return start_all(nodes)
 

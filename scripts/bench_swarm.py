@@ -62,7 +62,9 @@ def inner(args: argparse.Namespace) -> dict:
         LocalNode(
             work / f"n{i}", model="none", host=lab.node_ip(i), port=PORT, netns=lab.node_ns(i),
             peers=[a for a in addresses if a != addresses[i]],
-            extra_args=["--chunk-size", str(args.chunk_kib << 10), "--log-level", "WARNING", "--stall-timeout", "30"],
+            # --homes 0: the seed's Stage stays on the seed (with placement it would be pushed to its homes before the rollout);
+            # every revision since issue 32 (413ef82) takes it, so a --node-pythonpath baseline does too
+            extra_args=["--chunk-size", str(args.chunk_kib << 10), "--log-level", "WARNING", "--stall-timeout", "30", "--homes", "0"],
             env={"FABRIC_PULL_TRACE": str(trace_dir), **({"PYTHONPATH": args.node_pythonpath} if args.node_pythonpath else {})},
         )
         for i in range(args.count)

@@ -5,7 +5,8 @@ simulated network, driven by a Zipf stream of requests with members joining and 
 Real code (the node runs the same): ``placement.Fleet`` (homes), ``lookup.find_sources`` (homes first, the holders
 they name, a bounded fan-out; load-aware choice by each holder's streams), ``holder_directory.HolderDirectory`` (what a
 home knows of other holders), ``store.eviction.choose_victims`` and ``home_copies.last_copies`` (non-home copies first,
-the last home copy never goes, last copies handed to a home), ``rehoming.pushes`` (who pushes what after a change).
+the last home copy never goes, last copies handed to a home), ``rehoming.pushes`` (who pushes what after a change) and
+``rehoming.announcements`` (which holders tell which new homes of their copies).
 Simulated: calls (an RPC costs ``--rtt``), links (each node's ``--link`` shared by the streams it serves), the origin
 (``--origin-latency`` then ``--origin-rate`` per object), and time (an event queue; no wall clock).
 
@@ -14,7 +15,8 @@ Simulated: calls (an RPC costs ``--rtt``), links (each node's ``--link`` shared 
 
 Prints one table (Markdown) of: lookups per miss, origin fetches per adapter, bytes moved per join/leave against the
 ideal (the newcomer's or the leaver's fair share of home copies), hot-spot load (most bytes served by one node over
-the mean), a miss's time to ready against one pull alone, fan-outs, refusals and last copies lost.
+the mean), a miss's time to ready against one pull alone, fan-outs, re-homing pushes and announcements, refusals
+and last copies lost.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class Tally:
     evict_asks: int = 0
     moves: list[tuple[str, int, float, int, int]] = field(default_factory=list)  # (kind, bytes pulled, ideal, homes moved, homes)
     pushes: int = 0  # re-homing pushes asked (an arrival pulls each adapter once)
+    announces: int = 0  # re-homing announcements (a holder no home of an id any more, or a guest, to the homes new to it)
+    announces_max: int = 0  # the most one node sent after one change (a node queues at most 128: node.homes)
     lost: int = 0  # adapters whose every copy in the fleet left with a member (still at the origin)
     evicted_last: int = 0  # adapters whose last copy an eviction dropped (never: checked)
 
@@ -282,6 +286,20 @@ class Sim:
                         moved += int(self.sizes[adapter])
                         self.at(self.now + self.transfer(holder, int(self.sizes[adapter]), self.now), "holds", arrival, adapter)
         self.tally.moves.append((kind, moved, ideal, len(changed), self.k * len(self.ids)))
+        self._announce(changed, before, after)
+
+    def _announce(self, changed: list[int], before: Fleet, after: Fleet) -> None:
+        """Each holder of a re-homed adapter it is no home of tells the homes new to it (``rehoming.announcements``)."""
+        sent: dict[str, int] = {}
+        for adapter in changed:
+            adapter_id = self.ids[adapter]
+            for holder in sorted(self.holders.get(adapter, ())):
+                for home in rehoming.announcements([adapter_id], before, after, holder, self.k).get(adapter_id, []):
+                    if home in self.nodes:
+                        self.nodes[home].directory.told(adapter_id, holder, str(adapter), True, self.now)
+                        sent[holder] = sent.get(holder, 0) + 1
+        self.tally.announces += sum(sent.values())
+        self.tally.announces_max = max(self.tally.announces_max, max(sent.values(), default=0))
 
     def _rehome(self, before: Fleet, after: Fleet, member: str, kind: str) -> list[int]:
         """The homes table after one member joined or left, changed only where it must be (checked against a sample)."""
@@ -340,6 +358,7 @@ def report(sim: Sim, wall: float) -> str:
         ("bytes moved per rejoin (a member back with its store)", moved("rejoin")),
         ("bytes moved per leave", moved("leave")),
         ("re-homing pushes asked", f"{t.pushes:,}"),
+        ("re-homing announcements: in all / most from one node after one change", f"{t.announces:,} / {t.announces_max:,}"),
         ("hot spot: most bytes served by one node / mean", f"{max(loads) / max(1e-9, statistics.mean(loads)):.1f}x"),
         ("miss time to ready: p50 / p99 (simulated s)", f"{pct(t.ready_s, 0.5):.3f} / {pct(t.ready_s, 0.99):.3f}"),
         ("miss time over one pull alone: p50 / p99", f"{pct(ratio, 0.5):.2f}x / {pct(ratio, 0.99):.2f}x"),

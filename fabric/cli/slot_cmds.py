@@ -80,7 +80,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def register(command) -> None:
     """Add this module's subcommands through ``command(name, handler, help)`` (see ``adapter_fabric.cli.main``)."""
     p = command("promote", cmd_promote, "load an adapter into a slot of a node, pulling it from a peer (and the swarm) if given", long=True)
-    p.add_argument("--from", dest="peer", type=peer_address, help="host:port of a peer that has the adapter (omit: the node finds it: held, its known peers, then its --origin list)")
+    p.add_argument("--from", dest="peer", type=peer_address, help="host:port of a peer that has the adapter (omit: the node finds it: held, the id's homes (with --homes 0: its known peers), then its --origin list)")
     p.add_argument("--id", required=True, help="adapter id")
     p.add_argument("--name", help="name requests will use (default: the id)")
     p.add_argument("--pin", action="store_true", help="pin the slot against eviction (refused, evicting nothing, past the pin limit of slots - 1)")

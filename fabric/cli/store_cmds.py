@@ -141,7 +141,7 @@ def register(command) -> None:
 
     p = command("pull", cmd_pull, "make a node pull an adapter into its store from a peer (and the swarm), loading no slot", long=True)
     p.add_argument("--from", dest="peer", type=peer_address,
-                   help="host:port of a peer that has the adapter (omit: the node looks itself: held, its known peers, then its --origin list)")
+                   help="host:port of a peer that has the adapter (omit: the node looks itself: held, the id's homes (with --homes 0: its known peers), then its --origin list)")
     p.add_argument("--id", required=True, help="adapter id (ID@REVISION pins an origin's revision)")
     p.add_argument("--no-swarm", action="store_true", help="pull from --from alone, not from every peer that holds chunks")
 

@@ -64,8 +64,10 @@ def run_demo(workdir: str | None = None, keep: bool = False) -> int:
     for name, kw in ADAPTERS.items():
         print(f"   {name:<11} r={kw['r']:<2} alpha={kw['lora_alpha']:<3} targets={','.join(kw['target_modules'])}")
 
-    print("2. starting 3 node processes on loopback (tiny model, 2 slots each)")
-    cluster = LocalCluster(root / "cluster", 3, slots=2)
+    print("2. starting 3 node processes on loopback (tiny model, 2 slots each; a mesh: --homes 0)")
+    # A mesh, not a fleet with placement (the default): three nodes would be every adapter's homes, and the Stage below would
+    # already have copied each adapter to all three; here each promote moves the bytes from the node it names.
+    cluster = LocalCluster(root / "cluster", 3, slots=2, extra_args=["--homes", "0"])
     all_ok = True
     try:
         cluster.start()

@@ -99,7 +99,7 @@ HOME_PUSHES = Counter(
     "fabric_home_pushes_total", "Adapters this node had a home pull from it, by why (publish, rehome, handoff) and outcome (ok, failed, dropped: the queue was full).",
     ["why", "outcome"], registry=REGISTRY,
 )  # fmt: skip
-ANNOUNCES = Counter("fabric_announces_total", "Holdings (or drops) this node told an adapter's homes of, by outcome (ok, failed).", ["outcome"], registry=REGISTRY)
+ANNOUNCES = Counter("fabric_announces_total", "Holdings (or drops) this node told an adapter's homes of, by outcome (ok, failed; dropped: not queued, past a re-homing's bound).", ["outcome"], registry=REGISTRY)
 EXPIRED = Counter("fabric_store_expired_total", "Abandoned uploads and partial downloads removed for age, by kind.", ["kind"], registry=REGISTRY)
 EXPIRED_BYTES = Counter("fabric_store_expired_bytes_total", "Bytes freed by expiring abandoned uploads and partial downloads.", registry=REGISTRY)
 

@@ -45,7 +45,9 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("cli"), 2, slots=2) as cluster:
+    """Two nodes as a mesh (``--homes 0``, an operator's choice): a Stage stays on its node, so a pull from the other moves
+    bytes and the output says so. With placement (the default) two nodes are every id's homes and a Stage reaches both."""
+    with LocalCluster(tmp_path_factory.mktemp("cli"), 2, slots=2, extra_args=["--homes", "0"]) as cluster:
         yield [node.address for node in cluster.nodes]
 
 

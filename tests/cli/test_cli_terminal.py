@@ -28,6 +28,13 @@ pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them
 FABRIC = [sys.executable, "-m", "adapter_fabric.cli"]
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """In the child before ``fabric`` starts: SIGINT at its default, as a terminal's shell leaves it. A suite started as a
+    background job of a non-interactive shell (``scripts/test &``) inherits SIGINT ignored, and then no Ctrl-C below
+    would reach the command (it ran to the end: exit 0, not 130)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory) -> dict[str, Path]:
     root, base = tmp_path_factory.mktemp("a"), build_tiny_model()
@@ -40,7 +47,9 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("term"), 2, slots=2, max_rank=16) as started:
+    """Two nodes as a mesh (``--homes 0``, an operator's choice): a Stage stays on its node, so the pulls below move bytes
+    to show progress for (and to interrupt). With placement (the default) a Stage would reach both nodes, its homes."""
+    with LocalCluster(tmp_path_factory.mktemp("term"), 2, slots=2, max_rank=16, extra_args=["--homes", "0"]) as started:
         yield started
 
 
@@ -127,7 +136,7 @@ def test_ctrl_c_during_stage_prints_one_line_and_the_same_command_resumes(cluste
     weights = big / "adapter_model.safetensors"
     size, sha = weights.stat().st_size, blake3_of(weights)
     command = [*FABRIC, "stage", node.address, str(big), "--id", "term/big"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=ctrl_c_as_at_a_terminal)
     with NodeClient(node.address) as observer:
         deadline = time.monotonic() + 120
         while observer.upload_offset("term/big", sha) == 0 and process.poll() is None and time.monotonic() < deadline:
@@ -203,7 +212,7 @@ def test_ctrl_c_of_pull_leaves_the_nodes_pull_running_and_the_rerun_says_what_it
     digest, slow = staged_with_a_slow_puller(seed, tmp_path, "term/mid", adapter_seed=23)
     try:
         command = [*FABRIC, "pull", slow.address, "--from", seed.address, "--id", "term/mid"]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=ctrl_c_as_at_a_terminal)
         with NodeClient(slow.address) as observer:
             wait_for(lambda: arriving(observer, digest) or process.poll() is not None, "the node's pull to begin", timeout=120, every=0.05)
             process.send_signal(signal.SIGINT)
@@ -230,7 +239,9 @@ class PtyProcess:
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
         env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, "COLUMNS": "120"}
-        self.process = subprocess.Popen([*FABRIC, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, cwd=ROOT, env=env)
+        self.process = subprocess.Popen(
+            [*FABRIC, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, cwd=ROOT, env=env, preexec_fn=ctrl_c_as_at_a_terminal
+        )
         os.close(slave)
         self._chunks: list[bytes] = []
         self._reader = threading.Thread(target=self._read, args=(master,), daemon=True)

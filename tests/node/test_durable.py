@@ -4,6 +4,11 @@ Real node processes: a seeder S holds a, b and c; a cache node C whose store
 holds two adapters stages "solo", which no peer holds. A durable node D never
 evicts and says so; C hands its last copy of solo to D before evicting it, and
 keeps it when no durable node answers.
+
+Durable peers are the mesh's tier of last resort: the cache nodes here run
+``--homes 0`` (an operator's choice). With placement (the default) a Stage is
+pushed to the id's homes, and a last copy goes to a home, not to any durable
+peer (tests/node/test_homes.py, tests/transport/test_lookup.py).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from adapter_fabric.errors import QuotaExceeded
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.transport import peer_calls
 from adapter_fabric.transport.channels import PeerChannels
-from tests.node.test_eviction import SMALL_CHUNK, cache_node, cli, seeder, staged  # noqa: F401 (seeder: a module fixture)
+from tests.node.test_eviction import MESH, SMALL_CHUNK, cache_node, cli, seeder, staged  # noqa: F401 (seeder: a module fixture)
 from tests.support.scrape import scrape
 from tests.support.waiting import wait_for
 
@@ -52,7 +57,7 @@ def test_a_last_copy_is_handed_to_a_durable_node_off_the_writers_path_and_then_e
     peer = seeder["node"].address
     durable = durable_node(tmp_path)
     try:
-        node = cache_node(tmp_path, seeder, "--metrics-listen", "127.0.0.1:0", peers=[peer, durable.address])
+        node = cache_node(tmp_path, seeder, "--metrics-listen", "127.0.0.1:0", *MESH, peers=[peer, durable.address])
         try:
             with node.client() as c, durable.client() as d:
                 c.stage(seeder["dirs"]["solo"], "solo")  # no peer holds it, and it is the least recently used
@@ -79,7 +84,7 @@ def test_with_no_durable_node_reachable_the_last_copy_is_kept_and_the_refusal_na
     peer = seeder["node"].address
     gone = durable_node(tmp_path)
     gone.stop()  # a durable peer that no longer answers
-    node = cache_node(tmp_path, seeder, peers=[peer, gone.address])
+    node = cache_node(tmp_path, seeder, *MESH, peers=[peer, gone.address])
     try:
         with node.client() as c:
             c.stage(seeder["dirs"]["solo"], "solo")

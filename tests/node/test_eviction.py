@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 NAMES = ("a", "b", "c")
 SMALL_CHUNK = ["--chunk-size", "4096"]
+MESH = ["--homes", "0"]  # no placement: last copies among the known peers, handed to durable peers
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +168,11 @@ def test_an_adapter_being_served_to_a_peer_is_never_evicted(tmp_path, seeder) ->
 
 
 def test_the_last_complete_copy_among_the_peers_is_never_evicted(tmp_path, seeder) -> None:
+    """The mesh (``--homes 0``, an operator's choice): a copy no known peer holds is the last one. With placement (the
+    default) the Stage of solo would be pushed to its homes (the seeder among them), and last copies are a home's
+    (tests/transport/test_lookup.py, tests/node/test_homes.py)."""
     peer = seeder["node"].address
-    node = cache_node(tmp_path, seeder)
+    node = cache_node(tmp_path, seeder, *MESH)
     try:
         with node.client() as c:
             c.stage(seeder["dirs"]["solo"], "solo")  # no peer holds it, and it is the least recently used

@@ -30,7 +30,7 @@ from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.node.eviction import ROOM_WAIT_S
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from tests.support.fake_engines import FakeEngine, FakeSGLang
-from tests.node.test_eviction import SMALL_CHUNK, cache_node, seeder, staged  # noqa: F401 (seeder: a module fixture)
+from tests.node.test_eviction import MESH, SMALL_CHUNK, cache_node, seeder, staged  # noqa: F401 (seeder: a module fixture)
 from tests.support.relays import HoldingRelay
 from tests.support.scrape import scrape
 from tests.support.waiting import wait_for
@@ -95,7 +95,8 @@ def test_a_hand_off_that_hangs_holds_up_no_read_and_no_stage_and_loses_no_last_c
     durable = LocalNode(tmp_path / "D", model="none", extra_args=[*SMALL_CHUNK, "--when-full", "refuse"]).start()
     try:
         with HoldingRelay(durable.address) as relay:
-            node = cache_node(tmp_path, seeder, "--metrics-listen", "127.0.0.1:0", peers=[peer, relay.address])
+            # the mesh (--homes 0): a last copy goes to a durable peer (with placement, to a home: the Stage pushes it there)
+            node = cache_node(tmp_path, seeder, "--metrics-listen", "127.0.0.1:0", *MESH, peers=[peer, relay.address])
             try:
                 with node.client() as c, durable.client() as d:
                     c.stage(seeder["dirs"]["solo"], "solo")  # no peer holds it: a last copy, and the least recently used

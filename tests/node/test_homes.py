@@ -5,7 +5,8 @@ nodes differ by port). Each adapter id has 3 homes (``placement.Fleet``, the sam
 - a pull that names no peer costs at most k + 1 lookup calls (GetManifest, Availability, Locate), counted from every
   node's own ``fabric_rpc_duration_seconds_count``;
 - a member that leaves the Service and comes back moves the homes of the ids it was a home of (about 1/n of all
-  homes) and no copy is lost; the new homes receive copies from the former ones;
+  homes) and no copy is lost; the new homes receive copies from the former ones, and once it is back, the members that
+  were homes meanwhile tell the homes of their copies (``Announce``);
 - a pull still succeeds with the publishing node and the id's first home killed.
 
 Every call needs the nodes' token, which each node sends only to members: with placement those are its fleet's
@@ -168,6 +169,21 @@ def test_a_member_leaving_and_rejoining_moves_its_homes_and_loses_no_copy(fleet,
     api.put(endpoint_slice(f"node{leaver_index}", "fabric-peers", ["127.0.0.1"], int(leaver.address.rsplit(":", 1)[1])))
     wait_for(lambda: homes_hold(before, members), what="the homes after the rejoin to hold their adapters")
     assert all(i in held(leaver) for i, homes in zip(ids, before, strict=True) if leaver.address in homes)  # it kept its store
+
+    # The members that were homes only while the leaver was away keep their copies as guests, and tell the homes so
+    # (rehoming.announcements): a lookup at any home names them, as it names a holder that pulled.
+    guests = {i: next(h for h in now if h not in was) for i, was, now in zip(ids, before, after, strict=True) if was != now}
+
+    def homes_name_the_guests() -> bool:
+        for adapter_id, guest in guests.items():
+            for home in before[ids.index(adapter_id)]:
+                with members[home].client() as client:
+                    answer = client.stub.Locate(fabric_pb2.LocateRequest(adapter_id=adapter_id, at_home=True), timeout=30)
+                if guest not in {p.address for p in answer.peers if p.complete}:
+                    return False
+        return True
+
+    wait_for(homes_name_the_guests, what="every home to name the members that held its adapters while the leaver was away")
 
 
 def test_a_pull_succeeds_with_the_publisher_and_the_first_home_down(fleet, tmp_path) -> None:

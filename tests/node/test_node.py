@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow  # real node processes (the quick tier leaves them
 PROMPT = [3, 14, 15, 92, 65, 35]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SMALL_CHUNK = ["--chunk-size", "4096"]
+MESH = ["--homes", "0"]  # no placement: every peer asked, a Stage pushed nowhere
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,10 @@ def weights_size(adapter_dir: Path) -> int:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("cluster"), 3, slots=2, extra_args=SMALL_CHUNK) as running:
+    """Three nodes as a mesh (``--homes 0``, an operator's choice): a Stage stays on its node, so each promote naming a peer
+    below moves the bytes it counts. With placement (the default) three nodes are every id's homes and a Stage is pushed
+    to all of them (tests/node/test_homes.py)."""
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), 3, slots=2, extra_args=[*SMALL_CHUNK, *MESH]) as running:
         yield running
 
 

@@ -23,11 +23,20 @@ def test_with_nothing_set_every_setting_is_its_flags_default() -> None:
         assert getattr(settings, flag.lstrip("-").replace("-", "_")) == default, flag
 
 
+def test_placement_is_on_by_default_with_three_homes() -> None:
+    """Issue 32: --homes defaults to 3; 0 (the mesh) is an operator's explicit choice."""
+    assert parse_settings([], environ={}).homes == 3
+    assert parse_settings(["--homes", "0"], environ={}).homes == 0 and parse_settings([], environ={"FABRIC_HOMES": "0"}).homes == 0
+    assert parse_settings(["--peers-k8s", "fabric-peers:grpc"], environ={}).peers_k8s == "fabric-peers:grpc"
+
+
 def test_peers_from_endpoint_slices_without_placement_stop_the_node_by_name(capsys) -> None:
-    """Issue 32: --peers-k8s feeds the fleet's members, which exist only with --homes; alone it would be ignored."""
-    with pytest.raises(SystemExit) as stopped:
-        parse_settings(["--peers-k8s", "fabric-peers:grpc"], environ={})
-    assert stopped.value.code == 2 and "--peers-k8s needs --homes" in capsys.readouterr().err
+    """Issue 32: --peers-k8s feeds the fleet's members, which exist only with placement; with --homes 0 (the mesh) it
+    would be ignored."""
+    for args, environ in ((["--peers-k8s", "fabric-peers:grpc", "--homes", "0"], {}), ([], {"FABRIC_PEERS_K8S": "fabric-peers:grpc", "FABRIC_HOMES": "0"})):
+        with pytest.raises(SystemExit) as stopped:
+            parse_settings(args, environ=environ)
+        assert stopped.value.code == 2 and "--peers-k8s needs --homes" in capsys.readouterr().err
     assert parse_settings([], environ={"FABRIC_PEERS_K8S": "fabric-peers:grpc", "FABRIC_HOMES": "3"}).homes == 3
 
 

@@ -31,6 +31,7 @@ def test_a_small_fleet_keeps_the_goals_of_the_big_one(capsys) -> None:
     assert statistics.median(tally.lookups) <= args.homes + 1
     assert set(tally.origin_fetches.values()) == {1}  # each adapter fetched from the origin once, however many asked
     assert tally.evicted_last == 0 and tally.evict_asks > 0  # evictions ran, and never dropped a last copy
+    assert 0 < tally.announces and tally.announces_max <= 128  # holders told the new homes, within a node's bound per change
     for kind, _, _, homes_moved, homes in tally.moves:
         members = len(sim.nodes)
         assert homes_moved / homes < 3 / members, kind  # about 1/n of the homes moved per change

@@ -7,6 +7,8 @@ servers on loopback record (``tests.support.recorder``).
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 import pytest
 
@@ -19,6 +21,7 @@ from adapter_fabric.transport.members import MemberView
 from adapter_fabric.transport.membership import REFRESH_S, Membership
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.recorder import HeaderRecorder, HelloRecorder
+from tests.support.waiting import wait_for
 
 PEER_TOKEN = "peer-token-3e1f"
 CALLER = "sha256:" + "ab" * 32
@@ -145,3 +148,31 @@ def test_the_data_channel_hello_carries_the_token_and_the_caller_to_members_only
     [hello] = server.hellos
     assert hello.fetch.digest == "cd" * 32
     assert (hello.token, hello.on_behalf_of) == ((PEER_TOKEN, CALLER) if member else ("", ""))
+
+
+def test_a_resolver_that_hangs_holds_up_no_question_past_the_deadline_and_runs_once() -> None:
+    """--peers-dns without placement: the resolution runs outside Membership's lock, one at a time, and a question waits
+    for it at most the deadline; then the last answer stands, and the resolution's answer counts once it comes. (Resolved
+    under the lock, every question, from every thread, waited for the hung resolver.)"""
+    release, started = threading.Event(), []
+
+    def resolve() -> list[str]:
+        started.append(1)
+        release.wait(60)  # a resolver that hangs until released (bounded, so a failure cannot hang the suite)
+        return ["10.0.0.5:50051"]
+
+    members = Membership(("10.0.0.2:50051",), resolve, deadline=0.01)
+    answers: list[bool] = []
+    askers = [threading.Thread(target=lambda: answers.append(members.admits("10.0.0.5:50051"))) for _ in range(8)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join(30)  # a bound on hanging: each returns after the 0.01 s deadline
+    try:
+        assert not any(asker.is_alive() for asker in askers), "a question waited for the hung resolver"
+        assert answers == [False] * 8 and len(started) == 1  # no answer yet; one resolution under way, not one per question
+        assert members.admits("10.0.0.2:50051")  # --peers never waits
+    finally:
+        release.set()
+    wait_for(lambda: members.admits("10.0.0.5:50051"), what="the resolution's answer")
+    assert len(started) == 1

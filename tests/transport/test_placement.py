@@ -92,3 +92,21 @@ def test_when_every_former_home_left_each_holder_pushes() -> None:
     holder = next(m for m in after.members)
     assert rehoming.pushes([IDS[0]], before, after, holder, 3)[IDS[0]] == [h for h in after.homes(IDS[0], 3) if h != holder]
     assert rehoming.pushes([IDS[0]], before, before, holder, 3) == {} and rehoming.pushes([IDS[0]], before, after, None, 3) == {}
+
+
+def test_after_a_join_the_home_it_displaced_tells_every_home_and_a_guest_holder_only_the_newcomer() -> None:
+    before = Fleet.of(MEMBERS)
+    newcomer = "10.9.9.9:50051"
+    after = Fleet.of([*MEMBERS, newcomer])
+    moved_ids = [a for a in IDS if newcomer in after.homes(a, 3)]
+    displaced = {a: next(m for m in before.homes(a, 3) if m not in after.homes(a, 3)) for a in moved_ids}
+    for adapter_id, former in list(displaced.items())[:50]:  # its copy was a home's, in no directory: every home hears of it
+        assert rehoming.announcements([adapter_id], before, after, former, 3) == {adapter_id: after.homes(adapter_id, 3)}
+        guest = next(m for m in MEMBERS if m.lower() not in before.homes(adapter_id, 3))  # announced to the homes when it pulled
+        assert rehoming.announcements([adapter_id], before, after, guest, 3) == {adapter_id: [newcomer]}
+        stayed = next(m for m in after.homes(adapter_id, 3) if m in before.homes(adapter_id, 3))
+        assert rehoming.announcements([adapter_id], before, after, stayed, 3) == {}  # a home answers from its own store
+    # bounded by the ids whose homes changed: the rest say nothing
+    unmoved = [a for a in IDS[:500] if a not in displaced]
+    assert all(rehoming.announcements(unmoved, before, after, m, 3) == {} for m in MEMBERS[:10])
+    assert rehoming.announcements(IDS[:5], before, after, None, 3) == {}
