@@ -214,7 +214,9 @@ def test_a_node_unloads_and_reloads_into_sglang_an_id_that_moved_at_its_origin(s
                 shutil.copyfile(store_adapters["b"] / file, origin / file)
             moved = client.pull("team-a/support")
         assert moved.digest != first.digest
-        wait_for(lambda: sglang.calls == [("/unload_lora_adapter", name), ("/load_lora_adapter", name)], "SGLang to unload and load the moved id")
+        # the fake records a call as it arrives and applies it after: wait for both
+        wait_for(lambda: sglang.calls == [("/unload_lora_adapter", name), ("/load_lora_adapter", name)] and name in sglang.loaded,
+                 "SGLang to unload and load the moved id")
         assert sglang.loaded == {name: str(tmp_path / "export" / name)}
     finally:
         node.stop()
