@@ -15,7 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from adapter_fabric.client.node_client import NodeClient
@@ -164,6 +165,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+@contextmanager
+def running(nodes: list[LocalNode]) -> Iterator[list[LocalNode]]:
+    """``start_all``, then ``stop_all`` however the body ends: a fixture's fleet is ``with running(nodes): yield nodes``."""
+    start_all(nodes)
+    try:
+        yield nodes
+    finally:
+        stop_all(nodes)
 
 
 def start_all(nodes: list[LocalNode]) -> list[LocalNode]:

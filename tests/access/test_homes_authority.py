@@ -21,10 +21,11 @@ import pytest
 from adapter_fabric.access.policy import token_sha256
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.errors import AdapterNotFound, PermissionDenied
-from adapter_fabric.harness.cluster import LocalNode, free_port, start_all, stop_all
+from adapter_fabric.harness.cluster import LocalNode, free_port, running
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.transport.placement import Fleet
 
+from tests.node.test_homes import held
 from tests.support.scrape import scrape
 from tests.support.waiting import wait_for
 
@@ -66,20 +67,12 @@ def fleet(tmp_path_factory):
         )  # fmt: skip
         for i, port in enumerate(ports)
     ]
-    start_all(nodes)
-    try:
+    with running(nodes):
         yield nodes
-    finally:
-        stop_all(nodes)
 
 
 def as_principal(node: LocalNode, who: str) -> NodeClient:
     return NodeClient(node.address, token=TOKENS[who], timeout=120)
-
-
-def held(node: LocalNode) -> set[str]:
-    with node.client() as admin:
-        return {a.adapter_id for a in admin.list().staged}
 
 
 def counter(nodes: list[LocalNode], name: str, **labels: str) -> float:

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 from adapter_fabric.errors import AdapterNotFound
-from adapter_fabric.harness.cluster import LocalNode, free_port, start_all, stop_all
+from adapter_fabric.harness.cluster import LocalNode, free_port, running
 from adapter_fabric.transport import placement
 from adapter_fabric.transport.placement import Fleet
 from adapter_fabric.v1 import fabric_pb2
@@ -62,11 +62,8 @@ def fleet(api, tmp_path_factory):
         )  # fmt: skip
         for i, port in enumerate(ports)
     ]
-    start_all(nodes)
-    try:
+    with running(nodes):
         yield nodes
-    finally:
-        stop_all(nodes)
 
 
 def held(node: LocalNode) -> set[str]:
