@@ -8,6 +8,7 @@ port; it announces the port on its first stdout line. Nodes stop with SIGTERM
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -93,7 +94,8 @@ class LocalNode:
         while time.monotonic() < deadline:
             line = process.stdout.readline().decode(errors="replace")
             if not line:
-                raise PeerUnavailable(f"node exited with code {process.wait()} before listening; see {self.log_path}")
+                code = process.wait()
+                raise PeerUnavailable(f"node exited with code {code} before listening; see {self.log_path}; it ends: {self.log_tail()!r}")
             self._log.write(line.encode())
             match = _LISTENING.search(line)
             if match:
@@ -109,6 +111,13 @@ class LocalNode:
         threading.Thread(target=self._drain, daemon=True).start()
         self.wait_serving()
         return self
+
+    def log_tail(self, limit: int = 1200) -> str:
+        """The last ``limit`` bytes of the node's log: a failure's message carries them, since CI keeps no files."""
+        self._log.flush()
+        with open(self.log_path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - limit))
+            return log.read().decode(errors="replace")
 
     def _drain(self) -> None:
         assert self.process is not None and self.process.stdout is not None
@@ -160,10 +169,46 @@ class LocalNode:
         self.stop()
 
 
+_RESERVED_FLOOR = 20000  # ports below this are left to services; free_port draws from here up to the ephemeral range
+_ephemeral_floor: int | None = None
+_next_port: int | None = None
+
+
+def _ephemeral_range_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now (a cluster needs its addresses before its nodes start, to list peers)."""
+    """A port free right now (a cluster needs its addresses before its nodes start, to list peers).
+
+    Drawn below the kernel's ephemeral range: a port the kernel hands out itself (a node's data channel on
+    port 0, any outgoing connection) can then never take it between this probe and the node's bind. Each
+    process walks from its own random start, so parallel test workers do not draw the same ports.
+    """
+    global _ephemeral_floor, _next_port
+    if _ephemeral_floor is None:
+        _ephemeral_floor = _ephemeral_range_floor()
+    span = _ephemeral_floor - _RESERVED_FLOOR
+    if span < 1000:  # an unusual range: take the kernel's pick
+        return _probe(host, 0)
+    if _next_port is None:
+        _next_port = random.Random(os.getpid() ^ time.monotonic_ns()).randrange(span)
+    for _ in range(span):
+        candidate = _RESERVED_FLOOR + _next_port % span
+        _next_port += 1
+        try:
+            return _probe(host, candidate)
+        except OSError:
+            continue
+    return _probe(host, 0)
+
+
+def _probe(host: str, port: int) -> int:
     with socket.socket() as probe:
-        probe.bind((host, 0))
+        probe.bind((host, port))
         return probe.getsockname()[1]
 
 
