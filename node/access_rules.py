@@ -3,6 +3,7 @@
 | RPC | verb | on |
 |---|---|---|
 | Stage, UploadOffset | publish | the id (Stage: its first message, the StageBegin) |
+| StageMany | publish | some prefix for the call; each adapter's id as it comes (``adapter_fabric.node.stage_many``), a refusal that adapter's |
 | Unstage | unstage | the id |
 | Keep, Pin, SetActive | operate | the id or the slot's name |
 | Promote | operate | the id, and the name it loads under (the bytes are pulled for the caller: ``node.promotes.pull_authority``) |
@@ -67,6 +68,7 @@ def _generate(request: fabric_pb2.GenerateRequest) -> Need:
 #: method name -> what its request needs (Stage: its first message)
 RULES: dict[str, Callable[[Any], Need]] = {
     "Stage": _stage,
+    "StageMany": lambda request: Need("publish"),
     "UploadOffset": _on_id("publish"),
     "Unstage": _on_id("unstage"),
     "Keep": _on_id("operate"),

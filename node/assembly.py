@@ -41,6 +41,7 @@ from adapter_fabric.node.servicer import FabricServicer
 from adapter_fabric.node.settings import NodeSettings, fail
 from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.node.slots import Slots
+from adapter_fabric.node.stage_many import StageMany
 from adapter_fabric.node.staging import Staging
 from adapter_fabric.node.startup import (
     bind,
@@ -178,8 +179,10 @@ def build_node(settings: NodeSettings) -> Node:
         context, puller, signed, upload_rate=settings.upload_rate, durable=settings.durable, announce=announce_data_port(data_port), origins=origins,
         homes=homes, streams_open=lambda: streams.streams_open,
     )
+    staging = Staging(context, signed, make_room=room.make_room, on_staged=homes.published if homes is not None else None)
     servicer = FabricServicer(
-        staging=Staging(context, signed, make_room=room.make_room, on_staged=homes.published if homes is not None else None),
+        staging=staging,
+        stage_many=StageMany(staging),
         peer_reads=peer_reads,
         promotes=Promotes(context, signed, origins, homes, model_names=(settings.model, *settings.base_model) if model is not None else ()),
         slots=Slots(context, max_new_tokens=settings.max_new_tokens, engines=engines, origins=origins),

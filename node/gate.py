@@ -185,6 +185,16 @@ class AccessGate(grpc.aio.ServerInterceptor):
                 raise
             return who
 
+        if handler.request_streaming and handler.response_streaming:  # StageMany: admitted for publish somewhere; each id checked as it comes
+            inner_bidi = handler.stream_stream
+
+            async def stream_stream(request_iterator, context):
+                await admitted(None, context)  # node.stage_many checks publish on each adapter's id (and audits)
+                async with aclosing(inner_bidi(request_iterator, context)) as results:
+                    async for result in results:
+                        yield result
+
+            return grpc.stream_stream_rpc_method_handler(stream_stream, **serializers)
         if handler.request_streaming:  # Stage: the first message names the id
             inner_stream = handler.stream_unary
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -90,6 +91,13 @@ class _Call:
                 self.bytes += len(message.data.data)
             yield message
 
+    def __enter__(self) -> _Call:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, failure: BaseException | None, traceback: Any) -> None:
+        """The call ended (``failure``: how, None when it answered): recorded once. The exception is not kept (no frame cycle)."""
+        self.finish(failure)
+
     def finish(self, failure: BaseException | None) -> None:
         elapsed = time.monotonic() - self.started
         code, kind = self._status(failure)
@@ -146,7 +154,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or not details.method.startswith(FABRIC_PREFIX) or handler.response_streaming:
+        if handler is None or not details.method.startswith(FABRIC_PREFIX) or (handler.response_streaming and not handler.request_streaming):
             # Fetch (the one response stream) passes untouched: another async-generator layer changes when a
             # cancelled stream's own cleanup runs, which super-seeding's hand-out counts depend on. Its bytes are
             # counted where they are sent (node.peer_reads).
@@ -155,37 +163,31 @@ class RpcObserver(grpc.aio.ServerInterceptor):
 
 
 def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """``handler`` timed, counted and logged: a unary call, or Stage (the one request stream); never a response stream."""
+    """``handler`` timed, counted and logged: a unary call, Stage (a request stream) or StageMany (both ways); never Fetch."""
+    if handler.request_streaming and handler.response_streaming:
+        bidi = handler.stream_stream
+
+        async def stream_stream(request_iterator, context):
+            with _Call(method, context):
+                async with aclosing(bidi(request_iterator, context)) as results:
+                    async for result in results:
+                        yield result
+
+        return grpc.stream_stream_rpc_method_handler(stream_stream, handler.request_deserializer, handler.response_serializer)
     if handler.request_streaming:
         behavior = handler.stream_unary
 
         async def stream_unary(request_iterator, context):
-            call = _Call(method, context)
-            failure = None
-            try:
+            with _Call(method, context) as call:
                 return call.note_response(await behavior(call.counted(request_iterator), context))
-            except BaseException as exc:
-                failure = exc
-                raise
-            finally:
-                call.finish(failure)
-                failure = None  # no exception -> traceback -> frame cycle: frames go when the call does
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, handler.request_deserializer, handler.response_serializer)
     behavior = handler.unary_unary
 
     async def unary_unary(request, context):
-        call = _Call(method, context)
-        call.note_request(request)
-        failure = None
-        try:
+        with _Call(method, context) as call:
+            call.note_request(request)
             return call.note_response(await behavior(request, context))
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            call.finish(failure)
-            failure = None
 
     return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer, handler.response_serializer)
 

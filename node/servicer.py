@@ -1,7 +1,7 @@
 """The fabric.v1 servicer: the service edge, each RPC handed to the group that owns it.
 
 The groups (composed by ``adapter_fabric.node.assembly.build_node``): ``Staging`` (Stage, UploadOffset,
-Unstage), ``PeerReads`` (GetManifest, Locate, Fetch, Availability, Announce),
+Unstage), ``StageMany``, ``PeerReads`` (GetManifest, Locate, Fetch, Availability, Announce),
 ``Promotes`` (Promote), ``Slots`` (ListAdapters, SetActive, Pin, Generate)
 and ``StoreReport`` (StoreStatus). Library errors become status codes here and nowhere
 else: every RPC is wrapped by ``adapter_fabric.rpc.status.rpc_errors``.
@@ -18,6 +18,7 @@ from adapter_fabric.access.caller import caller
 from adapter_fabric.node.peer_reads import PeerReads
 from adapter_fabric.node.promotes import Promotes
 from adapter_fabric.node.slots import Slots
+from adapter_fabric.node.stage_many import StageMany
 from adapter_fabric.node.staging import Staging
 from adapter_fabric.node.store_status import StoreReport
 from adapter_fabric.rpc.status import rpc_errors
@@ -28,9 +29,11 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     """Every fabric.v1 RPC, one line each: the group named below does the work; ``rpc_errors`` maps its errors."""
 
     def __init__(
-        self, staging: Staging, peer_reads: PeerReads, promotes: Promotes, slots: Slots, store_status: StoreReport, *, policy: bool = False
+        self, staging: Staging, stage_many: StageMany, peer_reads: PeerReads, promotes: Promotes, slots: Slots, store_status: StoreReport, *,
+        policy: bool = False,
     ) -> None:
         self._staging = staging
+        self._stage_many = stage_many
         self._peer_reads = peer_reads
         self._promotes = promotes
         self._slots = slots
@@ -42,6 +45,14 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     @rpc_errors
     async def Stage(self, request_iterator: AsyncIterator[fabric_pb2.StageRequest], context: grpc.aio.ServicerContext) -> fabric_pb2.StageResponse:
         return await self._staging.stage(request_iterator)
+
+    @rpc_errors
+    async def StageMany(
+        self, request_iterator: AsyncIterator[fabric_pb2.StageManyRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncGenerator[fabric_pb2.StageManyResult, None]:
+        async with aclosing(self._stage_many.stage_many(request_iterator)) as results:  # type: ignore[type-var]
+            async for result in results:
+                yield result
 
     @rpc_errors
     async def UploadOffset(self, request: fabric_pb2.UploadOffsetRequest, context: grpc.aio.ServicerContext) -> fabric_pb2.UploadOffsetResponse:

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
+from typing import NamedTuple
 
 from adapter_fabric.access.caller import caller
 from adapter_fabric.access.policy import Principal
@@ -16,11 +17,21 @@ from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.observability.logs import event
 from adapter_fabric.store.digests import DIGEST_SCHEME, check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
+from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.quota import MakeRoom, opened_with_room
 from adapter_fabric.store.upload import Upload
+from adapter_fabric.trust.signing import Signed
 from adapter_fabric.v1 import fabric_pb2
 
 log = logging.getLogger("fabric.node")
+
+
+class Accepted(NamedTuple):
+    """A StageBegin accepted: the digest its files will have, its signature to keep once they commit, the id's digest before."""
+
+    digest: str
+    signed: Signed | None
+    prior: str | None
 
 #: How long a Stage waits for an earlier stream of the same upload to let go before refusing it as Busy.
 UPLOAD_RELEASE_WAIT_S = 3.0
@@ -46,7 +57,6 @@ class Staging:
         who = caller()  # the principal the gate admitted: its signer places, what it may learn of held bytes
         upload = None
         received = 0
-        signed_digest, signed = "", None
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
@@ -54,8 +64,7 @@ class Staging:
                     if upload is not None:
                         raise InvalidArgument("Stage stream sent a second StageBegin; send it once, first")
                     begin = message.begin
-                    signed_digest, signed = await io(self.signed.check_stage_begin, begin, who)  # before any byte moves
-                    prior = await io(self.store.digest_of, validate_adapter_id(begin.adapter_id))
+                    accepted = await io(self.accept, begin, who)  # before any byte moves
                     upload, waited = await self._open_upload(begin)
                     if begin.offset > upload.offset and (waited or not upload.offset):
                         # What the client resumes from is gone: the stream it waited for (or one before) committed
@@ -77,8 +86,7 @@ class Staging:
                 raise InvalidArgument("Stage stream ended without a StageBegin")
             # A stream that ends early leaves its verified prefix in the upload area for a resume.
             manifest = await io(upload.commit)
-            if signed is not None and manifest.digest == signed_digest:  # the signature travels with the manifest from here
-                await io(self.signed.keep_staged, manifest.digest, signed, manifest.adapter_id, who)
+            reply = await io(self.staged, upload, manifest, accepted, who, received)
         except BaseException:
             if upload is not None:
                 # Free the upload's lock and descriptor now; its verified prefix stays on disk for a resume
@@ -88,12 +96,25 @@ class Staging:
         log.info("staged %s digest=%s (%d bytes received)", manifest.adapter_id, manifest.digest[:12], received)
         if self.on_staged is not None:
             self.on_staged(manifest.adapter_id, manifest.digest)  # queues background work only
+        return reply
+
+    def accept(self, begin: fabric_pb2.StageBegin, who: Principal) -> Accepted:
+        """A StageBegin's checks before any byte moves (scheme, digests, signature: ``SignedAdapters.check_stage_begin``), and
+        the digest its id referred to before. Blocking."""
+        signed_digest, signed = self.signed.check_stage_begin(begin, who)
+        return Accepted(signed_digest, signed, self.store.digest_of(validate_adapter_id(begin.adapter_id)))
+
+    def staged(self, upload: Upload, manifest: Manifest, accepted: Accepted, who: Principal, received: int) -> fabric_pb2.StageResponse:
+        """What follows a committed upload: its signature kept, and the reply (``already_staged`` only where ``who`` may
+        know it). Blocking."""
+        if accepted.signed is not None and manifest.digest == accepted.digest:  # the signature travels with the manifest from here
+            self.signed.keep_staged(manifest.digest, accepted.signed, manifest.adapter_id, who)
         return fabric_pb2.StageResponse(
             adapter_id=manifest.adapter_id,
             digest=manifest.digest,
             content_id=manifest.content_id,
             bytes_received=received,
-            already_staged=upload.already_staged and await io(self._may_know_held, who, manifest.adapter_id, manifest.digest, prior),
+            already_staged=upload.already_staged and self._may_know_held(who, manifest.adapter_id, manifest.digest, accepted.prior),
         )
 
     def _may_know_held(self, who: Principal, adapter_id: str, digest: str, prior: str | None) -> bool:
@@ -112,7 +133,7 @@ class Staging:
         waited = False
         while True:
             try:
-                upload = await self.context.io(opened_with_room, partial(self._open, begin), self.make_room)
+                upload = await self.context.io(self.open, begin)
                 return upload, waited
             except Busy:
                 if not waited:
@@ -122,6 +143,10 @@ class Staging:
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.05)
+
+    def open(self, begin: fabric_pb2.StageBegin) -> Upload:
+        """``begin``'s upload, room made for it when the store is full; ``Busy`` while another stream sends the same bytes. Blocking."""
+        return opened_with_room(partial(self._open, begin), self.make_room)
 
     def _open(self, begin: fabric_pb2.StageBegin) -> Upload:
         return self.store.open_upload(begin.adapter_id, begin.config_json, begin.safetensors_size, begin.safetensors_blake3, begin.weights_root)

@@ -4,12 +4,16 @@
     python scripts/bench_stage.py --adapters 500 --workers 16
     python scripts/bench_stage.py --adapters 10000 --workers 32 --baseline t30 --rounds 2   # before/after, bulk only
     python scripts/bench_stage.py --adapters 5000 --workers 32 --ask-each --rounds 3   # the client's UploadOffset per adapter, or not
+    python scripts/bench_stage.py --adapters 10000 --workers 16 --per-adapter --rounds 1   # StageMany against a Stage per adapter
 
 Real store-only node processes on loopback (``adapter_fabric.harness.cluster``), a
 fresh store each: the first stages every adapter one after another
 (``NodeClient.stage``), the second all of them through ``NodeClient.stage_many``
-(``--workers`` concurrent Stage calls, which the node's committer syncs in
-groups). Both keep the same durability: a Stage that returned is on disk.
+(small adapters on one StageMany stream, committed in groups; ``--per-adapter``:
+``--workers`` concurrent Stage calls, which the node's committer syncs in
+groups, as stage-many sent them before StageMany). All keep the same
+durability: an adapter answered is on disk. The load average is printed
+before and after (a shared machine).
 The adapters are distinct small PEFT adapters (a tiny model's, ~20 KB each),
 each a copy of one with a few bytes of its tensor data changed, so each has
 its own digest and blob. Prints adapters/s for each and the ratio; both
@@ -19,6 +23,7 @@ stores are checked to list every adapter after their node restarts.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -28,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapter_fabric.client.bulk import stage_many  # noqa: E402
+from adapter_fabric.client.bulk import BatchStage, stage_many  # noqa: E402
+from adapter_fabric.client.node_client import UPLOAD_PIECE  # noqa: E402
 from adapter_fabric.harness.baseline import baseline_env  # noqa: E402
 from adapter_fabric.harness.bench import make_small_adapters  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode  # noqa: E402
@@ -38,11 +44,14 @@ MAX_ADAPTERS = 20_000
 MAX_WORKERS = 64
 
 
-def run(root: Path, name: str, dirs: list[Path], workers: int, env: dict[str, str] | None = None, ask_each: bool = False) -> float:
+def run(
+    root: Path, name: str, dirs: list[Path], workers: int, env: dict[str, str] | None = None, ask_each: bool = False, per_adapter: bool = False
+) -> float:
     """Adapters per second staging ``dirs`` into a fresh node (one at a time when ``workers`` is 0); checks they survive a restart.
 
     ``env``: the node's environment (``adapter_fabric.harness.baseline``: another revision's package). ``ask_each``: the bulk
-    path as the client ran it before ``BatchStage``, with an UploadOffset call per adapter."""
+    path as the client ran it before ``BatchStage``, with an UploadOffset call per adapter. ``per_adapter``: a Stage call per
+    adapter (``BatchStage``), as before StageMany."""
     node = LocalNode(root / name, model="none", env=env).start()
     try:
         with node.client() as client:
@@ -52,7 +61,12 @@ def run(root: Path, name: str, dirs: list[Path], workers: int, env: dict[str, st
                 for directory, adapter_id in items:
                     client.stage(directory, adapter_id)
             else:
-                result = stage_many(lambda d, i: client.stage(d, i), items, workers) if ask_each else client.stage_many(items, workers=workers)
+                if ask_each:
+                    result = stage_many(lambda d, i: client.stage(d, i), items, workers)
+                elif per_adapter:
+                    result = stage_many(BatchStage(client, None, UPLOAD_PIECE), items, workers)
+                else:
+                    result = client.stage_many(items, workers=workers)
                 if result.failed:
                     raise SystemExit(f"{name}: {len(result.failed)} failed, first {result.failed[0].adapter_id}: {result.failed[0].error}")
             seconds = time.perf_counter() - started
@@ -78,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="with --baseline: each bulk run this many times, in turn (medians)")
     parser.add_argument("--bulk-only", action="store_true", help="leave out the one-at-a-time row (slow at thousands)")
     parser.add_argument("--ask-each", action="store_true", help="the bulk path with an UploadOffset call per adapter beside this tree's, in turn")
+    parser.add_argument("--per-adapter", action="store_true", help="this tree's Stage call per adapter (no StageMany) beside its StageMany path, in turn")
     args = parser.parse_args(argv)
     if not 1 <= args.adapters <= MAX_ADAPTERS or not 1 <= args.workers <= MAX_WORKERS:
         parser.error(f"--adapters takes 1 to {MAX_ADAPTERS}, --workers 1 to {MAX_WORKERS}")
@@ -85,14 +100,16 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(tmp)
         (root / "adapters").mkdir()
         dirs = make_small_adapters(root / "adapters", args.adapters)
-        if args.baseline or args.ask_each:
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+        if args.baseline or args.ask_each or args.per_adapter:
             env = baseline_env(ROOT, args.baseline, root / "baseline") if args.baseline else None
-            base = args.baseline or "UploadOffset per adapter"
+            base = args.baseline or ("a Stage per adapter" if args.per_adapter else "UploadOffset per adapter")
             rates: dict[str, list[float]] = {base: [], "this tree": []}
             for n in range(args.rounds):
-                for label, tree_env, ask in ((base, env, args.ask_each), ("this tree", None, False)):
-                    rates[label].append(run(root, f"bulk-{label.replace(' ', '-')}-{n}", dirs, args.workers, tree_env, ask))
-                    print(f"round {n + 1} {label}: {rates[label][-1]:.1f} adapters/s", file=sys.stderr, flush=True)
+                for label, tree_env, ask, per in ((base, env, args.ask_each, args.per_adapter), ("this tree", None, False, False)):
+                    rates[label].append(run(root, f"bulk-{label.replace(' ', '-')}-{n}", dirs, args.workers, tree_env, ask, per))
+                    print(f"round {n + 1} {label}: {rates[label][-1]:.1f} adapters/s (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
+            print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             before, after = (statistics.median(r) for r in rates.values())
             print(f"bulk (stage_many, {args.workers} workers), {args.adapters} adapters, medians of {args.rounds}")
             print(f"| tree | adapters/s | {args.adapters:,} adapters in |\n|---|---:|---:|")

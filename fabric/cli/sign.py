@@ -64,7 +64,7 @@ def cmd_keygen(args: argparse.Namespace) -> None:
 
 def cmd_sign(args: argparse.Namespace) -> None:
     """Sign a PEFT directory's digest by ``--key``: print it, and with ``--out`` write the file ``fabric stage --signature`` attaches."""
-    from adapter_fabric.client.node_client import adapter_files
+    from adapter_fabric.client.adapter_dir import adapter_files
     from adapter_fabric.store.manifest import build_manifest
     from adapter_fabric.trust.signing import sign
 

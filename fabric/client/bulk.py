@@ -9,9 +9,11 @@ staging spends its time. A failure is one adapter's: it is named in the
 result beside the error, and every other adapter is committed or refused on
 its own.
 
-An adapter of one upload piece (most published adapters: a few MB at most) skips its UploadOffset call
-(``BatchStage``): resuming it would save at most that piece, and the call was a quarter of a small Stage's
-cost on the node.
+An adapter of one upload piece (most published adapters: a few MB at most) goes on one StageMany stream
+instead (``streamed``: ``adapter_fabric.client.stage_stream``), which the node commits in groups as it arrives,
+with the same durability: an adapter answered is committed. Against a node without StageMany, such an adapter is
+a Stage that skips its UploadOffset call (``BatchStage``): resuming it would save at most that piece, and the
+call was a quarter of a small Stage's cost on the node.
 """
 
 from __future__ import annotations
@@ -99,14 +101,26 @@ class BatchStage:
             return self.client.stage(directory, adapter_id, timeout=self.timeout)
 
 
+class Streamed(Protocol):
+    """Publishes small adapters on one stream (``adapter_fabric.client.stage_stream.StreamStage``): each answered through
+    ``done``; returns the pairs it left to ``stage`` (a node without the streaming call)."""
+
+    def __call__(self, pairs: list[tuple[Path, str]], done: Callable[[str, StageResult | None, FabricError | None], None]) -> list[tuple[Path, str]]: ...
+
+
 def stage_many(
     stage: Callable[[Path, str], StageResult],
     items: Iterable[tuple[str | Path, str]],
     workers: int = DEFAULT_WORKERS,
     on_done: Callable[[str, StageResult | None, FabricError | None], None] | None = None,
+    *,
+    streamed: Streamed | None = None,
+    piece_size: int = 0,
 ) -> BulkStageResult:
     """Stage every ``(directory, adapter_id)`` with ``stage`` (``NodeClient.stage``), ``workers`` at a time.
 
+    ``streamed``: the adapters whose weights are at most ``piece_size`` bytes go there instead (one StageMany stream); what
+    it leaves (an older node) and the larger ones go to ``stage``.
     A library error stops only its adapter (``failed`` names it); anything else (a bug, Ctrl-C) propagates.
     ``on_done(adapter_id, result, error)`` is called as each ends, from the worker threads.
     """
@@ -133,8 +147,30 @@ def stage_many(
                 on_done(adapter_id, None, result.error)
         return result
 
-    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(pairs))), thread_name_prefix="stage-many") as pool:
-        outcomes = list(pool.map(one, pairs))
+    ended: dict[str, StageResult | StageFailure] = {}
+    rest = pairs
+    if streamed is not None:
+        directories = {adapter_id: directory for directory, adapter_id in pairs}
+
+        def answered(adapter_id: str, result: StageResult | None, error: FabricError | None) -> None:
+            ended[adapter_id] = result if result is not None else StageFailure(adapter_id, str(directories[adapter_id]), error or FabricError("no answer"))
+            if on_done is not None:
+                on_done(adapter_id, result, error)
+
+        small = [(d, i) for d, i in pairs if _weights_size(d) <= piece_size]
+        rest = [(d, i) for d, i in pairs if _weights_size(d) > piece_size] + (streamed(small, answered) if small else [])
+    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(rest))), thread_name_prefix="stage-many") as pool:
+        for (_, adapter_id), outcome in zip(rest, pool.map(one, rest), strict=True):
+            ended[adapter_id] = outcome
+    outcomes = [ended[adapter_id] for _, adapter_id in pairs]
     return BulkStageResult(
         staged=[o for o in outcomes if isinstance(o, StageResult)], failed=[o for o in outcomes if isinstance(o, StageFailure)]
     )
+
+
+def _weights_size(directory: Path) -> int:
+    """The weights file's size; a directory without one goes to ``stage``, whose refusal names what is missing."""
+    try:
+        return (directory / WEIGHTS_FILE).stat().st_size
+    except OSError:
+        return 1 << 62

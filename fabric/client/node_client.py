@@ -18,9 +18,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from adapter_fabric.client.adapter_dir import adapter_files
 from adapter_fabric.client.addresses import WAIT_HINT, check_address, unreachable_hint
 from adapter_fabric.client.results import ActiveSlot, Availability, GenerateResult, Identity, Listing, Location, PeerHolding, PromoteResult, StageResult, StoreStatus
-from adapter_fabric.errors import BadSignature, ClientClosed, DeadlineExceeded, InvalidAdapter, InvalidArgument, PeerUnavailable
+from adapter_fabric.errors import BadSignature, ClientClosed, DeadlineExceeded, InvalidArgument, PeerUnavailable
 from adapter_fabric.format.config import CONFIG_FILE
 from adapter_fabric.rpc import security
 from adapter_fabric.rpc.security import TlsFiles
@@ -73,20 +74,6 @@ def _signed(sign_key: bytes | None, digest: str) -> Signed:
 
     assert sign_key is not None
     return sign(sign_key, digest)
-
-
-def adapter_files(adapter_dir: str | Path) -> tuple[Path, Path]:
-    """The config and weights files of a PEFT adapter directory; ``InvalidAdapter`` saying what was given instead."""
-    adapter_dir = Path(adapter_dir)
-    layout = f"a PEFT adapter directory holds {CONFIG_FILE} and {WEIGHTS_FILE}"
-    if adapter_dir.is_file():
-        raise InvalidAdapter(f"{adapter_dir} is a file, not a directory: give the directory that holds it ({adapter_dir.parent}); {layout}")
-    if not adapter_dir.is_dir():
-        raise InvalidAdapter(f"{adapter_dir} does not exist: give an adapter directory ({layout}; fabric make-adapter writes one)")
-    missing = [adapter_dir / name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (adapter_dir / name).is_file()]
-    if missing:
-        raise InvalidAdapter(f"{' and '.join(map(str, missing))} does not exist: {layout}, as PEFT's save_pretrained writes them")
-    return adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
 
 
 class NodeClient:
@@ -274,14 +261,17 @@ class NodeClient:
         return StageResult(r.adapter_id, r.digest, r.content_id, r.bytes_received, r.already_staged, resumed_from=offset)
 
     def stage_many(self, items, workers: int = 16, *, timeout: float | None = None, on_done=None):
-        """Stage many ``(directory, adapter_id)`` pairs, ``workers`` concurrent Stage calls at a time (``adapter_fabric.client.bulk``).
+        """Stage many ``(directory, adapter_id)`` pairs (``adapter_fabric.client.bulk``): adapters of one upload piece on one
+        StageMany stream (``adapter_fabric.client.stage_stream``; an older node: as the larger ones), the larger ones
+        ``workers`` concurrent Stage calls at a time.
 
         Returns a ``BulkStageResult``: the committed ``StageResult`` s and each failed adapter named with its error;
-        one adapter's failure leaves the others committed. ``timeout`` applies to each adapter's Stage.
+        one adapter's failure leaves the others committed. ``timeout`` applies to each adapter's Stage, and to each stream.
         """
         from adapter_fabric.client.bulk import BatchStage, stage_many
+        from adapter_fabric.client.stage_stream import StreamStage
 
-        return stage_many(BatchStage(self, timeout, UPLOAD_PIECE), items, workers, on_done)
+        return stage_many(BatchStage(self, timeout, UPLOAD_PIECE), items, workers, on_done, streamed=StreamStage(self, timeout), piece_size=UPLOAD_PIECE)
 
     def unstage(self, adapter_id: str, *, timeout: float | None = None) -> bool:
         """Remove an id from the node's store; True when its bytes went too (no other id shares them). ``timeout`` as ``locate``."""

@@ -41,6 +41,7 @@ class Bound:
 OVERRIDES: dict[str, Bound] = {
     "fabric.v1.StageBegin.config_json": Bound(1 << 20, None),  # adapter_config.json: a few KiB in practice
     "fabric.v1.StageData.data": Bound(MESSAGE_BYTES, None),  # the upload's bytes: the store's size limits apply
+    "fabric.v1.StageManyRequest.data": Bound(MESSAGE_BYTES, None),  # one adapter's weights (node.stage_many refuses past one piece, by name)
     "fabric.v1.FetchRequest.accept_bitmap": Bound(1 << 20, None),  # one bit per chunk: 8M chunks
     "fabric.v1.DataHello.holder_bitmap": Bound(1 << 20, None),
     "fabric.v1.DataHello.token": Bound(4096, None),

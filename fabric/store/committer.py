@@ -65,6 +65,16 @@ class CommitListener(Protocol):
         """``adapter_id`` was unstaged."""
 
 
+@dataclass(frozen=True)
+class Commit:
+    """One commit of a group (``Committer.commit_all``): verified temp files (root -> path), none of their bytes synced yet."""
+
+    manifest: Manifest
+    adapter_id: str
+    sources: dict[str, Path]
+    unsynced: frozenset[str]
+
+
 @dataclass
 class _Pending:
     """One caller's commit, waiting for a leader (maybe itself) to make it durable."""
@@ -119,21 +129,33 @@ class Committer:
         Returns once this commit is durable; concurrent calls share the syncs (group commit, module docstring).
         """
         job = _Pending(manifest, adapter_id, sources, check_room, manifest_json, unsynced)
+        self._run([job])
+        if job.error is not None:
+            raise job.error
+        return job.existed
+
+    def commit_all(self, commits: list[Commit]) -> list[bool | BaseException]:
+        """``commit`` of each of ``commits`` (at most ``MAX_BATCH``: one group when no one else commits meanwhile), queued
+        together so one leader makes them durable at once (a StageMany batch). Each outcome in order: whether its digest
+        was already here, or its own error (one refusal never fails the others)."""
+        jobs = [_Pending(c.manifest, c.adapter_id, c.sources, False, None, c.unsynced) for c in commits]
+        self._run(jobs)
+        return [job.error if job.error is not None else job.existed for job in jobs]
+
+    def _run(self, jobs: list[_Pending]) -> None:
+        """Queue ``jobs`` and lead batches (or wait for the leader) until every one of them is done."""
         with self._group:
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
         while True:
             with self._group:
-                while self._leading and not job.done:
+                while self._leading and not all(job.done for job in jobs):
                     self._group.wait()
-                if job.done:
-                    break
+                if all(job.done for job in jobs):
+                    return
                 self._leading = True
                 batch = self._waiting[:MAX_BATCH]
                 del self._waiting[:MAX_BATCH]
             self._lead(batch)
-        if job.error is not None:
-            raise job.error
-        return job.existed
 
     def _lead(self, batch: list[_Pending]) -> None:
         """Commit ``batch`` under the lock; whatever happens, every caller in it is woken with its outcome."""

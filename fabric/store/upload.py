@@ -22,7 +22,7 @@ from pathlib import Path
 from adapter_fabric.errors import Busy, IntegrityError, InvalidAdapter, InvalidArgument, InvalidHeader
 from adapter_fabric.format.config import PeftAdapterConfig
 from adapter_fabric.format.safetensors_index import header_length, read_index
-from adapter_fabric.store.committer import Committer
+from adapter_fabric.store.committer import Commit, Committer
 from adapter_fabric.store.files import COPY_BLOCK, lock_held_dir, pread_exact, pwrite_all, write_stamp
 from adapter_fabric.store.ids import validate_adapter_id, validate_digest
 from adapter_fabric.store.lock_watch import WatchedLock
@@ -240,6 +240,14 @@ class Upload:
 
     def commit(self) -> Manifest:
         """Check size, root, config, header and tensors, then commit; any failure commits nothing and drops the upload."""
+        outcome = commit_uploads([self])[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def seal(self) -> tuple[Manifest, dict[str, Path], Path]:
+        """Check size, root, config, header and tensors: the manifest, its sources (root -> file) and the config's temp blob
+        (the caller removes it). A refused upload (``InvalidAdapter``, ``IntegrityError``) is dropped: its bytes cannot commit."""
         with self._lock:
             self._require_open()
             if self._offset != self.size:
@@ -256,18 +264,22 @@ class Upload:
                     )
                 index = read_index(data_path, max_header_bytes=self._max_header_bytes, name=f"the weights of {self.adapter_id!r}")
                 manifest = manifest_of(self.adapter_id, self.config_json, weights, index)
+                # Neither file is synced yet: the commit's batch syncs them in one round with the other commits' files.
                 config_blob = self._committer.temps.blob(self.config_json, sync=False)
-                try:
-                    sources = {manifest.files[0].root: config_blob, manifest.weights.root: data_path}
-                    # Neither file is synced yet: the commit's batch syncs them in one round with the other commits' files.
-                    self.already_staged = self._committer.commit(manifest, self.adapter_id, sources, unsynced=frozenset(sources))
-                finally:
-                    config_blob.unlink(missing_ok=True)
             except (InvalidAdapter, IntegrityError):
                 self._close_locked(remove=True)
                 raise
-            self._close_locked(remove=True)
-            return manifest
+            return manifest, {manifest.files[0].root: config_blob, manifest.weights.root: data_path}, config_blob
+
+    def settle(self, outcome: bool | BaseException) -> None:
+        """After its commit: ``outcome`` is whether the digest was here already (the upload is done and goes), or the
+        commit's error (a refusal of the bytes drops them; anything else leaves the upload to its owner's close)."""
+        with self._lock:
+            if not isinstance(outcome, BaseException):
+                self.already_staged = outcome
+                self._close_locked(remove=True)
+            elif isinstance(outcome, (InvalidAdapter, IntegrityError)) and self._fd is not None:
+                self._close_locked(remove=True)
 
     def discard(self) -> None:
         with self._lock:
@@ -307,3 +319,31 @@ def _remove_if_empty(directory: Path) -> None:
         os.rmdir(directory)
     except OSError:
         pass
+
+
+def commit_uploads(uploads: list[Upload]) -> list[Manifest | BaseException]:
+    """Seal each upload and commit the sealed ones as one group (``Committer.commit_all``: one journal flush, one sync per
+    directory); each outcome in order: its manifest (durable), or its own error. One refusal never fails the others."""
+    outcomes: list[Manifest | BaseException] = []
+    sealed: list[tuple[int, Upload, Manifest, dict[str, Path], Path]] = []
+    for upload in uploads:
+        try:
+            manifest, sources, config_blob = upload.seal()
+        except Exception as exc:  # this upload's refusal: the others go on
+            outcomes.append(exc)
+            continue
+        sealed.append((len(outcomes), upload, manifest, sources, config_blob))
+        outcomes.append(manifest)
+    if not sealed:
+        return outcomes
+    committer = sealed[0][1]._committer
+    try:
+        results = committer.commit_all([Commit(m, u.adapter_id, sources, frozenset(sources)) for _, u, m, sources, _ in sealed])
+    finally:
+        for *_, config_blob in sealed:
+            config_blob.unlink(missing_ok=True)
+    for (n, upload, _, _, _), result in zip(sealed, results, strict=True):
+        upload.settle(result)
+        if isinstance(result, BaseException):
+            outcomes[n] = result
+    return outcomes

@@ -175,6 +175,26 @@ class StageResponse(_message.Message):
     already_staged: bool
     def __init__(self, adapter_id: _Optional[str] = ..., digest: _Optional[str] = ..., content_id: _Optional[int] = ..., bytes_received: _Optional[int] = ..., already_staged: _Optional[bool] = ...) -> None: ...
 
+class StageManyRequest(_message.Message):
+    __slots__ = ("begin", "data", "digest")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    begin: StageBegin
+    data: bytes
+    digest: str
+    def __init__(self, begin: _Optional[_Union[StageBegin, _Mapping]] = ..., data: _Optional[bytes] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class StageManyResult(_message.Message):
+    __slots__ = ("adapter_id", "staged", "error")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    staged: StageResponse
+    error: ErrorDetail
+    def __init__(self, adapter_id: _Optional[str] = ..., staged: _Optional[_Union[StageResponse, _Mapping]] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ...) -> None: ...
+
 class UploadOffsetRequest(_message.Message):
     __slots__ = ("adapter_id", "safetensors_blake3")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class FabricStub:
                 request_serializer=fabric_dot_v1_dot_fabric__pb2.StageRequest.SerializeToString,
                 response_deserializer=fabric_dot_v1_dot_fabric__pb2.StageResponse.FromString,
                 _registered_method=True)
+        self.StageMany = channel.stream_stream(
+                '/fabric.v1.Fabric/StageMany',
+                request_serializer=fabric_dot_v1_dot_fabric__pb2.StageManyRequest.SerializeToString,
+                response_deserializer=fabric_dot_v1_dot_fabric__pb2.StageManyResult.FromString,
+                _registered_method=True)
         self.UploadOffset = channel.unary_unary(
                 '/fabric.v1.Fabric/UploadOffset',
                 request_serializer=fabric_dot_v1_dot_fabric__pb2.UploadOffsetRequest.SerializeToString,
@@ -122,6 +127,18 @@ class FabricServicer:
     def Stage(self, request_iterator, context):
         """Upload an adapter under an id: one StageBegin, then its safetensors
         bytes in order as StageData messages. Resumable: see UploadOffset.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StageMany(self, request_iterator, context):
+        """Publish many small adapters on one stream (each at most one upload piece):
+        each StageManyRequest carries one whole adapter. The node commits what has
+        arrived in groups (one journal flush and one sync per directory per group)
+        and answers one StageManyResult per adapter once it is durable, or
+        refused by name (the others go on). Not resumable: a broken stream's
+        unanswered adapters are sent again (idempotent by digest).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -249,6 +266,11 @@ def add_FabricServicer_to_server(servicer, server):
                     request_deserializer=fabric_dot_v1_dot_fabric__pb2.StageRequest.FromString,
                     response_serializer=fabric_dot_v1_dot_fabric__pb2.StageResponse.SerializeToString,
             ),
+            'StageMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.StageMany,
+                    request_deserializer=fabric_dot_v1_dot_fabric__pb2.StageManyRequest.FromString,
+                    response_serializer=fabric_dot_v1_dot_fabric__pb2.StageManyResult.SerializeToString,
+            ),
             'UploadOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.UploadOffset,
                     request_deserializer=fabric_dot_v1_dot_fabric__pb2.UploadOffsetRequest.FromString,
@@ -352,6 +374,33 @@ class Fabric:
             '/fabric.v1.Fabric/Stage',
             fabric_dot_v1_dot_fabric__pb2.StageRequest.SerializeToString,
             fabric_dot_v1_dot_fabric__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StageMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fabric.v1.Fabric/StageMany',
+            fabric_dot_v1_dot_fabric__pb2.StageManyRequest.SerializeToString,
+            fabric_dot_v1_dot_fabric__pb2.StageManyResult.FromString,
             options,
             channel_credentials,
             insecure,

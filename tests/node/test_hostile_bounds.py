@@ -203,6 +203,8 @@ def build_request(method_name: str, path: tuple[str, ...], field: FieldDescripto
         return request, lambda stub, timeout: stub.Stage(iter([request]), timeout=timeout)
     if method_name == "Fetch":
         return request, lambda stub, timeout: list(stub.Fetch(request, timeout=timeout))
+    if method_name == "StageMany":
+        return request, lambda stub, timeout: list(stub.StageMany(iter([request]), timeout=timeout))
     return request, lambda stub, timeout: getattr(stub, method_name)(request, timeout=timeout)
 
 
