@@ -24,6 +24,8 @@ HYGIENE_INTERVAL_MIN_S = 0.5
 POLICY_POLL_S = 2.0
 #: a draining node stops listening once no Fetch stream has been open this long (a receiver's next request hears why first)
 DRAIN_LINGER_S = 0.5
+#: ... and this long while a host that was reading at the signal has not yet been refused (a loaded receiver is slow to ask)
+DRAIN_LINGER_UNHEARD_S = 3.0
 DRAIN_POLL_S = 0.05
 
 Io = Callable[..., Awaitable]
@@ -61,6 +63,7 @@ async def collect_garbage(store: AdapterStore, io: Io) -> None:
 
 async def streams_ended(streams: PeerStreamLimit, within: float) -> None:
     """Return once no Fetch stream has been open for DRAIN_LINGER_S (a receiver between two requests hears the refusal), or
+    DRAIN_LINGER_UNHEARD_S while a host reading at the signal has not been refused yet, or
     after ``within`` seconds less the margin ``PeerReads`` keeps to cut the last ones by name.
 
     The quiet is counted from the last stream's end, not from the signal: a node no peer was reading from stops at once.
@@ -71,6 +74,7 @@ async def streams_ended(streams: PeerStreamLimit, within: float) -> None:
         quiet_since = streams.last_ended if streams.last_ended is not None else float("-inf")
         if streams.streams_open:
             quiet_since = loop.time()
-        if loop.time() - quiet_since >= DRAIN_LINGER_S or loop.time() >= give_up:
+        linger = DRAIN_LINGER_UNHEARD_S if streams.unheard else DRAIN_LINGER_S
+        if loop.time() - quiet_since >= linger or loop.time() >= give_up:
             return
         await asyncio.sleep(DRAIN_POLL_S)

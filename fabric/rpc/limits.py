@@ -50,10 +50,12 @@ class PeerStreamLimit(grpc.aio.ServerInterceptor):
         self.open: dict[str, int] = {}  # the event loop is the only thread that touches it
         self.closed = ""  # once the node drains: why no new stream is taken
         self.last_ended: float | None = None  # time.monotonic() when a stream last ended (None: none has)
+        self.unheard: set[str] = set()  # once closed: hosts that were reading then and have not been refused since
 
     def close(self, cause: str) -> None:
         """No new stream of any peer from now on (``PeerUnavailable(cause)``); open ones go on."""
         self.closed = cause
+        self.unheard = set(self.open)
 
     @property
     def streams_open(self) -> int:
@@ -62,6 +64,7 @@ class PeerStreamLimit(grpc.aio.ServerInterceptor):
     def enter(self, host: str) -> None:
         """Count one more stream of ``host`` (gRPC Fetch and the data channel alike); QuotaExceeded when it holds ``limit``."""
         if self.closed:
+            self.unheard.discard(host)  # it has heard why
             raise PeerUnavailable(self.closed)
         if self.open.get(host, 0) >= self.limit:
             raise QuotaExceeded(f"peer {host} already holds {self.limit} Fetch streams to this node (--max-streams-per-peer); finish one first")

@@ -104,7 +104,7 @@ def test_a_resume_whose_bytes_another_stream_committed_is_busy_and_leaves_no_upl
 
 @pytest.mark.parametrize("channel", ["data-channel", "grpc"])
 def test_a_draining_seed_tells_its_receivers_why(tmp_path, adapter, channel) -> None:
-    slow = ["--upload-rate", "16384", "--drain-timeout", "2", "--chunk-size", "4096"] + (["--data-port", "off"] if channel == "grpc" else [])
+    slow = ["--upload-rate", "16384", "--drain-timeout", "4", "--chunk-size", "4096"] + (["--data-port", "off"] if channel == "grpc" else [])
     seed = LocalNode(tmp_path / "seed", model="none", extra_args=slow).start()
     receiver = LocalNode(tmp_path / "receiver", model="none", port=free_port(), extra_args=["--chunk-size", "4096"]).start()
     try:
