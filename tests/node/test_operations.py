@@ -113,6 +113,7 @@ def _call_without_client_cert(channel: grpc.Channel, method: str, descriptor) ->
         (False, False): channel.unary_unary,
         (False, True): channel.unary_stream,
         (True, False): channel.stream_unary,
+        (True, True): channel.stream_stream,
     }[(descriptor.client_streaming, descriptor.server_streaming)]
     call = make(path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
     request = iter([b""]) if descriptor.client_streaming else b""
