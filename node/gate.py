@@ -29,7 +29,7 @@ import grpc
 from adapter_fabric.access.caller import set_caller
 from adapter_fabric.access.policy import CLUSTER, Principal, canonical_id, on_behalf, token_sha256
 from adapter_fabric.access.policy_file import PolicyFile
-from adapter_fabric.errors import FabricError, PermissionDenied, Unauthenticated
+from adapter_fabric.errors import Busy, FabricError, PermissionDenied, Unauthenticated
 from adapter_fabric.node.access_rules import CHANGES, RULES, Need
 from adapter_fabric.observability.audit import audit
 from adapter_fabric.observability.metrics import ACCESS_REFUSALS
@@ -190,7 +190,19 @@ class AccessGate(grpc.aio.ServerInterceptor):
 
             async def stream_stream(request_iterator, context):
                 await admitted(None, context)  # node.stage_many checks publish on each adapter's id (and audits)
-                async with aclosing(inner_bidi(request_iterator, context)) as results:
+                still = StillAdmitted(gate, method, token, _sans(context), behalf, None)
+
+                async def watched():
+                    async for message in request_iterator:
+                        admitted_under = still.generation
+                        await still.check()  # a revoked caller's stream ends refused
+                        if still.generation != admitted_under:
+                            # The stream's adapters are checked under the principal it opened with: past a reload, a
+                            # new stream (the client opens one for the adapters not answered) is checked under the new one.
+                            raise Busy(f"the access policy changed while this {method} stream was open; send the rest on a new stream")
+                        yield message
+
+                async with aclosing(inner_bidi(watched(), context)) as results:
                     async for result in results:
                         yield result
 
@@ -271,12 +283,13 @@ class StillAdmitted:
     def __init__(self, gate: AccessGate, method: str, token: str | None, sans: Sequence[str], behalf: str | None, request: Any) -> None:
         self._gate = gate
         self._call = (method, token, tuple(sans), behalf, request)
-        self._generation = gate.policy.generation
+        #: the policy generation the call was last admitted under
+        self.generation = gate.policy.generation
 
     async def check(self) -> None:
         """Nothing while the policy admitted under is in force (one comparison); else the call's admission again."""
-        if self._gate.policy.generation == self._generation:
+        if self._gate.policy.generation == self.generation:
             return
-        self._generation = self._gate.policy.generation
+        self.generation = self._gate.policy.generation
         method, token, sans, behalf, request = self._call
         await self._gate._check(self._gate._who(method, token, sans, behalf), method, request)

@@ -10,8 +10,11 @@ for the unanswered adapters, each answered once; the bounds (a too large adapter
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import pytest
 from adapter_fabric.access.policy import token_sha256
 from adapter_fabric.client import stage_stream
 from adapter_fabric.client.stage_stream import stage_many_request
-from adapter_fabric.errors import Busy, IntegrityError, InvalidAdapterId, InvalidArgument, PermissionDenied
+from adapter_fabric.errors import BadSignature, Busy, IntegrityError, InvalidAdapterId, InvalidArgument, PermissionDenied, Unauthenticated
 from adapter_fabric.harness.bench import make_small_adapters
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.node.stage_many import MAX_ADAPTER_BYTES, MAX_STREAMS
@@ -29,8 +32,10 @@ from adapter_fabric.rpc import security
 from adapter_fabric.rpc.status import error_from_detail, error_from_rpc
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.digests import CONFIG_FILE, adapter_digest, hash_bytes
+from adapter_fabric.trust.signing import keygen, sign, signatures_from_proto
 from adapter_fabric.v1 import fabric_pb2, fabric_pb2_grpc
 from tests.support.scrape import scrape
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -96,6 +101,22 @@ def test_bad_adapters_in_the_middle_are_refused_by_name_and_the_others_commit(no
     assert committed <= listed and not {r.begin.adapter_id for n, r in enumerate(requests) if n in (2, 4, 6, 8)} & listed
 
 
+def test_signed_adapters_keep_their_signature_and_a_false_one_is_refused_by_name(node, adapters) -> None:
+    key = keygen()[0]
+    requests = [stage_many_request(d, f"signed/{d.name}", CHUNK) for d in adapters[110:113]]
+    good = sign(key, requests[0].digest)
+    requests[0].begin.signature, requests[0].begin.signer_public_key = good.signature, good.public_key
+    false = sign(key, "00" * 32)  # a signature, but not over this adapter's digest
+    requests[1].begin.signature, requests[1].begin.signer_public_key = false.signature, false.public_key
+    got = answers(stub_of(node).StageMany(iter(requests), timeout=60))
+    assert isinstance(got[requests[0].begin.adapter_id], fabric_pb2.StageResponse)
+    assert isinstance(got[requests[1].begin.adapter_id], BadSignature)
+    assert isinstance(got[requests[2].begin.adapter_id], fabric_pb2.StageResponse)  # the one after it, unsigned, commits
+    with node.client() as c:
+        assert {s.public_key for s in signatures_from_proto(c.manifest_proto(requests[0].begin.adapter_id))} == {good.public_key}
+        assert requests[1].begin.adapter_id not in {a.adapter_id for a in c.list().staged}
+
+
 def test_the_bounds_an_adapter_too_large_and_streams_past_the_node_limit(node, adapters) -> None:
     big = stage_many_request(adapters[90], "bounds/big", CHUNK)
     big.data = b"\0" * (MAX_ADAPTER_BYTES + 1)
@@ -156,6 +177,71 @@ grants = [{{ verbs = ["read"], prefixes = ["*"] }}]
         with node.client() as c:
             assert {a.adapter_id for a in c.list().staged} == {r.adapter_id for r in result.staged}
         assert calls(node, "StageMany") == 2 and calls(node, "Stage") == 0  # team-a's one stream, and the reader's refused one
+
+
+def team_a_policy(verbs: list[str], *, other: bool = False) -> str:
+    text = f"""
+[[principal]]
+name = "team-a"
+token_sha256 = "{token_sha256('team-a-token-77b0')}"
+grants = [{{ verbs = {json.dumps(verbs)}, prefixes = ["team-a/"] }}]
+"""
+    return text + (f"""
+[[principal]]
+name = "other"
+token_sha256 = "{token_sha256('other-token-41aa')}"
+grants = [{{ verbs = ["read"], prefixes = ["other/"] }}]
+""" if other else "")
+
+
+def reload_policy(node: LocalNode, path: Path, text: str, in_force: Callable[[], bool]) -> None:
+    """Write the policy, SIGHUP the node, and wait until ``in_force`` says the node reads it."""
+    path.write_text(text)
+    os.kill(node.pid, signal.SIGHUP)
+    wait_for(in_force, timeout=30, what="the new policy in force")
+
+
+def test_a_policy_reload_ends_an_open_stream_and_a_revocation_refuses_it(tmp_path, adapters) -> None:
+    """A stream's adapters are checked under the principal it opened with: past a reload the stream ends (Busy: the client
+    sends the rest on a new stream, checked under the new policy), and a caller that lost publish is refused."""
+    (tmp_path / "cluster.token").write_text("cluster-token-5c1e")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(team_a_policy(["read", "publish"]))
+    with LocalNode(tmp_path / "n", model="none", token_file=tmp_path / "cluster.token", extra_args=["--policy", str(policy)]) as node:
+        gate: queue.Queue = queue.Queue()
+        replies = stub_of(node, "team-a-token-77b0").StageMany(iter(gate.get, None), timeout=60)
+        gate.put(stage_many_request(adapters[110], "team-a/before", CHUNK))
+        assert next(replies).HasField("staged")
+
+        def whoami(token: str) -> list[str]:
+            with node.client(token=token) as c:
+                return sorted(v for g in c.whoami().grants for v in g.verbs)
+
+        def other_known() -> bool:
+            try:
+                return whoami("other-token-41aa") == ["read"]
+            except Unauthenticated:
+                return False
+
+        reload_policy(node, policy, team_a_policy(["read", "publish"], other=True), other_known)  # team-a unchanged
+        gate.put(stage_many_request(adapters[111], "team-a/after-reload", CHUNK))
+        with pytest.raises(grpc.RpcError) as ended:
+            next(replies)
+        assert isinstance(error_from_rpc(ended.value), Busy) and "policy changed" in str(error_from_rpc(ended.value))
+        gate.put(None)
+
+        gate = queue.Queue()
+        replies = stub_of(node, "team-a-token-77b0").StageMany(iter(gate.get, None), timeout=60)
+        gate.put(stage_many_request(adapters[111], "team-a/after-reload", CHUNK))
+        assert next(replies).HasField("staged")  # a new stream, under the new policy
+        reload_policy(node, policy, team_a_policy(["read"]), lambda: whoami("team-a-token-77b0") == ["read"])
+        gate.put(stage_many_request(adapters[112], "team-a/revoked", CHUNK))
+        with pytest.raises(grpc.RpcError) as refused:
+            next(replies)
+        assert isinstance(error_from_rpc(refused.value), PermissionDenied)
+        gate.put(None)
+        with node.client() as c:
+            assert {a.adapter_id for a in c.list().staged} == {"team-a/before", "team-a/after-reload"}
 
 
 def test_every_adapter_answered_committed_survives_a_sigkill(tmp_path, adapters) -> None:
