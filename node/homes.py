@@ -53,7 +53,7 @@ log = logging.getLogger("fabric.node")
 
 #: seconds a home gets to answer a lookup, and a holder a probe of its load (a silent one is marked down)
 ASK_TIMEOUT_S = 2.0
-#: pushes and announcements running at once, and waiting at most
+#: pushes running at once, and waiting at most (the same again for announcements, on their own threads)
 CONCURRENT = 2
 MAX_QUEUED = 256
 #: seconds an announcement gets
@@ -120,7 +120,8 @@ class Homes:
         self.directory = HolderDirectory()
         self._directory_lock = threading.Lock()
         self._rng = rng or random.Random()
-        self._jobs = Background("homes")
+        self._jobs = Background("homes")  # pushes: each may take a pull's time (HANDOFF_TIMEOUT_S)
+        self._tells = Background("homes-tell")  # announcements on their own threads: a slow push never holds one up
         self._slices = SliceWatch(parse_target(k8s), self._k8s_members) if k8s else None
         self._placed = view.fleet()  # the fleet the held adapters were last re-homed for
         #: digests an origin holds (this node fetched them, or a home said it came from one): never a last copy; bounded
@@ -280,7 +281,7 @@ class Homes:
         if me is None:
             return False
         request = fabric_pb2.AnnounceRequest(adapter_id=adapter_id, digest=digest, complete=True, dropped=dropped, address=me)
-        return self._jobs.submit(("announce", adapter_id, home, dropped), partial(self._announce, home, request))
+        return self._tells.submit(("announce", adapter_id, home, dropped), partial(self._announce, home, request))
 
     def _announce(self, home: str, request: fabric_pb2.AnnounceRequest) -> None:
         try:
@@ -364,7 +365,7 @@ class Homes:
     def rehome(self, before: Fleet, after: Fleet) -> int:
         """After the members changed: push what this node holds to the homes it gained (``rehoming.pushes``), then tell the
         homes that do not know of this node's other copies (``rehoming.announcements``: at most ``MAX_REHOME_ANNOUNCES``,
-        after the pushes, so they never crowd out a push); how many pushes."""
+        on the announcements' own threads, so a slow push never holds one up); how many pushes."""
         digests = {h.adapter_id: h.digest for h in self.store.held()}
         held = sorted(digests)
         pushes = 0
@@ -387,6 +388,7 @@ class Homes:
         if self._slices is not None:
             self._slices.close()
         self._jobs.close()
+        self._tells.close()
 
 
 
