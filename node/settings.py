@@ -195,7 +195,7 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--evict-to", evict_to, 0.9, "with --when-full evict: the share of --max-store-bytes an eviction frees down to (0.5 to 1.0), "
      "leaving room for the next commits without evicting again", "limits"),
     ("--max-new-tokens", positive_int, 256, "most tokens one Generate may ask for (each is a decode step on the model worker)", "limits"),
-    ("--scrub-rate", size, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h); 0 = off", "limits"),
+    ("--scrub-rate", size, 64 << 20, "bytes/s the store's background re-verification reads (at start, then every 6 h; it works at most a tenth of the time); 0 = off", "limits"),
     ("--expire-abandoned-after", duration, 24 * 3600.0, "age after which an untouched upload or partial download is removed (checked at start and periodically); 0 = never", "limits"),
     ("--metrics-listen", optional_host_port, "", "HOST:PORT of a plain-HTTP listener serving /metrics (Prometheus), /healthz and /readyz; off when empty", "operations"),
     ("--metrics-read-timeout", positive_duration, 10.0, "seconds a --metrics-listen connection may send nothing (mid-request or "

@@ -36,6 +36,7 @@ from adapter_fabric.store.export import ExportDir
 from adapter_fabric.store.files import COPY_BLOCK, check_header, pread_exact
 from adapter_fabric.store.layout import StoreLayout
 from adapter_fabric.store.manifest import FILE_NAMES, FileEntry, Manifest
+from adapter_fabric.store.scrub_pace import ScrubPace
 from adapter_fabric.store.stamps import FileStamp, file_stamp
 from adapter_fabric.store.store_lock import StoreLock
 
@@ -207,20 +208,12 @@ class Integrity:
     # ------------------------------------------------------------ scrub
 
     def scrub(self, rate: int = 0, stop: threading.Event | None = None, on_damage: DamageListener | None = None) -> int:
-        """Re-read and verify every committed blob (stamps ignored), at most ``rate`` bytes/s (0 = unbounded); the count of damaged adapters.
+        """Re-read and verify every committed blob (stamps ignored); the count of damaged adapters.
 
+        ``rate`` above 0: at most that many bytes/s, working at most a tenth of the time (``scrub_pace``); 0: unbounded.
         A corrupt blob is quarantined; ``on_damage(adapter_id, digest, error)`` is told (e.g. to re-pull it from a peer).
         """
-        started, done = time.monotonic(), 0
-
-        def pace(length: int) -> None:
-            nonlocal done
-            done += length
-            if rate > 0:
-                ahead = done / rate - (time.monotonic() - started)
-                if ahead > 0:
-                    (stop.wait if stop is not None else time.sleep)(ahead)
-
+        pace = ScrubPace(rate, time.monotonic, stop.wait if stop is not None else time.sleep) if rate > 0 else None
         bad = 0
         for manifest in self.catalog.each(keep=False):  # one at a time, not cached: the scrub holds one manifest, not 4,096
             for entry in manifest.files:
