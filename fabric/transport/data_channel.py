@@ -32,6 +32,7 @@ from adapter_fabric.observability.metrics import DATA_CONNECTIONS, DATA_FALLBACK
 from adapter_fabric.rpc.status import error_from_detail
 from adapter_fabric.store.lock_watch import check_no_store_lock
 from adapter_fabric.transport import data_frames, fetch_metadata
+from adapter_fabric.transport.chunk_buffers import RECEIVE_BUFFERS
 from adapter_fabric.transport.discovery import split_host_port
 from adapter_fabric.transport.idle_connections import IdleConnections
 from adapter_fabric.transport.membership import Membership
@@ -205,8 +206,7 @@ class DataCall:
         self._grpc: Any = None  # the gRPC call this one became, if it did
         self._began = False
         self._failure: BaseException | None = None  # how the stream failed before its first frame, raised by the first next()
-        self._buffer = bytearray(chunk_size)
-        self._view = memoryview(self._buffer)
+        self._buffer: bytearray | None = None  # from RECEIVE_BUFFERS at the first chunk, given back at END
         self._header = bytearray(data_frames.FRAME.size)
         self._pending: tuple[int, int, int] | None = None  # a frame header read ahead by initial_metadata
         self._picked: list[int] | None = None
@@ -316,12 +316,17 @@ class DataCall:
             if kind == data_frames.CHUNK:
                 if length > self._chunk_size:
                     raise IntegrityError(f"{self._peer} sent a chunk of {length} bytes on the data channel; chunks are {self._chunk_size}")
-                view = self._view[:length]
+                if self._buffer is None:
+                    self._buffer = RECEIVE_BUFFERS.take(self._chunk_size)
+                view = memoryview(self._buffer)[:length]
                 self._read_exact(view)
                 return offset, view
             if kind == data_frames.END:
                 self._trailer = data_frames.decode_end(self._payload(length))
                 self._release()
+                if self._buffer is not None:  # the reader asked past its last chunk: done with it (this thread)
+                    buffer, self._buffer = self._buffer, None
+                    RECEIVE_BUFFERS.give(buffer)
                 raise StopIteration
             if kind == data_frames.ERROR:
                 raise DataChannelFailed(self._error(length))

@@ -71,17 +71,39 @@ class Request:
     endgame: bool = False  # a duplicate of chunks another request carries
     id: int = field(default_factory=lambda: next(_ids))
     accept: frozenset[int] = frozenset()  # chunks the peer may send instead (super-seeding); empty = exactly ``chunks``
+    delivered: set[int] = field(default_factory=set)  # its chunks it verified itself: it only has its END to read
 
 
 def substitutes(plan: SwarmPlan, request: Request) -> frozenset[int]:
-    """What ``request`` accepts in place of its chunks: every needed chunk no other request carries.
+    """What ``request`` accepts in place of its chunks: every needed chunk no other request carries or was offered.
 
     Endgame copies want their chunks exactly; a pull from one peer gains
     nothing from substitutes (it needs every chunk from it anyway).
     """
     if request.endgame or len(plan.peers) < 2:
         return frozenset()
-    return frozenset(c for c in plan.needed if c not in plan.carriers) | frozenset(request.chunks)
+    free = frozenset(c for c in plan.needed if c not in plan.carriers and c not in plan.offered)
+    return free | frozenset(request.chunks)
+
+
+def offer(plan: SwarmPlan, request: Request) -> None:
+    """Set ``request.accept`` (``substitutes``) and hold its substitutes for it until its peer says what it picked.
+
+    Two peers picking from the same substitutes sent the same chunk at once, and one copy was cut (a fifth of a
+    16-node rollout's requests, each a wasted transfer and a connection): a chunk is offered to one request at a
+    time, and no fresh request asks for it meanwhile (``retarget`` or ``finish`` lets it go).
+    """
+    request.accept = substitutes(plan, request)
+    for c in request.accept:
+        if c not in plan.carriers:
+            plan.offered[c] = request.id
+
+
+def _withdraw(plan: SwarmPlan, request: Request) -> None:
+    """``request``'s peer picked (or the request ended): the chunks offered to it are free again."""
+    for c in request.accept:
+        if plan.offered.get(c) == request.id:
+            del plan.offered[c]
 
 
 @dataclass
@@ -93,6 +115,7 @@ class SwarmPlan:
     peers: dict[str, PeerView]  # in preference order
     tiebreak: list[float]  # per-chunk random rank among equally rare chunks
     carriers: dict[int, list[int]] = field(default_factory=dict)  # chunk -> ids of outstanding requests carrying it
+    offered: dict[int, int] = field(default_factory=dict)  # chunk -> id of the one request that may pick it (``offer``)
     outstanding: dict[int, Request] = field(default_factory=dict)
     durations: list[float] = field(default_factory=list)  # seconds per finished request
 
@@ -141,8 +164,11 @@ def mark_dead(plan: SwarmPlan, address: str) -> None:
     plan.peers[address].dead = True
 
 
-def chunk_verified(plan: SwarmPlan, chunk: int) -> None:
+def chunk_verified(plan: SwarmPlan, chunk: int, request: Request | None = None) -> None:
+    """``chunk`` was verified, delivered by ``request`` (when one of this plan's)."""
     plan.needed.discard(chunk)
+    if request is not None:
+        request.delivered.add(chunk)
 
 
 def live_peers(plan: SwarmPlan) -> list[PeerView]:
@@ -194,14 +220,14 @@ class _Rarity(dict):
 
 def _fresh(plan: SwarmPlan, peer: PeerView, counts: dict[int, int], now: float, max_run: int) -> Request | None:
     pool = plan.needed if peer.complete else peer.have & plan.needed
-    candidates = [c for c in pool if c not in plan.carriers]
+    candidates = [c for c in pool if c not in plan.carriers and c not in plan.offered]
     if not candidates:
         return None
     first = min(candidates, key=lambda c: (counts[c], plan.tiebreak[c]))
     run = [first]
     while len(run) < max_run:
         nxt = run[-1] + 1
-        if nxt >= plan.chunk_count or nxt not in plan.needed or nxt in plan.carriers or not peer.holds(nxt):
+        if nxt >= plan.chunk_count or nxt not in plan.needed or nxt in plan.carriers or nxt in plan.offered or not peer.holds(nxt):
             break
         run.append(nxt)
     return Request(peer=peer.address, chunks=run, started=now)
@@ -236,6 +262,7 @@ def finish(plan: SwarmPlan, request: Request, now: float | None = None) -> None:
     """The request ended (done, failed or cancelled): its unverified chunks are free to ask again."""
     if plan.outstanding.pop(request.id, None) is None:
         return
+    _withdraw(plan, request)
     plan.peers[request.peer].inflight -= 1
     for c in request.chunks:
         ids = plan.carriers.get(c)
@@ -251,6 +278,7 @@ def retarget(plan: SwarmPlan, request: Request, chunks: Sequence[int]) -> None:
     """The peer said which chunks it will send for ``request`` (substitutes): they, not the asked ones, are carried now."""
     if request.id not in plan.outstanding:
         return
+    _withdraw(plan, request)
     for c in request.chunks:
         ids = plan.carriers.get(c)
         if ids is not None and request.id in ids:
@@ -263,8 +291,12 @@ def retarget(plan: SwarmPlan, request: Request, chunks: Sequence[int]) -> None:
 
 
 def redundant(plan: SwarmPlan) -> list[Request]:
-    """Outstanding requests whose every chunk is verified already (the other endgame copy won): cancel them."""
-    return [r for r in plan.outstanding.values() if not any(c in plan.needed for c in r.chunks)]
+    """Outstanding requests whose every chunk is verified already, some by another copy (the other endgame copy won): cancel them.
+
+    A request that delivered every chunk itself is not: it has its END to read (what the peer holds now), and its
+    connection is kept for the next request only when it reads it (a cancel there cost a new connection per request).
+    """
+    return [r for r in plan.outstanding.values() if not r.delivered.issuperset(r.chunks) and not any(c in plan.needed for c in r.chunks)]
 
 
 def pick_chunks(requested: Sequence[int], accept: Iterable[int], holds: Callable[[int], bool], sent: list[int], rng: random.Random) -> list[int]:

@@ -178,8 +178,8 @@ class SwarmWorkers:
                 self.partial.write_chunk(index, data)  # verifies first; IntegrityError = corrupt
                 self.done.add(index)
                 self.report(ChunkVerified(request, index))
-                if not request.accept and all(c in self.done for c in expected[position:]):
-                    break  # the rest came from another copy (endgame)
+                if not request.accept and position < len(expected) and all(c in self.done for c in expected[position:]):
+                    break  # the rest came from another copy (endgame); after its last chunk a stream reads its END (the peer's holdings, a kept connection)
         except IntegrityError as exc:  # a bad chunk, a misplaced one, or a malformed message
             raise _Ended(FetchCorrupt(request, exc)) from None
         except (grpc.RpcError, DataChannelFailed) as exc:

@@ -145,6 +145,10 @@ class SwarmPull:
         for whole in {source} | (self.complete & set(plan.peers)):
             swarm.set_holding(plan, whole, (), complete=True)
         last_progress = time.monotonic()
+        # The source serves at once; peers are first asked POLL_S in. Pullers of one rollout start together, and a
+        # poll at the start found nothing (half of a 16-node rollout's polls); one already holding chunks waits POLL_S.
+        for address in plan.peers:
+            self.last_poll.setdefault(address, last_progress)
         stall_timeout = self.settings.stall_timeout
         try:
             while plan.needed:
@@ -212,7 +216,7 @@ class SwarmPull:
         )
 
     def _start(self, request: swarm.Request) -> None:
-        request.accept = swarm.substitutes(self.plan, request)
+        swarm.offer(self.plan, request)
         handle = self.active[request.id] = FetchHandle()
         if self.trace is not None:
             self.trace.append([time.monotonic() - self.t0, "start", request.peer, request.chunks])
@@ -223,7 +227,8 @@ class SwarmPull:
     def _poll_due(self, now: float) -> None:
         for peer in swarm.live_peers(self.plan):
             address = peer.address
-            if peer.complete or address in self.polling or now - self.last_poll.get(address, -POLL_S) < self.poll_gap.get(address, POLL_S):
+            # A peer answering a request of ours says what it holds at the request's END: only an idle one is asked.
+            if peer.complete or peer.inflight or address in self.polling or now - self.last_poll.get(address, -POLL_S) < self.poll_gap.get(address, POLL_S):
                 continue
             self.polling.add(address)
             self.pool.submit(self.workers.poll, address)
@@ -272,7 +277,7 @@ class SwarmPull:
         return self._handlers[type(event)](event, now)
 
     def _on_chunk(self, event: ChunkVerified, now: float) -> bool:
-        swarm.chunk_verified(self.plan, event.chunk)
+        swarm.chunk_verified(self.plan, event.chunk, event.request)
         self.refused.pop(event.request.peer, None)  # it serves again: an earlier refusal explains nothing now
         return True
 

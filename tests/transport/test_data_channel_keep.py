@@ -17,6 +17,7 @@ from adapter_fabric.harness.cluster import free_port
 from adapter_fabric.node.data_server import MAX_CONNECTIONS_PER_SOURCE
 from adapter_fabric.observability.metrics import DATA_CONNECTIONS, DATA_FALLBACKS
 from adapter_fabric.transport import data_frames, fetch_metadata
+from adapter_fabric.transport.chunk_buffers import BufferPool
 from adapter_fabric.transport.data_channel import DataChannels
 from adapter_fabric.transport.idle_connections import IdleConnections
 from adapter_fabric.v1 import fabric_pb2
@@ -190,6 +191,37 @@ def test_a_kept_connection_is_not_kept_after_a_cancel() -> None:
     kept = connections("kept")
     assert fetch(channels, peer, REQUEST) == b"chunk"
     assert connections("kept") == kept
+
+
+def test_streams_read_one_after_another_receive_into_one_buffer_and_a_cut_stream_keeps_its_own() -> None:
+    server = Scripted([[True, True, True], [True]])
+    channels, peer = channel_to(server.port)
+    buffers = []
+    for _ in range(2):  # each stream read to its END gives its buffer back for the next
+        call = channels.open(peer, REQUEST, None, 1 << 20)
+        assert call is not None
+        chunks = [(offset, data) for offset, data in call]
+        assert [bytes(data) for _, data in chunks] == [b"chunk"]
+        buffers.append(chunks[0][1].obj)
+    assert buffers[0] is buffers[1], "a new receive buffer per stream (a zeroed 1 MiB allocation each)"
+    call = channels.open(peer, REQUEST, None, 1 << 20)
+    assert call is not None
+    _, data = next(iter(call))
+    call.cancel()  # cut from another thread, as the swarm's watchdog does: the reader may still use its view
+    call.close()
+    later = channels.open(peer, REQUEST, None, 1 << 20)
+    assert later is not None
+    assert [bytes(d) for _, d in later] == [b"chunk"]
+    assert bytes(data) == b"chunk", "a cut stream's buffer was handed to the next stream"
+
+
+def test_the_buffer_pool_keeps_idle_buffers_within_its_bound() -> None:
+    pool = BufferPool(max_bytes=3 << 10)
+    taken = [pool.take(1 << 10) for _ in range(4)]
+    for buffer in taken:
+        pool.give(buffer)
+    assert pool.idle_bytes == 3 << 10  # the fourth was let go
+    assert pool.take(1 << 10) in taken and pool.take(2 << 10) not in taken  # only a buffer of the size asked for
 
 
 # ---------------------------------------------------------------- the pool's bounds

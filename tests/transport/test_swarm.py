@@ -123,6 +123,16 @@ def test_endgame_duplicates_a_slow_request_once_then_cancels_the_loser() -> None
     assert swarm.redundant(plan) == [slow, dup] or set(r.id for r in swarm.redundant(plan)) == {slow.id, dup.id}
 
 
+def test_a_request_that_delivered_every_chunk_itself_is_left_to_read_its_end() -> None:
+    plan = plan_of(4, {"a": None, "b": None})
+    first = swarm.plan_requests(plan, now=0.0, window=1, max_run=1)
+    done, other = first
+    swarm.chunk_verified(plan, done.chunks[0], done)  # its own chunk: only its END (the peer's holdings) is left to read
+    assert swarm.redundant(plan) == [], "a cancel there costs the kept connection and the END's holdings"
+    swarm.retarget(plan, other, done.chunks)  # the other peer picked the same chunk (a substitute): that copy lost
+    assert swarm.redundant(plan) == [other]
+
+
 def test_endgame_waits_longer_when_requests_are_slow() -> None:
     plan = plan_of(2, {"a": None})
     plan.durations.extend([2.0] * 5)
