@@ -22,6 +22,7 @@ from pathlib import Path
 
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.errors import PeerUnavailable
+from adapter_fabric.harness.port_claims import PortClaims
 from adapter_fabric.rpc.security import TlsFiles, read_token
 
 _LISTENING = re.compile(r"fabric-node listening on (\S+):(\d+)")
@@ -170,6 +171,7 @@ class LocalNode:
 
 
 _RESERVED_FLOOR = 20000  # ports below this are left to services; free_port draws from here up to the ephemeral range
+_claims = PortClaims()
 _ephemeral_floor: int | None = None
 _next_port: int | None = None
 
@@ -186,7 +188,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     Drawn below the kernel's ephemeral range: a port the kernel hands out itself (a node's data channel on
     port 0, any outgoing connection) can then never take it between this probe and the node's bind. Each
-    process walks from its own random start, so parallel test workers do not draw the same ports.
+    process walks from its own random start, and claims what it draws against other processes
+    (``adapter_fabric.harness.port_claims``), so parallel test workers never draw the same port.
     """
     global _ephemeral_floor, _next_port
     if _ephemeral_floor is None:
@@ -200,9 +203,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         candidate = _RESERVED_FLOOR + _next_port % span
         _next_port += 1
         try:
-            return _probe(host, candidate)
+            port = _probe(host, candidate)
         except OSError:
             continue
+        if _claims.claim(port):  # no other live process drew it (``port_claims``)
+            return port
     return _probe(host, 0)
 
 
