@@ -58,7 +58,8 @@ CONCURRENT = 2
 MAX_QUEUED = 256
 #: seconds an announcement gets
 ANNOUNCE_TIMEOUT_S = 5.0
-#: announcements one re-homing queues at most (more are counted as dropped: a lookup's fan-out still finds those holders)
+#: announcements one re-homing queues at most (more are counted as dropped: a lookup's fan-out still finds those holders);
+#: half the announcement queue, so the pulls' own announcements meanwhile still find room
 MAX_REHOME_ANNOUNCES = MAX_QUEUED // 2
 #: origin-backed digests remembered (the least recently marked go first: then a copy of one counts as possibly the last)
 MAX_BACKED = 100_000

@@ -130,6 +130,9 @@ class Slots:
                         f"the deadline passed after {len(run.output_ids)} of {request.max_new_tokens} new tokens; ask for fewer, or allow more time"
                     )
                 await self.context.on_model(run.step)
+            # The ref is dropped before the reply: a caller that goes on (a listing, a promote that would evict the slot) never
+            # finds it held by a generation that has answered.
+            await self.context.on_model(run.finish)
             return fabric_pb2.GenerateResponse(slot=run.resolved, content_id=run.content_id, last_logits=run.last_logits, output_ids=run.output_ids)
         finally:
             # After any job still queued or running: the ref is dropped, never before it was taken.

@@ -132,9 +132,10 @@ class NodeClient:
         try:
             return method(request, timeout=kwargs.pop("timeout", self.timeout), **kwargs)
         except grpc.RpcError as exc:
-            raise self._error(exc) from None
+            raise self.error_of(exc) from None
 
-    def _error(self, exc: grpc.RpcError):
+    def error_of(self, exc: grpc.RpcError):
+        """The ``FabricError`` a failed call to this node means (the node's own error detail, or its transport's failure, named)."""
         has_detail = any(key == ERROR_DETAIL_KEY for key, _ in (exc.trailing_metadata() or ()))
         if not has_detail and exc.code() == grpc.StatusCode.UNAVAILABLE:
             # The transport to the node itself failed (nothing the node said): name it, and say what to change.
@@ -151,7 +152,7 @@ class NodeClient:
         """A quick call's deadline in seconds (None: none): the caller's ``timeout``, else the client's."""
         return _deadline(timeout, self.timeout)
 
-    def _long(self, timeout: float | None) -> float | None:
+    def long_deadline(self, timeout: float | None) -> float | None:
         """The deadline of a call that moves an adapter: the caller's ``timeout``, else the client's ``long_timeout``."""
         return _deadline(timeout, self.long_timeout)
 
@@ -257,7 +258,7 @@ class NodeClient:
                     if progress:
                         progress(position, size)
 
-        r = self._call(self.stub.Stage, requests(), timeout=self._long(timeout))
+        r = self._call(self.stub.Stage, requests(), timeout=self.long_deadline(timeout))
         return StageResult(r.adapter_id, r.digest, r.content_id, r.bytes_received, r.already_staged, resumed_from=offset)
 
     def stage_many(self, items, workers: int = 16, *, timeout: float | None = None, on_done=None):
@@ -321,7 +322,7 @@ class NodeClient:
         )
         if peft is not None:
             request.peft.CopyFrom(peft)
-        return PromoteResult.from_proto(self._call(self.stub.Promote, request, timeout=self._long(timeout)))
+        return PromoteResult.from_proto(self._call(self.stub.Promote, request, timeout=self.long_deadline(timeout)))
 
     def pull(
         self, adapter_id: str, *, peer: str = "", named_peer_only: bool = False, base_model: str = "", export_version: bool = False,

@@ -82,7 +82,7 @@ class StreamStage:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED and not answered.intersection(i for _, i in waiting):
                     _fell_back(self.client.address)
                     return waiting
-                error = self.client._error(exc)
+                error = self.client.error_of(exc)
             except FabricError as exc:  # asking the chunk size failed (the node is away, or refuses)
                 error = exc
             if error is not None and not isinstance(error, (Busy, PeerUnavailable)) and not error.retryable:
@@ -119,7 +119,7 @@ class StreamStage:
                     continue
                 yield request
 
-        for reply in self.client.stub.StageMany(requests(), timeout=self.client._long(self.timeout)):
+        for reply in self.client.stub.StageMany(requests(), timeout=self.client.long_deadline(self.timeout)):
             if reply.HasField("staged"):
                 r = reply.staged
                 tell(reply.adapter_id, StageResult(r.adapter_id, r.digest, r.content_id, r.bytes_received, r.already_staged), None)

@@ -183,7 +183,9 @@ def test_interrupted_library_stage_resumes(nodes, adapters) -> None:
         assert "resume/a" not in {a.adapter_id for a in client.list().staged}  # nothing half-committed
         kept = observer.upload_offset("resume/a", sha)
         reply = client.stage(adapter, "resume/a", piece_size=piece)
-    assert 0 < kept and reply.resumed_from == kept and reply.bytes_received <= size - kept, "the second upload must resume, not start over"
+    # At least what was seen kept: the node may still write a piece of the cut stream after ``kept`` was read.
+    assert 0 < kept <= reply.resumed_from, "the second upload must resume, not start over"
+    assert reply.bytes_received <= size - reply.resumed_from, "the second upload sends only the rest"
 
 
 def arriving(client: NodeClient, digest: str) -> bool:

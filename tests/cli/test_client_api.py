@@ -61,15 +61,15 @@ def test_a_closed_client_raises_a_fabric_error_naming_it(silent) -> None:
 def test_timeout_none_is_the_clients_own_and_zero_is_none(silent) -> None:
     """None: the client's (quick or long) deadline; 0: no deadline; a number: that call's; nonsense refused by name."""
     with NodeClient(silent, timeout=7.0, long_timeout=99.0) as client:
-        assert (client._quick(None), client._long(None)) == (7.0, 99.0)
-        assert (client._quick(0), client._long(0)) == (None, None)
-        assert (client._quick(2), client._long(2.5)) == (2.0, 2.5)
-        assert client._long(False) == 99.0  # what False meant before (the default): kept for old callers
+        assert (client._quick(None), client.long_deadline(None)) == (7.0, 99.0)
+        assert (client._quick(0), client.long_deadline(0)) == (None, None)
+        assert (client._quick(2), client.long_deadline(2.5)) == (2.0, 2.5)
+        assert client.long_deadline(False) == 99.0  # what False meant before (the default): kept for old callers
         for bad in (-1, float("nan"), True, "30s"):
             with pytest.raises(InvalidArgument, match="timeout="):
-                client._long(bad)
+                client.long_deadline(bad)
     with NodeClient(silent, long_timeout=None) as unbounded:
-        assert unbounded._long(None) is None
+        assert unbounded.long_deadline(None) is None
 
 
 def test_the_top_level_exports_what_the_methods_return_and_nothing_else() -> None:
