@@ -82,7 +82,7 @@ def substitutes(plan: SwarmPlan, request: Request) -> frozenset[int]:
     """
     if request.endgame or len(plan.peers) < 2:
         return frozenset()
-    free = frozenset(c for c in plan.needed if c not in plan.carriers and c not in plan.offered)
+    free = frozenset(c for c in plan.needed if _unclaimed(plan, c))
     return free | frozenset(request.chunks)
 
 
@@ -97,6 +97,11 @@ def offer(plan: SwarmPlan, request: Request) -> None:
     for c in request.accept:
         if c not in plan.carriers:
             plan.offered[c] = request.id
+
+
+def _unclaimed(plan: SwarmPlan, chunk: int) -> bool:
+    """No outstanding request carries ``chunk`` and none was offered it: a fresh request or a substitute may take it."""
+    return chunk not in plan.carriers and chunk not in plan.offered
 
 
 def _withdraw(plan: SwarmPlan, request: Request) -> None:
@@ -220,14 +225,14 @@ class _Rarity(dict):
 
 def _fresh(plan: SwarmPlan, peer: PeerView, counts: dict[int, int], now: float, max_run: int) -> Request | None:
     pool = plan.needed if peer.complete else peer.have & plan.needed
-    candidates = [c for c in pool if c not in plan.carriers and c not in plan.offered]
+    candidates = [c for c in pool if _unclaimed(plan, c)]
     if not candidates:
         return None
     first = min(candidates, key=lambda c: (counts[c], plan.tiebreak[c]))
     run = [first]
     while len(run) < max_run:
         nxt = run[-1] + 1
-        if nxt >= plan.chunk_count or nxt not in plan.needed or nxt in plan.carriers or nxt in plan.offered or not peer.holds(nxt):
+        if nxt >= plan.chunk_count or nxt not in plan.needed or not _unclaimed(plan, nxt) or not peer.holds(nxt):
             break
         run.append(nxt)
     return Request(peer=peer.address, chunks=run, started=now)

@@ -39,7 +39,7 @@ def total(nodes: list[LocalNode], name: str, **labels: str) -> float:
     return sum(scrape(n).get((name, frozenset(labels.items())), 0.0) for n in nodes)
 
 
-def test_a_rollout_keeps_a_connection_per_pair_and_learns_holdings_from_its_streams(tmp_path, adapter) -> None:
+def test_a_rollout_keeps_a_connection_per_pair_and_cuts_few_of_its_requests(tmp_path, adapter) -> None:
     ports = [free_port() for _ in range(PULLERS + 1)]
     addresses = [f"127.0.0.1:{p}" for p in ports]
     traces = tmp_path / "traces"
