@@ -2,7 +2,9 @@
 
 Each node is a separate ``fabric-node`` process listening on a free loopback
 port; it announces the port on its first stdout line. Nodes stop with SIGTERM
-(graceful) or SIGKILL (to test crash safety).
+(graceful) or SIGKILL (to test crash safety). They are forked from a process
+that has done a node's imports already (``node_forks``), unless they run in a
+network namespace or ``FABRIC_HARNESS_FORK=0``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.errors import PeerUnavailable
+from adapter_fabric.harness.node_forks import NodeProcess, forking_enabled, launch_forked
 from adapter_fabric.harness.port_claims import PortClaims
 from adapter_fabric.rpc.security import TlsFiles, read_token
 
@@ -67,7 +70,7 @@ class LocalNode:
         self.log_path = log_path or self.store.with_name(self.store.name + ".log")
         self.env = env
         self.netns = netns
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | NodeProcess | None = None
         self.address = ""
         self.metrics_address = ""  # HOST:PORT of /metrics, /healthz, /readyz when started with --metrics-listen
         self.banner = ""  # the node's "fabric-node listening on ..." line
@@ -85,7 +88,10 @@ class LocalNode:
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         self.store.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        if self.netns is None and forking_enabled():  # the usual case: no imports to pay (``node_forks``)
+            self.process = launch_forked(self.args, env, stderr=self._log.fileno())
+        else:
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, env=env)
 
     def wait_ready(self) -> LocalNode:
         """Read the announced port, then wait for health SERVING."""
@@ -143,8 +149,11 @@ class LocalNode:
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM and wait: the graceful path."""
-        if self.process is None or self.process.poll() is not None:
-            return self.process.returncode if self.process else 0
+        if self.process is None:
+            return 0
+        code = self.process.poll()
+        if code is not None:
+            return code
         self.terminate()
         try:
             return self.process.wait(timeout)
