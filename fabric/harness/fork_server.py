@@ -14,7 +14,9 @@ for its nodes and reads their exit codes as it would a subprocess's. Nothing her
 from __future__ import annotations
 
 import array
+import atexit
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -23,7 +25,9 @@ import signal
 import socket
 import struct
 import sys
+import threading
 from dataclasses import dataclass
+from typing import NoReturn
 
 NODE_MODULE = "adapter_fabric.node.main"
 # What a tiny-model node imports before it serves; a node running another model imports the rest itself.
@@ -135,7 +139,7 @@ def _fork_detached() -> int:
     return struct.unpack("=q", packed)[0]
 
 
-def become_node(launch: Launch, fds: list[int]) -> None:
+def become_node(launch: Launch, fds: list[int]) -> NoReturn:
     """Turn this forked process into ``python -m adapter_fabric.node.main ARGS`` with the caller's files and environment."""
     stdout, stderr = fds
     os.dup2(stdout, 1)
@@ -144,12 +148,49 @@ def become_node(launch: Launch, fds: list[int]) -> None:
         os.close(fd)
     _name_process(b"fabric-node")  # what ps and top show (its command line stays the server's)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has it (the server ignores it)
+    gc.enable()
     os.chdir(launch.cwd)
     sys.path[0] = launch.cwd  # ``python -m`` puts the working directory first (the server's was where it started)
     os.environ.clear()
     os.environ.update(launch.env)
     sys.argv = [NODE_MODULE, *launch.argv]
-    runpy.run_module(NODE_MODULE, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(NODE_MODULE, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt:
+        code = -signal.SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    _exit(code)
+
+
+def _exit_code(code: object) -> int:
+    """``sys.exit``'s argument as the interpreter reads it: None is 0, a number itself, anything else printed and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _exit(code: int) -> NoReturn:
+    """End as the interpreter would (its threads joined, its exit hooks run, output flushed), then skip finalizing
+    the modules: tearing down the server's imports (torch, transformers) took a node 1.6 s of CPU at each exit."""
+    threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter calls first at exit: joins non-daemon threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code < 0:  # ended by a signal, as an interrupted interpreter is: the parent sees the signal
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
 
 
 def _name_process(name: bytes) -> None:
@@ -162,13 +203,15 @@ def _name_process(name: bytes) -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the harness and its nodes; this ends at EOF
     control = socket.socket(fileno=int(sys.argv[1]))
+    gc.disable()  # no collection may leave holes in pages the nodes share; frozen below, so theirs skip these objects
     for module in PRELOADED:
         importlib.import_module(module)
+    gc.freeze()
     if not _answer(control, {"ready": True}):
         return  # the harness went away during the imports
     forked = serve(control)
     if forked is not None:
-        become_node(*forked)  # a SystemExit from the node's main ends this process with the node's code
+        become_node(*forked)
 
 
 if __name__ == "__main__":

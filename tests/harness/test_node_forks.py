@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from adapter_fabric.errors import InvalidArgument
-from adapter_fabric.harness import node_forks
+from adapter_fabric.harness import fork_server, node_forks
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.harness.fork_server import Launch
 
@@ -57,6 +57,7 @@ def test_a_forked_node_is_a_child_of_this_process_and_serves_and_exits_as_a_subp
     finally:
         assert node.stop() == 0  # SIGTERM: drained and exited 0
         other.kill()
+    assert any(line.endswith("fabric.node: stopped") for line in node.log_tail().splitlines())  # its last words reached its log
     assert other.process is not None and other.process.returncode == -signal.SIGKILL
     assert node.process is not None and node.process.poll() == 0
 
@@ -120,3 +121,8 @@ def test_the_fork_variable_is_one_or_zero(tmp_path, monkeypatch) -> None:
     assert isinstance(plain.process, subprocess.Popen)  # python -m: stopped before its imports are done
     plain.kill()
     assert plain.process.returncode == -signal.SIGKILL
+
+
+def test_an_exit_argument_becomes_the_code_the_interpreter_would_give() -> None:
+    assert [fork_server._exit_code(code) for code in (None, 0, 3, 256 + 2, -1)] == [0, 0, 3, 2, 255]
+    assert fork_server._exit_code("a message") == 1
