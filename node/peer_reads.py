@@ -23,7 +23,7 @@ from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.signed import SignedAdapters
-from adapter_fabric.observability.metrics import SERVED_BYTES
+from adapter_fabric.observability.metrics import PARTIAL_CHUNKS_SERVED, SERVED_BYTES
 from adapter_fabric.store.digests import check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import Manifest
@@ -314,14 +314,28 @@ class PeerReads:
             )
         if request.accept_bitmap:
             yield Picked(list(chunks))
-        for index in chunks:
-            await self._throttle(weights.chunk_span(index)[1])
-            try:
-                data = await self.context.io(partial.read_chunk, index)  # re-verified on read
-            except InvalidArgument as exc:  # the partial was closed under us (its pull failed)
-                raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
-            SERVED_BYTES.inc(len(data))
-            yield BytesPiece(index * weights.chunk_size, data)
+        try:
+            opened = await self.context.io(partial.open_unchanged)  # verified on arrival, and the file unchanged since
+        except InvalidArgument as exc:  # the partial was closed under us (its pull failed)
+            raise AdapterNotFound(f"{request.digest} is no longer served here: {exc}") from None
+        if opened is not None:
+            with opened as f:
+                for index in chunks:
+                    offset, length = weights.chunk_span(index)
+                    await self._throttle(length)
+                    SERVED_BYTES.inc(length)
+                    PARTIAL_CHUNKS_SERVED.labels("sendfile").inc()
+                    yield FilePiece(offset, length, f)
+        else:  # the file changed on disk since it was verified, or the download committed meanwhile
+            for index in chunks:
+                await self._throttle(weights.chunk_span(index)[1])
+                try:
+                    data = await self.context.io(partial.read_chunk, index)  # re-verified on read
+                except InvalidArgument as exc:  # the partial was closed under us (its pull failed)
+                    raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
+                SERVED_BYTES.inc(len(data))
+                PARTIAL_CHUNKS_SERVED.labels("reverified").inc()
+                yield BytesPiece(index * weights.chunk_size, data)
         # What it holds by now, so a swarm puller need not poll Availability (adapter_fabric.transport.swarm_pull).
         yield Holds(complete=True) if partial.committed else Holds(complete=False, bitmap=partial.verified_bitmap)
 

@@ -66,6 +66,14 @@ def write_stamp(fd: int) -> FileStamp:
     return file_stamp(fd)
 
 
+def has_data(fd: int, offset: int, length: int) -> bool:
+    """False when the range of a sparse file is a hole never written (saves hashing zeros on a resume)."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA) < offset + length
+    except OSError as exc:
+        return exc.errno != errno.ENXIO  # ENXIO: no data after offset; other errors: just hash it
+
+
 def pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:
     parts, got = [], 0
     while got < length:

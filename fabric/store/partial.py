@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument
 from adapter_fabric.store.catalog import Catalog, is_digest
 from adapter_fabric.store.committer import Committer
 from adapter_fabric.store.digests import chunk_digest
-from adapter_fabric.store.files import WRITEBACK_RUN, check_header, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
+from adapter_fabric.store.files import WRITEBACK_RUN, check_header, has_data, lock_held_dir, pread_exact, pwrite_all, start_writeback, write_stamp
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.lock_watch import WatchedLock
 from adapter_fabric.store.manifest import Manifest
@@ -88,10 +88,8 @@ class Partials:
         return manifest
 
     def find(self, digest: str) -> PartialDownload | None:
-        """The download of ``digest`` open in this store object, if any (to answer Availability and serve its verified chunks).
-
-        One dict read (atomic): Availability answers from the event loop and never waits on an ``open``'s disk work.
-        """
+        """The download of ``digest`` open in this store object, if any (to answer Availability and serve its verified chunks):
+        one dict read (atomic), so Availability answers from the event loop and never waits on an ``open``'s disk work."""
         return self._open.get(digest)
 
     def left_for(self, digest: str) -> str:
@@ -200,20 +198,13 @@ class PartialDownload:
             os.ftruncate(self._open_fd, weights.size)
         for index in range(weights.chunk_count):
             offset, length = weights.chunk_span(index)
-            if self._has_data(offset, length):
+            if has_data(self._open_fd, offset, length):
                 data = pread_exact(self._open_fd, length, offset, f"partial {self.manifest.digest}")
                 if chunk_digest(data) == weights.chunk_digests[index]:
                     self._verified[index] = 1
                     self._block_missing[index // self._block_chunks] -= 1  # on disk already: no writeback to start
         self._advance()
         self._stamp()
-
-    def _has_data(self, offset: int, length: int) -> bool:
-        """False when the range is a hole never written (saves hashing zeros on resume)."""
-        try:
-            return os.lseek(self._open_fd, offset, os.SEEK_DATA) < offset + length
-        except OSError as exc:
-            return exc.errno != errno.ENXIO  # ENXIO: no data after offset; other errors: just hash it
 
     def _advance(self) -> None:
         while self._prefix < len(self._verified) and self._verified[self._prefix]:
@@ -318,6 +309,16 @@ class PartialDownload:
                 data = pread_exact(self._open_fd, length, offset, f"partial {self.manifest.digest}")
         weights.verify_chunk(index, data)
         return data
+
+    def open_unchanged(self) -> BinaryIO | None:
+        """The data file, opened to ``sendfile`` verified chunks from; None when it may have changed on disk since our
+        last write (its stamp, as ``commit`` checks it): ``read_chunk`` then re-reads and re-verifies each. Each receiver
+        verifies every chunk too (a bad one is a corrupt chunk from this peer there). A commit (a rename) or a discard
+        under a stream leaves the file readable: its chunks were verified either way."""
+        with self._lock:
+            self._require_open()
+            unchanged = self._directory is not None and write_stamp(self._open_fd) == self._written_stamp
+            return open(self._open_directory / "data", "rb") if unchanged else None
 
     # ------------------------------------------------------------ finishing
 

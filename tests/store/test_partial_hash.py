@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.store import corrupt_behind_the_writer, snapshot
-from adapter_fabric.errors import IntegrityError
+from adapter_fabric.errors import IntegrityError, InvalidArgument
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
 from adapter_fabric.store import AdapterStore
 
@@ -88,6 +88,45 @@ def test_a_file_changed_on_disk_after_its_chunks_were_verified_is_caught_at_comm
         partial.commit("c")
     assert _committed(tmp_path) == before and store.list() == []
     assert list((tmp_path / "partial").iterdir()) == [], "a partial that failed its whole-file check is dropped"
+
+
+def test_verified_chunks_are_served_from_the_file_until_it_changes_on_disk_then_each_is_re_verified(tmp_path: Path, adapter) -> None:
+    """A peer is served a partial's verified chunks from its file (sendfile, no re-hash) while the file is as this
+    object last wrote it; once another writer changed it, serving re-reads and re-verifies each chunk, and refuses the
+    changed one (a change the stamp cannot see is a corrupt chunk at the receiver: test_corrupt_chunk_on_the_wire_is_refetched)."""
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    partial = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
+    for index in (0, 1, 2):
+        partial.write_chunk(index, chunks[index])
+    with partial.open_unchanged() as served:
+        assert [served.read(CHUNK) for _ in range(3)] == chunks[:3]
+    corrupt_behind_the_writer(tmp_path / "partial" / manifest.digest / "data", CHUNK + 3)  # chunk 1
+    assert partial.open_unchanged() is None, "a file changed behind the writer is never sent unchecked"
+    assert partial.read_chunk(0) == chunks[0]
+    with pytest.raises(IntegrityError, match="chunk 1"):
+        partial.read_chunk(1)
+    partial.discard()
+    with pytest.raises(InvalidArgument, match="closed or discarded"):
+        partial.open_unchanged()
+
+
+def test_a_stream_keeps_reading_verified_chunks_from_a_partial_committed_or_discarded_under_it(tmp_path: Path, adapter) -> None:
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    store = AdapterStore(tmp_path, chunk_size=CHUNK)
+    partial = store.open_partial(manifest)
+    for index, chunk in enumerate(chunks):
+        partial.write_chunk(index, chunk)
+    with partial.open_unchanged() as served:
+        partial.commit("c")  # renames the file into blobs/: the open file is the same one
+        assert served.read() == b"".join(chunks)
+        assert partial.open_unchanged() is None, "a committed download is served as a blob, verified at rest"
+    second = AdapterStore(tmp_path / "other", chunk_size=CHUNK).open_partial(manifest)
+    second.write_chunk(0, chunks[0])
+    with second.open_unchanged() as served:
+        second.discard()
+        assert served.read(CHUNK) == chunks[0]
 
 
 def test_a_file_changed_on_disk_while_open_is_caught_by_the_resume_re_hash(tmp_path: Path, adapter) -> None:

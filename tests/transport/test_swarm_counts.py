@@ -59,6 +59,8 @@ def test_a_rollout_keeps_a_connection_per_pair_and_cuts_few_of_its_requests(tmp_
         new = total(everyone, "fabric_data_channel_connections_total", connection="new")
         kept = total(everyone, "fabric_data_channel_connections_total", connection="kept")
         polls = total(everyone, "fabric_rpc_duration_seconds_count", method="Availability")
+        from_file = total(everyone, "fabric_partial_chunks_served_total", how="sendfile")
+        reverified = total(everyone, "fabric_partial_chunks_served_total", how="reverified")
     events = [e for trace in traces.glob("pull-*.json") for e in json.loads(trace.read_text())["events"]]
     requests = sum(1 for _, kind, _, _ in events if kind == "start")
     cut = sum(1 for _, kind, _, _ in events if kind == "cancelled")
@@ -68,6 +70,9 @@ def test_a_rollout_keeps_a_connection_per_pair_and_cuts_few_of_its_requests(tmp_
     # all requests), and each cut cost the next request to that peer a new connection.
     assert new <= 2 * pairs and kept >= requests - 2 * pairs, counts
     assert cut <= requests // 10, counts
+    # A puller serves the chunks it verified on arrival from its file (sendfile): no re-read or re-hash per chunk while
+    # the file is as it wrote it (before: every one read into a fresh buffer and hashed again, on a worker thread).
+    assert from_file >= 1 and reverified == 0, f"{from_file:g} partial chunks sent from the file, {reverified:g} re-verified"
     # Measured (this test, 64 chunks): 200 requests, 0 cut, 16 new connections, 180 kept, 39 polls; before,
     # 198 requests, 99 cut, 111 new, 82 kept, 44 polls. Polls go with the pull's time (idle peers are asked every
     # POLL_S to POLL_MAX_S), so they are reported, not bounded, here; scripts/bench_swarm.py counts them at scale.
