@@ -207,11 +207,10 @@ def main() -> None:
     for module in PRELOADED:
         importlib.import_module(module)
     gc.freeze()
-    if not _answer(control, {"ready": True}):
-        return  # the harness went away during the imports
-    forked = serve(control)
+    forked = serve(control) if _answer(control, {"ready": True}) else None
     if forked is not None:
         become_node(*forked)
+    os._exit(0)  # the harness is gone; finalizing the imports would only cost time (and print native libraries' leak reports)
 
 
 if __name__ == "__main__":
