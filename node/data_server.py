@@ -201,7 +201,16 @@ class DataServer:
             kind, offset, payload = data_frames.END, 0, data_frames.encode_end(piece.complete, piece.bitmap)
         writer.write(data_frames.frame_header(kind, offset, len(payload)))
         writer.write(payload)
-        await asyncio.wait_for(writer.drain(), self._stall_bound(len(payload)))
+        await self._drain(writer, len(payload))
+
+    async def _drain(self, writer: asyncio.StreamWriter, length: int) -> None:
+        """Wait until the reader takes what is buffered, within the stall bound. With nothing buffered (the socket took
+        the frame at once) the transport is not paused and ``drain`` returns at once (or raises for a lost connection):
+        no task and no timer for it, as ``wait_for`` makes (two a request: PICKED and END)."""
+        if writer.transport.get_write_buffer_size() == 0:
+            await writer.drain()
+            return
+        await asyncio.wait_for(writer.drain(), self._stall_bound(length))
 
     def _stall_bound(self, length: int) -> float:
         return self.write_stall + length / MIN_READ_RATE

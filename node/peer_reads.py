@@ -326,7 +326,8 @@ class PeerReads:
                     SERVED_BYTES.inc(length)
                     PARTIAL_CHUNKS_SERVED.labels("sendfile").inc()
                     yield FilePiece(offset, length, f)
-        else:  # the file changed on disk since it was verified, or the download committed meanwhile
+        else:  # the file changed on disk since it was verified, or the download committed meanwhile (read from its blob)
+            how = "committed" if partial.committed else "reverified"
             for index in chunks:
                 await self._throttle(weights.chunk_span(index)[1])
                 try:
@@ -334,7 +335,7 @@ class PeerReads:
                 except InvalidArgument as exc:  # the partial was closed under us (its pull failed)
                     raise AdapterNotFound(f"chunk {index} of {request.digest} is no longer served here: {exc}") from None
                 SERVED_BYTES.inc(len(data))
-                PARTIAL_CHUNKS_SERVED.labels("reverified").inc()
+                PARTIAL_CHUNKS_SERVED.labels(how).inc()
                 yield BytesPiece(index * weights.chunk_size, data)
         # What it holds by now, so a swarm puller need not poll Availability (adapter_fabric.transport.swarm_pull).
         yield Holds(complete=True) if partial.committed else Holds(complete=False, bitmap=partial.verified_bitmap)

@@ -49,7 +49,7 @@ PULL_RESUMES = Counter("fabric_pull_resumes_total", "Pulls that resumed from chu
 PULL_FAILOVERS = Counter("fabric_pull_failovers_total", "Peers dropped during a pull while chunks were still missing.", registry=REGISTRY)
 SERVED_BYTES = Counter("fabric_served_bytes_total", "Adapter bytes sent to peers in Fetch responses.", registry=REGISTRY)
 PARTIAL_CHUNKS_SERVED = Counter(
-    "fabric_partial_chunks_served_total", "Chunks of a download still arriving here served to peers, by how: sendfile (from its file, verified on arrival, unchanged since) or reverified (read and checked again: the file changed on disk).",
+    "fabric_partial_chunks_served_total", "Chunks of a download still arriving here served to peers, by how: sendfile (its file, unchanged since verified), reverified (the file changed on disk) or committed (meanwhile: from the blob).",
     ["how"], registry=REGISTRY,
 )
 FETCH_STREAMS = Counter("fabric_fetch_streams_total", "Fetch streams this node opened to peers, by channel: data (the data channel) or grpc.", ["channel"], registry=REGISTRY)

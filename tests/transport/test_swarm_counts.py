@@ -72,6 +72,7 @@ def test_a_rollout_keeps_a_connection_per_pair_and_cuts_few_of_its_requests(tmp_
     assert cut <= requests // 10, counts
     # A puller serves the chunks it verified on arrival from its file (sendfile): no re-read or re-hash per chunk while
     # the file is as it wrote it (before: every one read into a fresh buffer and hashed again, on a worker thread).
+    # A stream that finds the download committed since it was looked up reads the blob (how="committed", not counted).
     assert from_file >= 1 and reverified == 0, f"{from_file:g} partial chunks sent from the file, {reverified:g} re-verified"
     # Measured (this test, 64 chunks): 200 requests, 0 cut, 16 new connections, 180 kept, 39 polls; before,
     # 198 requests, 99 cut, 111 new, 82 kept, 44 polls. Polls go with the pull's time (idle peers are asked every
