@@ -161,6 +161,7 @@ class PartialDownload:
         self._prefix = 0  # chunks [0, _prefix) are all verified
         self._sinks: list = []
         self._written_stamp: FileStamp | None = None  # after our last write (adapter_fabric.store.stamps)
+        self._changed_behind = False  # another writer changed the file between two of ours: commit re-verifies all
         # Writeback is started per WRITEBACK_RUN-aligned block once all its chunks are verified: chunks land in
         # any order (a swarm plan starts its runs at random chunks), so the verified prefix may stay short.
         self._block_chunks = max(1, WRITEBACK_RUN // weights.chunk_size)
@@ -275,6 +276,7 @@ class PartialDownload:
                 return
             self._require_open()
             offset = index * self.manifest.weights.chunk_size
+            self._changed_behind |= write_stamp(self._open_fd) != self._written_stamp  # else our stamp would hide it
             pwrite_all(self._open_fd, data, offset)  # no fdatasync per chunk: see the class docstring
             self._stamp()
             self._verified[index] = 1
@@ -317,7 +319,7 @@ class PartialDownload:
         under a stream leaves the file readable: its chunks were verified either way."""
         with self._lock:
             self._require_open()
-            unchanged = self._directory is not None and write_stamp(self._open_fd) == self._written_stamp
+            unchanged = self._directory is not None and not self._changed_behind and write_stamp(self._open_fd) == self._written_stamp
             return open(self._open_directory / "data", "rb") if unchanged else None
 
     # ------------------------------------------------------------ finishing
@@ -369,7 +371,7 @@ class PartialDownload:
 
     def _check_whole_file(self) -> None:
         """Every chunk is verified, so the file is, unless someone else changed it since our last write: then re-verify each chunk."""
-        if write_stamp(self._open_fd) != self._written_stamp:
+        if self._changed_behind or write_stamp(self._open_fd) != self._written_stamp:
             weights = self.manifest.weights
             for index in range(weights.chunk_count):
                 try:

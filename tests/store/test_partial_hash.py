@@ -90,6 +90,25 @@ def test_a_file_changed_on_disk_after_its_chunks_were_verified_is_caught_at_comm
     assert list((tmp_path / "partial").iterdir()) == [], "a partial that failed its whole-file check is dropped"
 
 
+def test_a_change_between_two_of_the_writers_own_writes_is_still_caught_at_commit(tmp_path: Path, adapter) -> None:
+    """The stamp is taken after each write: a stray writer's change before the next chunk's write would be hidden by
+    that write's new stamp, so each write first compares the stamp it left last time."""
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    store = AdapterStore(tmp_path, chunk_size=CHUNK)
+    before = _committed(tmp_path)
+    partial = store.open_partial(manifest)
+    partial.write_chunk(0, chunks[0])
+    partial.write_chunk(1, chunks[1])
+    corrupt_behind_the_writer(tmp_path / "partial" / manifest.digest / "data", CHUNK + 3)  # chunk 1, already verified
+    for index in range(2, len(chunks)):
+        partial.write_chunk(index, chunks[index])  # each write leaves a fresh stamp behind it
+    assert partial.open_unchanged() is None, "never sent unchecked to a peer"
+    with pytest.raises(IntegrityError, match="changed on disk after its chunks were verified: .*chunk 1"):
+        partial.commit("c")
+    assert _committed(tmp_path) == before and store.list() == []
+
+
 def test_verified_chunks_are_served_from_the_file_until_it_changes_on_disk_then_each_is_re_verified(tmp_path: Path, adapter) -> None:
     """A peer is served a partial's verified chunks from its file (sendfile, no re-hash) while the file is as this
     object last wrote it; once another writer changed it, serving re-reads and re-verifies each chunk, and refuses the
