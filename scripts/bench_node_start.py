@@ -2,9 +2,9 @@
 """Node start-up: a node forked from the harness's pre-imported server against one started by ``python -m``.
 
 Starts ``--nodes`` tiny-model nodes each way, in turn (one forked, one by ``python -m``, and so on), and reports the
-median wall time from launch to health SERVING and the node process's CPU seconds by then (its own, from /proc;
-a forked node's count starts at its fork). The fork server's own start-up (its imports, once per environment) is
-reported apart.
+median wall time from launch to health SERVING, the node process's CPU seconds by then (its own, from /proc;
+a forked node's count starts at its fork) and the wall time of its graceful stop (SIGTERM until it exited). The
+fork server's own start-up (its imports, once per environment) is reported apart.
 
     python scripts/bench_node_start.py --nodes 5
 """
@@ -28,15 +28,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _start(root: Path, name: str, forked: bool) -> tuple[float, float]:
+def _start(root: Path, name: str, forked: bool) -> tuple[float, float, float]:
     os.environ[node_forks.FORK_VARIABLE] = "1" if forked else "0"
     node = LocalNode(root / name, model="tiny")
     began = time.perf_counter()
     node.start()
     seconds = time.perf_counter() - began
     cpu = _cpu_seconds(node.pid)
+    began = time.perf_counter()
     node.stop()
-    return seconds, cpu
+    return seconds, cpu, time.perf_counter() - began
 
 
 def main() -> None:
@@ -51,19 +52,18 @@ def main() -> None:
         began = time.perf_counter()
         _start(root, "warm-up", forked=True)  # the fork server's imports, once
         server_seconds = time.perf_counter() - began
-        rows: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        rows: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
         for i in range(args.nodes):
             for forked in (True, False):
                 rows[forked].append(_start(root, f"n{i}-{int(forked)}", forked))
     print(f"tiny-model nodes, {args.nodes} each way, interleaved; cpus {os.cpu_count()}; load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after")
     print(f"fork server's start (its imports, once per environment), with its first node: {server_seconds:.2f} s")
-    print(f"{'start':40} {'to SERVING, median s':>22} {'node CPU s, median':>20}")
+    print(f"{'start':40} {'to SERVING, median s':>22} {'node CPU s, median':>20} {'stop, median s':>16}")
     medians = {}
     for forked, label in ((False, "python -m adapter_fabric.node.main"), (True, "forked from the server")):
-        wall = statistics.median(r[0] for r in rows[forked])
-        cpu = statistics.median(r[1] for r in rows[forked])
+        wall, cpu, stop = (statistics.median(r[i] for r in rows[forked]) for i in range(3))
         medians[forked] = (wall, cpu)
-        print(f"{label:40} {wall:22.3f} {cpu:20.2f}")
+        print(f"{label:40} {wall:22.3f} {cpu:20.2f} {stop:16.3f}")
     print(f"forked over python -m: {medians[True][0] / medians[False][0]:.3f}x the wall, {medians[True][1] / max(medians[False][1], 0.01):.3f}x the CPU")
 
 
