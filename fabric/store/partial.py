@@ -124,11 +124,11 @@ class PartialDownload:
     flock'ed). A change by anyone else is caught:
 
     - at ``commit``, when the file's ctime, mtime or size differ from what
-      they were after this object's last write: every chunk is then re-read
-      and re-verified (ctime cannot be set back from user space; a change in
-      the same timestamp tick as our last write is the one case this misses,
-      and kernels since 6.13 use fine-grained ctimes once observed, which we
-      do after every write);
+      they were after this object's last write, or did before any later one
+      (each write compares first): every chunk is then re-read and re-verified
+      (ctime cannot be set back from user space; a change in the same
+      timestamp tick as our own write is the case this misses; kernels since
+      6.13 use fine-grained ctimes once observed, as we do after every write);
     - always on a reopen (resume), which re-hashes every chunk on disk.
 
     ``sink``: an object whose ``add(index, data)`` sees every chunk once it is
@@ -144,10 +144,8 @@ class PartialDownload:
         self, manifest: Manifest, directory: Path | None, lock_fd: int | None, committer: Committer, forget: Callable[[str], None],
         tenant: TenantReservation | None = None,
     ) -> None:
-        """``directory`` None: the digest is committed already (reads come from its blob). ``forget``: tell the registry it closed.
-
-        ``tenant``: the room its tenant's quota holds for it, released when the download ends (committed, closed or discarded).
-        """
+        """``directory`` None: the digest is committed already (reads come from its blob). ``forget``: tell the registry it
+        closed. ``tenant``: the room its tenant's quota holds for it, released when the download ends (committed, closed or discarded)."""
         self.manifest = manifest
         self._tenant = tenant
         self._committer = committer
