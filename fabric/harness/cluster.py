@@ -89,7 +89,7 @@ class LocalNode:
         self.store.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         if self.netns is None and forking_enabled():  # the usual case: no imports to pay (``node_forks``)
-            self.process = launch_forked(self.args, env, stderr=self._log.fileno())
+            self.process = launch_forked(command, env, stderr=self._log.fileno())
         else:
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, env=env)
 

@@ -73,13 +73,15 @@ def serve(control: socket.socket) -> tuple[Launch, list[int]] | None:
     """Answer each request with a node's pid (or an error); returns only in a forked node, with what it runs."""
     while True:
         try:
-            data, ancillary, _flags, _addr = control.recvmsg(MAX_REQUEST_BYTES, socket.CMSG_SPACE(FDS_PER_REQUEST * 4))
+            data, ancillary, flags, _addr = control.recvmsg(MAX_REQUEST_BYTES, socket.CMSG_SPACE(FDS_PER_REQUEST * 4))
         except ConnectionError:
             return None
         if not data:
             return None  # the harness is gone: so is this process (its nodes are not its children)
         fds = _received_fds(ancillary)
         try:
+            if flags & socket.MSG_TRUNC:
+                raise ValueError(f"a request is at most {MAX_REQUEST_BYTES} bytes of argv and environment")
             if len(fds) != FDS_PER_REQUEST:
                 raise ValueError(f"a request carries {FDS_PER_REQUEST} descriptors, not {len(fds)}")
             launch = Launch.from_json(data)
@@ -146,7 +148,7 @@ def become_node(launch: Launch, fds: list[int]) -> NoReturn:
     os.dup2(stderr, 2)
     for fd in fds:
         os.close(fd)
-    _name_process(b"fabric-node")  # what ps and top show (its command line stays the server's)
+    prctl(_PR_SET_NAME, b"fabric-node")  # what ps and top show (its command line stays the server's); cosmetic
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has it (the server ignores it)
     gc.enable()
     os.chdir(launch.cwd)
@@ -193,11 +195,13 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _name_process(name: bytes) -> None:
+def prctl(option: int, argument: int | bytes) -> bool:
+    """Linux's prctl(2) with one argument; False where it failed or there is none (not Linux)."""
     try:
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+        value = ctypes.c_char_p(argument) if isinstance(argument, bytes) else argument
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
-        pass  # not Linux: the name is cosmetic
+        return False
 
 
 def main() -> None:

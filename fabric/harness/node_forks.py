@@ -10,10 +10,10 @@ started on first use, at most ``MAX_SERVERS`` kept. ``FABRIC_HARNESS_FORK=0`` st
 from __future__ import annotations
 
 import array
-import ctypes
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +22,7 @@ from collections import OrderedDict
 from typing import IO
 
 from adapter_fabric.errors import InvalidArgument
-from adapter_fabric.harness.fork_server import Launch
+from adapter_fabric.harness.fork_server import NODE_MODULE, Launch, prctl
 
 FORK_VARIABLE = "FABRIC_HARNESS_FORK"
 MAX_SERVERS = 4  # a server holds ~0.5 GB of imports (shared with its nodes until they write); the oldest goes first
@@ -49,10 +49,7 @@ def _subreaper() -> bool:
     """Make this process the parent of orphaned descendants (Linux), so a forked node's exit code comes to us."""
     global _subreaper_state
     if _subreaper_state is None:
-        try:
-            _subreaper_state = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-        except (OSError, AttributeError):
-            _subreaper_state = False
+        _subreaper_state = prctl(_PR_SET_CHILD_SUBREAPER, 1)
     return _subreaper_state
 
 
@@ -95,10 +92,10 @@ class NodeProcess:
             os.kill(self.pid, signum)
 
     def terminate(self) -> None:
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
 
 class ForkServer:
@@ -176,8 +173,13 @@ def _read_at_run_time(name: str) -> bool:
     return name.startswith("FABRIC_") or name == "PYTEST_CURRENT_TEST"
 
 
-def launch_forked(argv: list[str], env: dict[str, str], stderr: int) -> NodeProcess:
-    """A node running ``adapter_fabric.node.main argv`` in ``env`` and this directory, stdout on a pipe to us."""
+def launch_forked(command: list[str], env: dict[str, str], stderr: int) -> NodeProcess:
+    """A node running ``command`` (``python -m adapter_fabric.node.main ARGS``, as the caller would start it) in ``env``
+    and this directory, stdout on a pipe to us."""
+    prefix = [sys.executable, "-m", NODE_MODULE]
+    if command[:3] != prefix:
+        raise InvalidArgument(f"a forked node runs {' '.join(prefix)} ARGS, not {' '.join(command[:3])!r}")
+    argv = command[3:]
     cwd = os.getcwd()
     launch = Launch(argv=list(argv), env=dict(env), cwd=cwd)
     read_end, write_end = os.pipe()
@@ -188,7 +190,6 @@ def launch_forked(argv: list[str], env: dict[str, str], stderr: int) -> NodeProc
         raise
     finally:
         os.close(write_end)
-    command = [sys.executable, "-m", "adapter_fabric.node.main", *argv]
     return NodeProcess(pid, command, os.fdopen(read_end, "rb"))
 
 

@@ -126,3 +126,13 @@ def test_the_fork_variable_is_one_or_zero(tmp_path, monkeypatch) -> None:
 def test_an_exit_argument_becomes_the_code_the_interpreter_would_give() -> None:
     assert [fork_server._exit_code(code) for code in (None, 0, 3, 256 + 2, -1)] == [0, 0, 3, 2, 255]
     assert fork_server._exit_code("a message") == 1
+
+
+def test_an_environment_past_what_one_request_carries_is_refused_by_name_and_the_server_keeps_serving(tmp_path) -> None:
+    LocalNode(tmp_path / "a").start().stop()
+    server = next(reversed(node_forks._servers.values()))
+    huge = LocalNode(tmp_path / "b", env={"FABRIC_PADDING": "x" * fork_server.MAX_REQUEST_BYTES})
+    with pytest.raises(node_forks.ForkServerFailed, match="took no request|at most"):  # the socket's limit or the server's
+        huge.launch()
+    LocalNode(tmp_path / "c").start().stop()  # the same server still forks nodes
+    assert next(reversed(node_forks._servers.values())) is server
