@@ -72,8 +72,15 @@ class FetchLimits:
         """Seconds left before the deadline; ``OriginTooSlow`` naming ``what`` once none are."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
-            raise OriginTooSlow(f"{what}: not done within the origin's timeout of {self.timeout:g}s (a slow or stalled origin); nothing was staged")
+            raise self.too_slow(what)
         return remaining
+
+    def expired(self) -> bool:
+        """Whether the deadline has passed: a client's own timeout or failure then is this deadline, by name."""
+        return time.monotonic() >= self.deadline
+
+    def too_slow(self, what: str) -> OriginTooSlow:
+        return OriginTooSlow(f"{what}: not done within the origin's timeout of {self.timeout:g}s (a slow or stalled origin); nothing was staged")
 
     def cap(self, name: str) -> int:
         """The most bytes file ``name`` may have."""

@@ -58,7 +58,7 @@ def copy_to_file(read: Callable[[int], bytes], close: Callable[[], None], dest: 
                 try:
                     block = read(READ_BLOCK)
                 except Exception:
-                    if fired.is_set():
+                    if fired.is_set() or limits.expired():  # the client's own read timeout may fire before the watchdog
                         raise _too_slow(limits, what, name, written) from None
                     raise
                 if fired.is_set():

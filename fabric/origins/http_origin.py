@@ -16,11 +16,12 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import urllib3
-from urllib3.util import Retry, Timeout, make_headers
+from urllib3.util import make_headers
 
 from adapter_fabric.errors import AdapterNotFound, OriginUnavailable
 from adapter_fabric.origins.base import ADAPTER_FILES, DEFAULT_TIMEOUT_S, DEFAULT_TRIES, MAX_REDIRECTS, FetchLimits, Revision
 from adapter_fabric.origins.bounded import copy_to_file
+from adapter_fabric.origins.deadline import DeadlineRetry, DeadlineTimeout
 
 #: answers worth another try (after a backoff): the server is busy or failing for now
 RETRY_STATUSES = (429, 500, 502, 503, 504)
@@ -28,9 +29,10 @@ RETRY_STATUSES = (429, 500, 502, 503, 504)
 CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 10.0, 30.0
 
 
-def retry_policy(tries: int) -> Retry:
-    """urllib3's Retry: ``tries`` attempts in all, backoff 0.2 s doubling, bounded redirects (no hand-written loop)."""
-    return Retry(
+def retry_policy(tries: int) -> DeadlineRetry:
+    """urllib3's Retry: ``tries`` attempts in all, backoff 0.2 s doubling, bounded redirects (no hand-written loop);
+    each request holds it to its fetch's deadline."""
+    return DeadlineRetry(
         total=tries - 1 + MAX_REDIRECTS, connect=tries - 1, read=tries - 1, status=tries - 1, other=0, redirect=MAX_REDIRECTS,
         backoff_factor=0.2, backoff_max=5.0, status_forcelist=RETRY_STATUSES, allowed_methods=frozenset({"GET", "HEAD"}),
         raise_on_redirect=True, raise_on_status=False, respect_retry_after_header=True,
@@ -69,7 +71,7 @@ class HttpOrigin:
         if parts.username is not None:
             self.headers.update(make_headers(basic_auth=f"{parts.username}:{parts.password or ''}"))
         self.pool = urllib3.PoolManager(
-            retries=retry_policy(tries), timeout=Timeout(connect=min(CONNECT_TIMEOUT_S, timeout), read=min(READ_TIMEOUT_S, timeout)),
+            retries=retry_policy(tries),  # each request's timeouts: DeadlineTimeout, from its fetch's deadline
             cert_reqs="CERT_REQUIRED",
         )  # fmt: skip
 
@@ -107,13 +109,14 @@ def get_file(pool: urllib3.PoolManager, url: str, base_headers: dict[str, str], 
         headers.update({"If-None-Match": etag} if etag else {"If-Modified-Since": modified} if modified else {})
     if match:
         headers["If-Match"] = f'"{match}"' if not match.startswith(('"', "W/")) else match
+    policy = pool.connection_pool_kw.get("retries")
+    retries = policy.new(deadline=limits.deadline) if isinstance(policy, DeadlineRetry) else policy
     try:
-        reply = pool.request("GET", url, headers=headers, preload_content=False, timeout=Timeout(
-            connect=min(CONNECT_TIMEOUT_S, limits.left(what)), read=min(READ_TIMEOUT_S, limits.left(what))))
-    except urllib3.exceptions.MaxRetryError as exc:
-        raise OriginUnavailable(f"{what}: {name} could not be fetched: {_reason(exc.reason)}") from None
+        reply = pool.request("GET", url, headers=headers, preload_content=False, retries=retries,
+                             timeout=DeadlineTimeout(limits.deadline, connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S))  # fmt: skip
     except urllib3.exceptions.HTTPError as exc:
-        raise OriginUnavailable(f"{what}: {name} could not be fetched: {_reason(exc)}") from None
+        reason = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
+        raise limits.too_slow(what) if limits.expired() else OriginUnavailable(f"{what}: {name} could not be fetched: {_reason(reason)}") from None
     try:
         status = reply.status
         if status == 304 and condition:
@@ -132,7 +135,7 @@ def get_file(pool: urllib3.PoolManager, url: str, base_headers: dict[str, str], 
         try:
             copy_to_file(reply.read1, reply.shutdown, into / name, name, limits, what)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise OriginUnavailable(f"{what}: {name} was cut short: {_reason(exc)}") from None
+            raise limits.too_slow(what) if limits.expired() else OriginUnavailable(f"{what}: {name} was cut short: {_reason(exc)}") from None
         return f"{reply.headers.get('ETag', '')}\n{reply.headers.get('Last-Modified', '')}"
     finally:
         reply.release_conn()

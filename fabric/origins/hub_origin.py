@@ -78,8 +78,10 @@ class HubOrigin:
 
         url = f"{endpoint}/api/models/{repo}/revision/{quote(revision, safe='')}"
         try:
+            # http_backoff retries a timed-out attempt with the same timeout: each of the tries gets its share of
+            # what is left, so all of them end by the fetch's deadline (plus their short backoffs)
             reply = http_backoff(
-                "GET", url, headers=headers, params={"blobs": True}, timeout=limits.left(what),
+                "GET", url, headers=headers, params={"blobs": True}, timeout=limits.left(what) / self.tries,
                 max_retries=self.tries - 1, base_wait_time=0.2, max_wait_time=5.0,
             )  # fmt: skip
             hf_raise_for_status(reply)
@@ -92,9 +94,9 @@ class HubOrigin:
             if status in (401, 403):
                 raise OriginUnavailable(f"{what}: the Hub refused access (HTTP {status}); check HF_TOKEN") from None
             raise OriginUnavailable(f"{what}: the Hub answered HTTP {status}") from None
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise OriginUnavailable(f"{what}: the Hub did not answer: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
         except Exception as exc:  # noqa: BLE001 (the Hub client's HTTP library raises its own connection errors)
+            if limits.expired():
+                raise limits.too_slow(what) from None
             raise OriginUnavailable(f"{what}: the Hub did not answer: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
         if not info.sha:
             raise OriginUnavailable(f"{what}: the Hub answered no commit for {repo}@{revision[:80]}")

@@ -17,6 +17,7 @@ VersionId, or an ETag sent as ``If-Match`` (412: the bucket no longer has it, re
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 from adapter_fabric.errors import AdapterNotFound, InvalidArgument, OriginUnavailable
@@ -55,18 +56,36 @@ class S3Origin:
         self.label = label or uri
         self.trusted = trusted
         self.timeout = timeout
+        # botocore gives each attempt these waits: the tries share the fetch's timeout, so its retries of a silent
+        # endpoint end near the deadline, and none starts after it (_refuse_past_deadline)
+        share = timeout / tries
         config = Config(
-            connect_timeout=min(CONNECT_TIMEOUT_S, timeout), read_timeout=min(READ_TIMEOUT_S, timeout),
+            connect_timeout=min(CONNECT_TIMEOUT_S, share), read_timeout=min(READ_TIMEOUT_S, share),
             retries={"mode": "standard", "total_max_attempts": tries}, user_agent_extra="adapter-fabric",
         )  # fmt: skip
         # The session reads the environment and the shared files (profile, region, endpoint, credentials).
         self.client = boto3.session.Session().client("s3", config=config)
+        self._fetching = threading.local()  # the (limits, what) of the fetch this thread runs
+        self.client.meta.events.register("before-send.s3", self._refuse_past_deadline)
+
+    def _refuse_past_deadline(self, **_: object) -> None:
+        """Before each attempt botocore sends: none once the fetch's deadline has passed."""
+        fetching = getattr(self._fetching, "current", None)
+        if fetching is not None and fetching[0].expired():
+            raise fetching[0].too_slow(fetching[1])
 
     def key_of(self, adapter_id: str, name: str) -> str:
         return f"{self.prefix}/{adapter_id}/{name}" if self.prefix else f"{adapter_id}/{name}"
 
     def fetch(self, adapter_id: str, pin: str, known: Revision | None, into: Path, limits: FetchLimits) -> Revision | None:
         what = f"origin {self.label}: {adapter_id}"
+        self._fetching.current = (limits, what)
+        try:
+            return self._fetch(adapter_id, pin, known, into, limits, what)
+        finally:
+            self._fetching.current = None
+
+    def _fetch(self, adapter_id: str, pin: str, known: Revision | None, into: Path, limits: FetchLimits, what: str) -> Revision | None:
         if known is not None and not pin and known.validators:
             if not any(self._changed(self.key_of(adapter_id, n), known.validator(n), what, limits) for n in ADAPTER_FILES):
                 return None
@@ -111,12 +130,16 @@ class S3Origin:
             try:
                 copy_to_file(read, close, into / name, name, limits, what)
             except OSError as exc:
+                if limits.expired():
+                    raise limits.too_slow(what) from None
                 raise OriginUnavailable(f"{what}: {name} was cut short: {' '.join(str(exc).split())[:200]}") from None
         finally:
             body.close()
         return str(reply.get("ETag", "")), str(reply.get("VersionId") or "")
 
     def _failure(self, exc: Exception, key: str, what: str, limits: FetchLimits, pinned: bool = False) -> Exception:
+        if limits.expired():  # botocore's own timeout, or our refusal of an attempt past the deadline
+            return limits.too_slow(what)
         code = _code(exc)
         if code in _MISSING:
             return AdapterNotFound(f"{what}: the origin has no object {key[:200]!r}")
