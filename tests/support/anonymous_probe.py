@@ -1,4 +1,4 @@
-"""Ask nodes for an adapter with no credential and with one, as a reader of the README could (tests/project/test_readme.py).
+"""Ask nodes for an adapter with no credential and with one, as a reader of the README could (tests/project/test_readme_more.py).
 
     python tests/support/anonymous_probe.py ADAPTER_ID TOKEN_FILE NODE [NODE ...]
 
