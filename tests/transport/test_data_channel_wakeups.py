@@ -66,3 +66,35 @@ def test_a_chunk_is_read_in_one_wake_and_the_next_frame_header_at_once() -> None
     assert reader.recvs - before <= 4  # the chunk's bytes (one wake, or two), then END's header and payload
     assert kept == [reader] and lowat(reader) == 1  # kept for the next request, with the low mark back at 1
     reader.close()
+
+
+def test_a_reader_waiting_for_a_chunks_bytes_is_woken_by_a_cancel_or_the_peer_closing() -> None:
+    """The swarm's stall watchdog cuts a stream by ``cancel`` (a shutdown from another thread); a peer that dies closes
+    it: either wakes a reader that waits, under its low mark, for the rest of a chunk."""
+    from adapter_fabric.transport.data_channel import DataChannelFailed
+
+    server = socket.create_server(("127.0.0.1", 0))
+    for ending in ("cancel", "peer closes"):
+        reader = socket.create_connection(server.getsockname())
+        reader.settimeout(60)
+        node, _ = server.accept()
+        call = DataCall(reader, "127.0.0.1:1", 1, CHUNK)
+        failures: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                list(call)
+            except DataChannelFailed as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=read)
+        with node:
+            node.sendall(data_frames.frame_header(data_frames.CHUNK, 0, CHUNK) + b"\0" * 1024)
+            thread.start()
+            wait_for(lambda: lowat(reader) == CHUNK, "the reader to wait for the chunk's bytes", timeout=30)
+            if ending == "cancel":
+                call.cancel()
+        thread.join(30)  # "peer closes": the node's end closed as the with block ended
+        assert not thread.is_alive() and len(failures) == 1, ending
+        assert ("was cancelled" if ending == "cancel" else "closed the data channel mid-stream") in str(failures[0].error)
+    server.close()
