@@ -15,7 +15,9 @@ source address and in all, idle ones (no hello yet) shed first, a silent one
 holding no buffer and no TLS state; a first byte, handshake and hello that
 must come within ``HELLO_TIMEOUT_S``; and a reader that stops reading is cut
 once a frame has waited ``write_stall`` seconds (the node's --stall-timeout)
-plus its length at ``MIN_READ_RATE``.
+plus its length at ``MIN_READ_RATE``. Each of these deadlines is a timer on the connection's own task
+(``asyncio.timeout``), not ``asyncio.wait_for``, which made a task per wait: a task per chunk (6% of a swarm
+node's Python time, py-spy, issue 34).
 
 A puller that asks for it (``DataHello.keep_open``) sends its next request on the same connection once a stream
 ended well (END): a swarm's requests are one or two chunks, and a connection each cost as much CPU as the copies
@@ -127,7 +129,8 @@ class DataServer:
         host = connection.host
         counted = False
         try:
-            hello = await asyncio.wait_for(self._hello(reader, prefix), hello_within)
+            async with asyncio.timeout(hello_within):
+                hello = await self._hello(reader, prefix)
             self.listener.admission.busy(connection)  # no longer idle: never shed
             self._open.add(writer)
             still = None
@@ -167,7 +170,8 @@ class DataServer:
     async def _next_request(self, reader: asyncio.StreamReader) -> bytes | None:
         """The first bytes of a kept connection's next hello; None when the puller closed it or sent none for KEEP_OPEN_S."""
         try:
-            return await asyncio.wait_for(reader.readexactly(data_frames.HELLO_PREFIX.size), KEEP_OPEN_S)
+            async with asyncio.timeout(KEEP_OPEN_S):
+                return await reader.readexactly(data_frames.HELLO_PREFIX.size)
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
                 raise ConnectionResetError("the connection closed inside a hello") from None
@@ -191,7 +195,8 @@ class DataServer:
             writer.write(data_frames.frame_header(data_frames.CHUNK, piece.offset, piece.length))
             loop = asyncio.get_running_loop()
             # sendfile: page cache to socket in the kernel (plain TCP); under TLS asyncio reads and encrypts instead
-            await asyncio.wait_for(loop.sendfile(writer.transport, piece.file, piece.offset, piece.length), self._stall_bound(piece.length))
+            async with asyncio.timeout(self._stall_bound(piece.length)):
+                await loop.sendfile(writer.transport, piece.file, piece.offset, piece.length)
             return
         if isinstance(piece, BytesPiece):
             kind, offset, payload = data_frames.CHUNK, piece.offset, piece.data
@@ -206,11 +211,12 @@ class DataServer:
     async def _drain(self, writer: asyncio.StreamWriter, length: int) -> None:
         """Wait until the reader takes what is buffered, within the stall bound. With nothing buffered (the socket took
         the frame at once) the transport is not paused and ``drain`` returns at once (or raises for a lost connection):
-        no task and no timer for it, as ``wait_for`` makes (two a request: PICKED and END)."""
+        no timer for it (two a request: PICKED and END)."""
         if writer.transport.get_write_buffer_size() == 0:
             await writer.drain()
             return
-        await asyncio.wait_for(writer.drain(), self._stall_bound(length))
+        async with asyncio.timeout(self._stall_bound(length)):
+            await writer.drain()
 
     def _stall_bound(self, length: int) -> float:
         return self.write_stall + length / MIN_READ_RATE
@@ -220,7 +226,8 @@ class DataServer:
         payload = error_detail(exc, public_message(exc))
         try:
             writer.write(data_frames.frame_header(data_frames.ERROR, 0, len(payload)) + payload)
-            await asyncio.wait_for(writer.drain(), self.write_stall)
+            async with asyncio.timeout(self.write_stall):
+                await writer.drain()
         except (ConnectionError, OSError, asyncio.TimeoutError):
             return False
         return True

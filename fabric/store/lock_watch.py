@@ -69,3 +69,14 @@ class WatchedLock:
     def __exit__(self, *exc: object) -> None:
         _held.__dict__["names"].remove(self.name)
         self._lock.release()
+
+    @contextmanager
+    def if_free(self) -> Iterator[None]:
+        """``with`` the lock only if no thread holds it now; ``BlockingIOError`` otherwise (for the event loop, which must not wait on it)."""
+        if not self._lock.acquire(blocking=False):
+            raise BlockingIOError(f"the store's {self.name} lock is held")
+        _held.__dict__.setdefault("names", []).append(self.name)
+        try:
+            yield
+        finally:
+            self.__exit__()

@@ -310,12 +310,12 @@ class PartialDownload:
         weights.verify_chunk(index, data)
         return data
 
-    def open_unchanged(self) -> BinaryIO | None:
+    def open_unchanged(self, wait: bool = True) -> BinaryIO | None:
         """The data file, opened to ``sendfile`` verified chunks from; None when it may have changed on disk since our
         last write (its stamp, as ``commit`` checks it): ``read_chunk`` then re-reads and re-verifies each. Each receiver
         verifies every chunk too (a bad one is a corrupt chunk from this peer there). A commit (a rename) or a discard
-        under a stream leaves the file readable: its chunks were verified either way."""
-        with self._lock:
+        under a stream leaves the file readable: its chunks were verified either way. ``wait=False``: ``BlockingIOError`` while a write holds the lock."""
+        with self._lock if wait else self._lock.if_free():
             self._require_open()
             unchanged = self._directory is not None and not self._changed_behind and write_stamp(self._open_fd) == self._written_stamp
             return open(self._open_directory / "data", "rb") if unchanged else None

@@ -11,12 +11,14 @@ sinks that see each verified chunk from the buffer it was written from.
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pytest
 
 from tests.support.store import corrupt_behind_the_writer, snapshot
 from adapter_fabric.errors import IntegrityError, InvalidArgument
+from adapter_fabric.store.lock_watch import held_now
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, Manifest, build_manifest
 from adapter_fabric.store import AdapterStore
 
@@ -128,6 +130,41 @@ def test_verified_chunks_are_served_from_the_file_until_it_changes_on_disk_then_
     partial.discard()
     with pytest.raises(InvalidArgument, match="closed or discarded"):
         partial.open_unchanged()
+
+
+def test_the_event_loop_opens_an_unchanged_partial_without_waiting_and_is_told_when_a_write_holds_its_lock(tmp_path: Path, adapter) -> None:
+    """``open_unchanged(wait=False)``: the data channel opens a partial's file on its event loop (no thread hop per
+    request) when no write holds the partial's lock, and hears BlockingIOError at once when one does (it then waits on a
+    thread); the lock is noted while held, as every store lock is (invariant 17), and free again after."""
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    partial = AdapterStore(tmp_path, chunk_size=CHUNK).open_partial(manifest)
+    partial.write_chunk(0, chunks[0])
+    with partial.open_unchanged(wait=False) as served:
+        assert served.read(CHUNK) == chunks[0]
+    assert held_now() == ()
+    taken, done = threading.Event(), threading.Event()
+
+    def writer_holds_the_lock() -> None:
+        with partial._lock:
+            taken.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=writer_holds_the_lock)
+    holder.start()
+    try:
+        assert taken.wait(30)
+        with pytest.raises(BlockingIOError, match="partial download"):
+            partial.open_unchanged(wait=False)
+        assert held_now() == ()
+    finally:
+        done.set()
+        holder.join(30)
+    with partial.open_unchanged(wait=False) as served:  # free again
+        assert served.read(CHUNK) == chunks[0]
+    with partial._lock.if_free():
+        assert held_now() == ("partial download",)
+    assert held_now() == ()
 
 
 def test_a_stream_keeps_reading_verified_chunks_from_a_partial_committed_or_discarded_under_it(tmp_path: Path, adapter) -> None:

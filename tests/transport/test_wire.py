@@ -429,3 +429,16 @@ async def test_a_client_meeting_a_node_of_digest_scheme_1_says_so_before_sending
             await asyncio.to_thread(stage)
     finally:
         await server.stop(None)
+
+
+def test_the_hand_named_rpc_paths_are_the_generated_services() -> None:
+    """Fetch's and Availability's callables are made by path, not through ``FabricStub`` (one callable per RPC of the
+    service, made per call): the paths must be the service's own."""
+    from adapter_fabric.rpc.limits import FETCH_METHOD as LIMITED_FETCH
+    from adapter_fabric.transport import peer_calls, wire
+    from adapter_fabric.v1 import fabric_pb2
+
+    service = fabric_pb2.DESCRIPTOR.services_by_name["Fabric"]
+    path = {name: f"/{service.full_name}/{name}" for name in service.methods_by_name}
+    assert wire.FETCH_METHOD == LIMITED_FETCH == path["Fetch"]
+    assert peer_calls.AVAILABILITY_METHOD == path["Availability"]

@@ -1,0 +1,104 @@
+"""A data channel stream's deadlines cost no asyncio task per frame (node/data_server.py).
+
+The server runs in this process on its own event loop, whose task factory counts every task made; the puller is the
+real ``DataChannels`` client on a kept connection. A stand-in for ``PeerReads`` yields a real file's chunks as a
+committed blob's (``FilePiece``, then ``Holds``): what is counted is the server's own machinery per frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from adapter_fabric.node.data_accept import listen_socket
+from adapter_fabric.node.data_server import DataServer
+from adapter_fabric.node.peer_reads import FilePiece, Holds, Piece
+from adapter_fabric.observability.metrics import DATA_CONNECTIONS
+from adapter_fabric.rpc.limits import PeerStreamLimit
+from adapter_fabric.transport import fetch_metadata
+from adapter_fabric.transport.data_channel import DataChannels
+from adapter_fabric.v1 import fabric_pb2
+
+CHUNK = 4096
+CHUNKS = 16
+
+
+class FileReads:
+    """Every chunk of ``path`` as a committed blob's piece, then what a node holding it all says (``PeerReads.pieces``'s shape)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def pieces(self, request: fabric_pb2.FetchRequest, holder: object) -> AsyncIterator[Piece]:
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            for offset in range(0, size, CHUNK):
+                yield FilePiece(offset, min(CHUNK, size - offset), f)
+        yield Holds(complete=True)
+
+
+class CountedLoop:
+    """An event loop on its own thread that counts the tasks made on it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.tasks = 0
+        self.loop.set_task_factory(self._task)
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def _task(self, loop: asyncio.AbstractEventLoop, coro, **kwargs) -> asyncio.Task:
+        self.tasks += 1
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.fixture
+def served(tmp_path) -> Iterator[tuple[CountedLoop, DataChannels, str]]:
+    blob = tmp_path / "blob"
+    blob.write_bytes(os.urandom(CHUNK * CHUNKS))
+    counted = CountedLoop()
+    sock = listen_socket("127.0.0.1", 0)
+    server = DataServer(FileReads(blob), PeerStreamLimit(4))  # type: ignore[arg-type] (FileReads: PeerReads.pieces's shape)
+    counted.run(server.start(sock))
+    channels, peer = DataChannels(), "127.0.0.1:1"
+    channels.learn(peer, fetch_metadata.announce_data_port(sock.getsockname()[1]))
+    try:
+        yield counted, channels, peer
+    finally:
+        channels.close()
+        counted.run(server.close(0.0))
+        counted.stop()
+
+
+def fetch(channels: DataChannels, peer: str) -> int:
+    call = channels.open(peer, fabric_pb2.FetchRequest(digest="ab" * 32), None, CHUNK)
+    assert call is not None
+    chunks = sum(1 for _ in call)
+    assert call.trailing_metadata()[0] == fetch_metadata.complete()[0]  # it read END: the connection is kept
+    return chunks
+
+
+def test_requests_on_a_kept_connection_make_no_task_per_frame_or_per_request(served) -> None:
+    counted, channels, peer = served
+    kept = DATA_CONNECTIONS.labels("kept")._value.get()
+    assert fetch(channels, peer) == CHUNKS  # the connection's own tasks (accept, serve) are made here
+    before = counted.tasks
+    for _ in range(3):
+        assert fetch(channels, peer) == CHUNKS
+    assert DATA_CONNECTIONS.labels("kept")._value.get() == kept + 3  # one connection carried them all
+    # Each deadline (the hello's, each chunk's sendfile, the wait for the next hello) is a timer on the connection's
+    # task (asyncio.timeout); asyncio.wait_for made a task per wait: 3 x (16 chunks + 2) = 54 before.
+    assert counted.tasks - before == 0
