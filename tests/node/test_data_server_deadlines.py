@@ -42,11 +42,21 @@ class FileReads:
         yield Holds(complete=True)
 
 
+class SendfileCountingLoop(asyncio.SelectorEventLoop):
+    """The default event loop, counting its ``sendfile`` calls."""
+
+    sendfiles = 0
+
+    async def sendfile(self, *args, **kwargs):  # type: ignore[override]
+        self.sendfiles += 1
+        return await super().sendfile(*args, **kwargs)
+
+
 class CountedLoop:
-    """An event loop on its own thread that counts the tasks made on it."""
+    """An event loop on its own thread that counts the tasks made on it (and its ``sendfile`` calls)."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = SendfileCountingLoop()
         self.tasks = 0
         self.loop.set_task_factory(self._task)
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -102,3 +112,13 @@ def test_requests_on_a_kept_connection_make_no_task_per_frame_or_per_request(ser
     # Each deadline (the hello's, each chunk's sendfile, the wait for the next hello) is a timer on the connection's
     # task (asyncio.timeout); asyncio.wait_for made a task per wait: 3 x (16 chunks + 2) = 54 before.
     assert counted.tasks - before == 0
+
+
+def test_chunks_the_sockets_buffer_takes_at_once_skip_the_loops_sendfile(served) -> None:
+    """A chunk goes by ``os.sendfile`` straight into the socket while its buffer has room (here: a 64 KiB stream into
+    a loopback socket's buffer); ``loop.sendfile`` (pause, futures, a writer per chunk) only takes what would block.
+    A reader that takes nothing is still cut: tests/transport/test_data_channel.py::test_a_reader_that_stops_reading_is_cut_and_frees_its_stream."""
+    counted, channels, peer = served
+    for _ in range(3):
+        assert fetch(channels, peer) == CHUNKS
+    assert counted.loop.sendfiles == 0  # before: one per chunk, 48
