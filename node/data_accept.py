@@ -194,7 +194,7 @@ class Listener:
         deadline = loop.time() + HELLO_TIMEOUT_S
         try:
             reader, writer = await asyncio.wait_for(self._open_stream(connection), HELLO_TIMEOUT_S)
-        except (asyncio.TimeoutError, OSError, ssl.SSLError) as exc:
+        except (TimeoutError, OSError, ssl.SSLError) as exc:
             DATA_STREAMS_SERVED.labels("broken").inc()
             log.debug("data channel connection from %s ended before its hello: %s", connection.host, exc or type(exc).__name__)
             self._forget(connection)

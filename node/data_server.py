@@ -129,7 +129,7 @@ class DataServer:
                 if prefix is None:
                     return  # the puller closed it, or sent nothing for KEEP_OPEN_S
                 hello_within = HELLO_TIMEOUT_S
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.debug("data channel connection from %s cut: its next hello did not end in %gs", host, HELLO_TIMEOUT_S)
             clean = False
         except (ConnectionError, ssl.SSLError, OSError) as exc:
@@ -175,7 +175,7 @@ class DataServer:
             DATA_STREAMS_SERVED.labels("refused").inc()
             log.info("data channel stream from %s refused: %s: %s", host, type(exc).__name__, exc)
             return await self._refuse(writer, exc), False
-        except asyncio.TimeoutError:
+        except TimeoutError:
             DATA_STREAMS_SERVED.labels("broken").inc()
             log.info("data channel stream to %s cut: it read nothing for %gs (or sent no hello in %gs)", host, self.write_stall, HELLO_TIMEOUT_S)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as exc:
@@ -196,7 +196,7 @@ class DataServer:
             if exc.partial:
                 raise ConnectionResetError("the connection closed inside a hello") from None
             return None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     async def _hello(self, reader: asyncio.StreamReader, prefix: bytes | None = None) -> fabric_pb2.DataHello:
@@ -249,6 +249,6 @@ class DataServer:
             writer.write(data_frames.frame_header(data_frames.ERROR, 0, len(payload)) + payload)
             async with asyncio.timeout(self.write_stall):
                 await writer.drain()
-        except (ConnectionError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError, OSError):
             return False
         return True

@@ -239,5 +239,5 @@ class SGLangDrive:
             await guarded(io, self.reconcile, self._log, "SGLang drive")
             try:
                 await asyncio.wait_for(self._wake.wait(), self.interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

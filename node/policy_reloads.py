@@ -51,7 +51,7 @@ class PolicyReloads:
         while True:
             try:
                 await asyncio.wait_for(self._asked.wait(), poll_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await self._io(self._reload, None)
                 continue
             self._asked.clear()  # a signal from here on asks for one more parse, after this one

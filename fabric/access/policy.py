@@ -30,9 +30,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass
-
 import tomllib
+from dataclasses import dataclass
 
 from adapter_fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
 from adapter_fabric.store.ids import validate_adapter_id
