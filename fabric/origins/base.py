@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from adapter_fabric.errors import LimitExceeded, OriginTooSlow
+from adapter_fabric.errors import LimitExceeded, OriginTooSlow, OriginUnavailable
 from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE
 
 #: the files of an adapter at an origin, in the order they are fetched (the config first: it is small and refused early)
@@ -78,6 +78,10 @@ class FetchLimits:
     def expired(self) -> bool:
         """Whether the deadline has passed: a client's own timeout or failure then is this deadline, by name."""
         return time.monotonic() >= self.deadline
+
+    def unavailable(self, what: str, message: str) -> OriginUnavailable | OriginTooSlow:
+        """A client's failure: ``OriginUnavailable(message)``, or ``OriginTooSlow`` once the deadline has passed."""
+        return self.too_slow(what) if self.expired() else OriginUnavailable(message)
 
     def too_slow(self, what: str) -> OriginTooSlow:
         return OriginTooSlow(f"{what}: not done within the origin's timeout of {self.timeout:g}s (a slow or stalled origin); nothing was staged")

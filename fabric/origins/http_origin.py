@@ -109,14 +109,13 @@ def get_file(pool: urllib3.PoolManager, url: str, base_headers: dict[str, str], 
         headers.update({"If-None-Match": etag} if etag else {"If-Modified-Since": modified} if modified else {})
     if match:
         headers["If-Match"] = f'"{match}"' if not match.startswith(('"', "W/")) else match
-    policy = pool.connection_pool_kw.get("retries")
-    retries = policy.new(deadline=limits.deadline) if isinstance(policy, DeadlineRetry) else policy
+    retries = pool.connection_pool_kw["retries"].new(deadline=limits.deadline)  # the pool's retry_policy, held to this fetch
     try:
         reply = pool.request("GET", url, headers=headers, preload_content=False, retries=retries,
                              timeout=DeadlineTimeout(limits.deadline, connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S))  # fmt: skip
     except urllib3.exceptions.HTTPError as exc:
         reason = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
-        raise limits.too_slow(what) if limits.expired() else OriginUnavailable(f"{what}: {name} could not be fetched: {_reason(reason)}") from None
+        raise limits.unavailable(what, f"{what}: {name} could not be fetched: {_reason(reason)}") from None
     try:
         status = reply.status
         if status == 304 and condition:
@@ -135,7 +134,7 @@ def get_file(pool: urllib3.PoolManager, url: str, base_headers: dict[str, str], 
         try:
             copy_to_file(reply.read1, reply.shutdown, into / name, name, limits, what)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise limits.too_slow(what) if limits.expired() else OriginUnavailable(f"{what}: {name} was cut short: {_reason(exc)}") from None
+            raise limits.unavailable(what, f"{what}: {name} was cut short: {_reason(exc)}") from None
         return f"{reply.headers.get('ETag', '')}\n{reply.headers.get('Last-Modified', '')}"
     finally:
         reply.release_conn()

@@ -95,9 +95,7 @@ class HubOrigin:
                 raise OriginUnavailable(f"{what}: the Hub refused access (HTTP {status}); check HF_TOKEN") from None
             raise OriginUnavailable(f"{what}: the Hub answered HTTP {status}") from None
         except Exception as exc:  # noqa: BLE001 (the Hub client's HTTP library raises its own connection errors)
-            if limits.expired():
-                raise limits.too_slow(what) from None
-            raise OriginUnavailable(f"{what}: the Hub did not answer: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+            raise limits.unavailable(what, f"{what}: the Hub did not answer: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
         if not info.sha:
             raise OriginUnavailable(f"{what}: the Hub answered no commit for {repo}@{revision[:80]}")
         sizes = {s.rfilename: int(s.size) for s in info.siblings or () if s.size is not None}

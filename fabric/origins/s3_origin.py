@@ -130,9 +130,7 @@ class S3Origin:
             try:
                 copy_to_file(read, close, into / name, name, limits, what)
             except OSError as exc:
-                if limits.expired():
-                    raise limits.too_slow(what) from None
-                raise OriginUnavailable(f"{what}: {name} was cut short: {' '.join(str(exc).split())[:200]}") from None
+                raise limits.unavailable(what, f"{what}: {name} was cut short: {' '.join(str(exc).split())[:200]}") from None
         finally:
             body.close()
         return str(reply.get("ETag", "")), str(reply.get("VersionId") or "")
