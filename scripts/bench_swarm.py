@@ -4,6 +4,7 @@
     sudo .venv/bin/python scripts/bench_swarm.py                      # 8 and 16 nodes, 200 Mbit/s links
     sudo .venv/bin/python scripts/bench_swarm.py --nodes 16 --rate-mbit 100
     sudo .venv/bin/python scripts/bench_swarm.py --nodes 16 --skip-star --baseline 277762c --rounds 3   # before/after, in turn
+    sudo .venv/bin/python scripts/bench_swarm.py --nodes 16 --skip-star --ideal --rounds 2    # beside the physical limit
 
 Per node count: N store-only nodes (``--model none``), each in its own network
 namespace, joined through a bridge; every link limited with tc tbf in both
@@ -16,7 +17,12 @@ seed. Side by side, in one run on the same nodes:
 
 With ``--baseline REV`` the node processes of each run alternate between
 that revision's package (``adapter_fabric.harness.baseline``) and this
-tree's, ``--rounds`` times each, on the same namespaces and links.
+tree's, ``--rounds`` times each, on the same namespaces and links. With
+``--ideal`` the physical limit runs in turn with them: the same file moved
+by minimal forwarders (``scripts/swarm_ideal.py``: a chain and a tree of
+fan-out 2, splice/sendfile, no hashing, no RPC) on the same namespaces and
+links. ``--mtu 9000`` sets the veths' MTU (an observation of what is per
+packet; the goal's lab is the default 1500).
 
 Printed: each mode's slowest node, and ratios against single; under each
 mode, what the pulls' traces (FABRIC_PULL_TRACE) say: seed repeats, when every
@@ -36,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+import swarm_ideal  # scripts/: this script's folder is on sys.path
 from adapter_fabric.harness import netlab
 from adapter_fabric.harness.baseline import baseline_env
 from adapter_fabric.harness.bench import make_adapter
@@ -54,7 +61,7 @@ def inner(args: argparse.Namespace) -> dict:
     from adapter_fabric.harness.cluster import LocalNode
     from adapter_fabric.client.rollout import rollout
 
-    lab = netlab.NetLab(args.prefix, args.count, args.rate_mbit, subnet=args.subnet)
+    lab = netlab.NetLab(args.prefix, args.count, args.rate_mbit, subnet=args.subnet, mtu=args.mtu)
     addresses = [f"{lab.node_ip(i)}:{PORT}" for i in range(args.count)]
     work = Path(args.work)
     trace_dir = work / "traces"
@@ -96,7 +103,7 @@ def inner(args: argparse.Namespace) -> dict:
         clear()
         subprocess.run(["rm", "-rf", str(trace_dir)], check=True)
         trace_dir.mkdir(parents=True)
-        cpu_before, wall_before = nodes_cpu(), time.monotonic()
+        cpu_before, host_before, wall_before = nodes_cpu(), swarm_ideal.host_cpu_s(), time.monotonic()
         results = rollout(targets, ADAPTER_ID, seed, stage_only=True, named_peer_only=named_peer_only, client_for=client)
         failed = [r for r in results if not r.ok]
         if failed:
@@ -105,14 +112,14 @@ def inner(args: argparse.Namespace) -> dict:
         row = {"mode": mode, "digest_ok": all(r.digest == staged.digest for r in results), "nodes": len(targets), "slowest_s": seconds[-1], "fastest_s": seconds[0], "median_s": seconds[len(seconds) // 2]}
         row["bytes_moved"] = sum(r.bytes_transferred for r in results)
         user, system = (after - before for after, before in zip(nodes_cpu(), cpu_before))
-        row["node_cpu_s"] = {"user": user, "system": system, "wall": time.monotonic() - wall_before, "host_load": os.getloadavg()[0]}
+        host = swarm_ideal.cpu_delta(host_before, swarm_ideal.host_cpu_s())
+        row["node_cpu_s"] = {"user": user, "system": system, "wall": time.monotonic() - wall_before, "host_load": os.getloadavg()[0], "host": host}
         print(f"  {mode:<6} {len(targets):>2} receivers: slowest {seconds[-1]:6.2f} s  median {row['median_s']:6.2f} s  fastest {seconds[0]:6.2f} s", file=sys.stderr, flush=True)
         row["trace"] = analyse_traces(trace_dir, seed)
         if args.keep_traces:
             subprocess.run(["cp", "-r", str(trace_dir), f"{args.keep_traces}/{args.count}-{mode}"], check=True)
         print("         " + format_trace(row["trace"]), file=sys.stderr, flush=True)
-        cpu = row["node_cpu_s"]
-        print(f"         node processes used {cpu['user']:.1f} s user + {cpu['system']:.1f} s system CPU in {cpu['wall']:.1f} s (host load {cpu['host_load']:.1f})", file=sys.stderr, flush=True)
+        print("         " + format_cpu("node processes", row["node_cpu_s"]), file=sys.stderr, flush=True)
         return row
 
     try:
@@ -122,11 +129,18 @@ def inner(args: argparse.Namespace) -> dict:
             node.wait_ready()
         with client(seed) as c:
             staged = c.stage(args.adapter, ADAPTER_ID)
+        idle = None
+        if args.idle_s:  # what the nodes cost doing nothing (their timers and polls), before any rollout
+            cpu_before, host_before = nodes_cpu(), swarm_ideal.host_cpu_s()
+            time.sleep(args.idle_s)
+            user, system = (after - before for after, before in zip(nodes_cpu(), cpu_before))
+            idle = {"user": user, "system": system, "wall": args.idle_s, "host_load": os.getloadavg()[0], "host": swarm_ideal.cpu_delta(host_before, swarm_ideal.host_cpu_s())}
+            print(f"  idle   {args.count} nodes for {args.idle_s:g} s: " + format_cpu("node processes", idle), file=sys.stderr, flush=True)
         rows = [timed("single", receivers[:1], True)]
         rows.append(timed("swarm", receivers, False))
         if not args.skip_star:
             rows.append(timed("star", receivers, True))
-        return {"count": args.count, "rate_mbit": args.rate_mbit, "size": staged.bytes_received, "chunk_kib": args.chunk_kib, "rows": rows}
+        return {"count": args.count, "rate_mbit": args.rate_mbit, "size": staged.bytes_received, "chunk_kib": args.chunk_kib, "rows": rows, "idle": idle}
     finally:
         for node in nodes:
             node.stop(timeout=10)
@@ -196,6 +210,34 @@ def analyse_traces(trace_dir: Path, seed: str) -> dict:
     }
 
 
+def format_cpu(who: str, cpu: dict) -> str:
+    host = cpu["host"]
+    return (
+        f"{who} used {cpu['user']:.1f} s user + {cpu['system']:.1f} s system CPU in {cpu['wall']:.1f} s (host load {cpu['host_load']:.1f}); "
+        f"the host: {host['user'] + host['nice']:.1f} s user, {host['system']:.1f} s system, {host['softirq'] + host['irq']:.1f} s irq+softirq, {host['idle']:.1f} s idle"
+    )
+
+
+def run_ideal(args: argparse.Namespace, count: int, adapter: Path) -> dict:
+    """The physical limit on a lab like the fabric's: one receiver alone, then the chain and the tree of fan-out 2."""
+    lab = netlab.NetLab(args.prefix, count, args.rate_mbit, subnet=args.subnet, mtu=args.mtu)
+    source = adapter / "adapter_model.safetensors"
+    rows = []
+    try:
+        lab.up()
+        for receivers, topology in ((1, "chain"), (count - 1, "chain"), (count - 1, "tree2")):
+            row = swarm_ideal.run(lab, receivers, topology, source, Path(args.work) / "ideal")
+            row["cpu_s"]["host_load"] = os.getloadavg()[0]
+            print(f"  {row['mode']:<12} {receivers:>2} receivers: slowest {row['slowest_s']:6.2f} s  median {row['median_s']:6.2f} s  fastest {row['fastest_s']:6.2f} s", file=sys.stderr, flush=True)
+            print("         " + format_cpu("forwarders", row["cpu_s"]), file=sys.stderr, flush=True)
+            if not row["intact"]:
+                raise SystemExit(f"{row['mode']}: a receiver's file differs from the seed's")
+            rows.append({**row, "node_cpu_s": row.pop("cpu_s")})
+    finally:
+        lab.down()
+    return {"count": count, "rate_mbit": args.rate_mbit, "size": source.stat().st_size, "chunk_kib": 0, "rows": rows}
+
+
 def format_trace(t: dict) -> str:
     return (
         f"seed sent {t['seed_chunks']} chunks ({t['seed_dups']} repeats, all out at {t['seed_done_s']:.1f} s); "
@@ -208,7 +250,7 @@ def format_trace(t: dict) -> str:
 
 
 def run_count(args: argparse.Namespace, count: int, adapter: Path, pythonpath: str = "") -> dict:
-    lab = netlab.NetLab(args.prefix, count, args.rate_mbit, subnet=args.subnet)
+    lab = netlab.NetLab(args.prefix, count, args.rate_mbit, subnet=args.subnet, mtu=args.mtu)
     try:
         lab.up()
         work = Path(args.work) / f"c{count}"
@@ -217,7 +259,7 @@ def run_count(args: argparse.Namespace, count: int, adapter: Path, pythonpath: s
             *lab.exec_prefix(lab.ctl), sys.executable, str(Path(__file__).resolve()), "--inner",
             "--prefix", args.prefix, "--count", str(count), "--rate-mbit", str(args.rate_mbit), "--chunk-kib", str(args.chunk_kib),
             "--adapter", str(adapter), "--work", str(work), "--subnet", args.subnet, "--keep-traces", args.keep_traces, *(["--skip-star"] if args.skip_star else []),
-            "--node-pythonpath", pythonpath,
+            "--node-pythonpath", pythonpath, "--mtu", str(args.mtu), "--idle-s", str(args.idle_s),
         ]  # fmt: skip
         out = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         if out.returncode != 0:
@@ -240,7 +282,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep-traces", default="", help="copy each mode's pull traces under this directory")
     parser.add_argument("--baseline", default="", help="a git revision: its nodes run in turn with this tree's, on the same links")
-    parser.add_argument("--rounds", type=int, default=1, help="with --baseline: runs of each tree, in turn")
+    parser.add_argument("--rounds", type=int, default=1, help="with --baseline or --ideal: runs of each, in turn")
+    parser.add_argument("--ideal", action="store_true", help="also the physical limit: minimal forwarders on the same links (scripts/swarm_ideal.py)")
+    parser.add_argument("--mtu", type=int, default=0, help="the veths' MTU (0: the kernel's 1500)")
+    parser.add_argument("--idle-s", type=float, default=0.0, help="first measure the nodes' CPU this many seconds idle")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--node-pythonpath", default="", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -257,21 +302,24 @@ def main() -> None:
     # SIGTERM unwinds like Ctrl-C, so the finally blocks remove namespaces and processes.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     adapter = make_adapter(Path(args.work) / "adapter", args.size_mib)
-    trees = [("this tree", "")]
+    trees: list[tuple[str, str | None]] = [("this tree", "")]
     if args.baseline:
         trees.insert(0, (f"baseline {args.baseline}", baseline_env(ROOT, args.baseline, Path(args.work) / "baseline")["PYTHONPATH"]))
+    if args.ideal:
+        trees.append(("ideal", None))  # None: the forwarders, not nodes
     results = []
     try:
         for count in [int(c) for c in args.nodes.split(",")]:
-            for round_ in range(args.rounds if args.baseline else 1):
+            for round_ in range(args.rounds if len(trees) > 1 else 1):
                 for tree, pythonpath in trees:
-                    print(f"{count} nodes, {args.rate_mbit:g} Mbit/s links, {args.size_mib} MiB adapter, {args.chunk_kib} KiB chunks ({tree}, round {round_ + 1}):", file=sys.stderr, flush=True)
-                    results.append({**run_count(args, count, adapter, pythonpath), "tree": tree})
+                    print(f"{count} nodes, {args.rate_mbit:g} Mbit/s links{f', MTU {args.mtu}' if args.mtu else ''}, {args.size_mib} MiB adapter, {args.chunk_kib} KiB chunks ({tree}, round {round_ + 1}):", file=sys.stderr, flush=True)
+                    result = run_ideal(args, count, adapter) if pythonpath is None else run_count(args, count, adapter, pythonpath)
+                    results.append({**result, "tree": tree})
     finally:
         subprocess.run(["rm", "-rf", args.work])
     print()
-    print("| tree | nodes | link | mode | receivers | slowest s | median s | fastest s | slowest / single |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("| tree | nodes | link | mode | receivers | slowest s | median s | fastest s | slowest / single | CPU user + system s | host irq+softirq s |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     ratios: dict[tuple[str, int, str], list[float]] = {}
     for result in results:
         single = result["rows"][0]["slowest_s"]
@@ -279,7 +327,8 @@ def main() -> None:
             ratios.setdefault((result["tree"], result["count"], row["mode"]), []).append(row["slowest_s"] / single)
             print(
                 f"| {result['tree']} | {result['count']} | {result['rate_mbit']:g} Mbit/s | {row['mode']} | {row['nodes']} | {row['slowest_s']:.2f} | "
-                f"{row['median_s']:.2f} | {row['fastest_s']:.2f} | {row['slowest_s'] / single:.2f} |"
+                f"{row['median_s']:.2f} | {row['fastest_s']:.2f} | {row['slowest_s'] / single:.2f} | "
+                f"{row['node_cpu_s']['user']:.1f} + {row['node_cpu_s']['system']:.1f} | {row['node_cpu_s']['host']['irq'] + row['node_cpu_s']['host']['softirq']:.1f} |"
             )
     if len(results) > 1:
         print()

@@ -40,6 +40,7 @@ class NetLab:
     nodes: int
     rate_mbit: float
     subnet: str = "10.203.0"  # /24; node i is .(i + 1), ctl is .250
+    mtu: int = 0  # 0: the kernel's default (1500); e.g. 9000 to see what is per packet
 
     @property
     def hub(self) -> str:
@@ -67,6 +68,8 @@ class NetLab:
             self._join(self.ctl, "hc", f"{self.subnet}.250", limit=False)
             for i in range(self.nodes):
                 self._join(self.node_ns(i), f"h{i}", self.node_ip(i), limit=True)
+            if self.mtu:
+                _ip("-n", self.hub, "link", "set", "br0", "mtu", str(self.mtu))
         except BaseException:
             self.down()
             raise
@@ -75,6 +78,9 @@ class NetLab:
     def _join(self, ns: str, hub_end: str, address: str, limit: bool) -> None:
         _ip("netns", "add", ns)
         _ip("-n", self.hub, "link", "add", hub_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        if self.mtu:
+            _ip("-n", self.hub, "link", "set", hub_end, "mtu", str(self.mtu))
+            _ip("-n", ns, "link", "set", "eth0", "mtu", str(self.mtu))
         _ip("-n", self.hub, "link", "set", hub_end, "master", "br0", "up")
         _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")

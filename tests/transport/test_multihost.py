@@ -8,6 +8,7 @@ seed's digest, through real links with real limits.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -45,4 +46,34 @@ def test_swarm_rollout_over_namespaces(tmp_path) -> None:
     assert [row["mode"] for row in report["rows"]] == ["single", "swarm", "star"]
     assert [row["nodes"] for row in report["rows"]] == [1, 3, 3]
     assert all(row["digest_ok"] for row in report["rows"])
+    assert not set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()) & set(lab.namespaces())
+
+
+def _swarm_ideal():
+    spec = importlib.util.spec_from_file_location("swarm_ideal", ROOT / "scripts" / "swarm_ideal.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not OK, reason=f"network namespaces unavailable: {WHY}")
+@pytest.mark.parametrize("topology", ["chain", "tree2"])
+def test_the_physical_limits_forwarders_deliver_every_byte_over_jumbo_frames(tmp_path, topology) -> None:
+    """bench_swarm --ideal's forwarders (one per namespace, splice in, sendfile on) give every receiver the seed's bytes."""
+    swarm_ideal = _swarm_ideal()
+    source = tmp_path / "blob"
+    source.write_bytes(os.urandom((4 << 20) + 12345))  # not a multiple of the pipe or the low mark
+    prefix = f"fswi{os.getpid() % 100000}"
+    lab = netlab.NetLab(prefix, nodes=5, rate_mbit=100, subnet="10.205.0", mtu=9000)
+    try:
+        lab.up()
+        mtus = [subprocess.run(["ip", "-n", lab.node_ns(i), "-o", "link", "show", "eth0"], capture_output=True, text=True).stdout for i in range(5)]
+        row = swarm_ideal.run(lab, 4, topology, source, tmp_path / "ideal")
+    finally:
+        lab.down()
+    assert all(" mtu 9000 " in line for line in mtus)
+    assert row["mode"] == f"ideal {topology}" and row["nodes"] == 4 and row["size"] == source.stat().st_size
+    assert row["intact"]
+    assert 0 < row["fastest_s"] <= row["slowest_s"]
+    assert not (tmp_path / "ideal").exists()
     assert not set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()) & set(lab.namespaces())
