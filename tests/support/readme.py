@@ -65,10 +65,14 @@ def sections() -> list[Section]:
     return found
 
 
+# Sections a test of their own runs as pasted, with checks between their blocks (tests/project/test_readme_more.py).
+RUN_BY_THEIR_OWN_TEST = ("Many teams",)
+
+
 def half(which: int) -> list[Section]:
     """The sections that run blocks, every other one from the first (0) or the second (1): two test modules run them,
     so pytest-xdist (--dist loadfile) gives them two workers."""
-    return [s for s in sections() if s.blocks][which::2]
+    return [s for s in sections() if s.blocks and s.title not in RUN_BY_THEIR_OWN_TEST][which::2]
 
 
 def with_free_ports(script: str, ports: dict[str, str]) -> str:
@@ -90,9 +94,12 @@ def run_script(script: str, tmp_path: Path) -> tuple[int, str, Path]:
     return code, log.read_text(), clone
 
 
-def run_section(section: Section, tmp_path: Path) -> None:
-    """Run one section's blocks as pasted; it exits 0, prints no traceback or warning, and leaves no file git or docker would take."""
-    script = with_free_ports("\n\n".join(section.blocks), {})
+def run_section(section: Section, tmp_path: Path, after_first_block: str = "") -> str:
+    """Run one section's blocks as pasted; it exits 0, prints no traceback or warning, and leaves no file git or docker
+    would take. ``after_first_block``: a check of the test's own, run between the first block and the next (its README
+    ports become the same free ones). Returns the output."""
+    blocks = [section.blocks[0], after_first_block, *section.blocks[1:]] if after_first_block else section.blocks
+    script = with_free_ports("\n\n".join(blocks), {})
     code, output, clone = run_script(script, tmp_path)
     assert code == 0, f"README section {section.title!r} failed ({code}):\n{script}\n--- output ---\n{output}"
     assert "Traceback" not in output, output
@@ -103,6 +110,7 @@ def run_section(section: Section, tmp_path: Path) -> None:
     assert status == "", f"README section {section.title!r} leaves files git would commit (add them to .gitignore):\n{status}"
     shipped = [p.name for p in clone.iterdir() if p.name not in (".git", ".gitignore", ".dockerignore") and not docker_ignores(p.name)]
     assert shipped == [], f"README section {section.title!r} writes {shipped}, which docker build . would send: add them to .dockerignore"
+    return output
 
 
 

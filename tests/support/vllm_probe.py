@@ -3,6 +3,12 @@
     python tests/support/vllm_probe.py                      # load_general_plugins(): which resolvers registered
     python tests/support/vllm_probe.py BASE_MODEL LORA_NAME # ... then OpenAIServingModels.resolve_lora(LORA_NAME)
     python tests/support/vllm_probe.py --starts JSON        # vLLM's start-up once per environment in the JSON list
+    python tests/support/vllm_probe.py --serve              # imports vLLM once, then forks one probe per request
+
+``--serve`` is for the tests: a probe costs ~7 CPU-seconds, nearly all of it vLLM's imports. The server imports
+what a probe imports, loads no plugin, and forks each probe from there: the child is a process of its own that
+runs ``main`` as the command line would (its arguments, its whole environment, its stdout and stderr to files),
+so vLLM's plugin loading still happens once per probe, from scratch.
 
 vLLM's logging is its own (``vllm.logger``'s configuration; the tests point its stream at stderr). Only the engine core is replaced (``FakeEngine``: a model config naming the
 base model, and ``add_lora`` recording what it is given); the plugin is found
@@ -16,7 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import time
+import traceback
 from types import SimpleNamespace
 
 
@@ -96,5 +105,69 @@ def main() -> None:
     print(json.dumps(out))
 
 
+PRELOADED = (
+    "vllm.config.logging",
+    "vllm.logger",
+    "vllm.plugins",
+    "vllm.lora.request",
+    "vllm.lora.resolver",
+    "vllm.entrypoints.openai.models.protocol",
+    "vllm.entrypoints.openai.models.serving",
+)
+PROBE_DEADLINE_S = 240.0  # a probe still running then is killed and answered rc -9
+
+
+def serve() -> None:
+    """Answer JSON lines on stdin, {"args": [...], "env": {...}, "stdout": PATH, "stderr": PATH}, each with {"rc": N}
+    once its forked probe has ended; stops at end of input."""
+    import importlib
+
+    import vllm.plugins
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    assert not vllm.plugins.plugins_loaded, "a preloaded module loaded vLLM's plugins: a probe would not load them itself"
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_forked(request)
+        print(json.dumps({"rc": _wait(pid)}), flush=True)
+
+
+def _run_forked(request: dict) -> None:
+    code = 1
+    try:
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [__file__, *request["args"]]
+        main()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _wait(pid: int) -> int:
+    deadline = time.monotonic() + PROBE_DEADLINE_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return -9
+
+
 if __name__ == "__main__":
-    main()
+    serve() if sys.argv[1:] == ["--serve"] else main()
