@@ -117,6 +117,7 @@ class Slots:
 
         target = None if request.use_base or request.adapter == BASE_NAME else (request.adapter or ACTIVE)
         run = Generation(model, request.input_ids, target, request.max_new_tokens, request.return_logits, self.max_new_tokens)
+        finished = False
         try:
             # One job per step (adapter_fabric.serving.generation): promotes land between steps, and a caller
             # that cancels or passes its deadline (this coroutine is cancelled) stops the steps.
@@ -133,7 +134,8 @@ class Slots:
             # The ref is dropped before the reply: a caller that goes on (a listing, a promote that would evict the slot) never
             # finds it held by a generation that has answered.
             await self.context.on_model(run.finish)
+            finished = True
             return fabric_pb2.GenerateResponse(slot=run.resolved, content_id=run.content_id, last_logits=run.last_logits, output_ids=run.output_ids)
         finally:
-            # After any job still queued or running: the ref is dropped, never before it was taken.
-            self.context.after_model_jobs(run.finish)
+            if not finished:  # refused or cancelled: after any job still queued or running, so never before the ref was taken
+                self.context.after_model_jobs(run.finish)

@@ -7,6 +7,11 @@ intermediate 14336, k/v out 1024, bf16, PEFT tensor names, ~84 MB):
 
   raw socket     the weights file's bytes over one TCP connection on loopback
                  (sendall / recv_into a pre-touched buffer): the physical baseline
+  floor          the same raw socket, received as a promote must at the least
+                 (adapter_fabric.harness.receive_floor): each 1 MiB chunk hashed
+                 (BLAKE3), written (pwrite) and copied into a pre-touched row,
+                 one fsync; one thread, in this process: the physical limit of
+                 a verified, durable, staged receive, and its CPU
   Fetch stream   the same bytes as one tuned gRPC Fetch stream (adapter_fabric.transport.wire), no
                  verification, no store: what bench_transfer.py calls "tuned"
   promote        what a node's Promote runs, for real: PeerPuller.pull from a
@@ -53,6 +58,7 @@ import torch
 from adapter_fabric.harness.bench import ServerProcess, TransferPath, run_client
 from adapter_fabric.transport import wire
 from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.harness.receive_floor import receive_floor
 from adapter_fabric.serving.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes
 from adapter_fabric.store import AdapterStore, PartialDownload
 from adapter_fabric.transport.channels import PeerChannels
@@ -271,9 +277,10 @@ def main() -> None:
 
             profiler = cProfile.Profile()
         keys = ("raw", "stream", "pull", "partial_commit", "prepare", "commit", "total", "pull_cpu", "seeder_cpu", "two_nodes", "http",
-                "grpc_total", "grpc_pull_cpu", "grpc_seeder_cpu")
+                "grpc_total", "grpc_pull_cpu", "grpc_seeder_cpu", "floor", "floor_cpu")
         times: dict[str, list[float]] = {key: [] for key in keys}
         client = NodeClient(receiver_node.address)
+        floor_row = memoryview(bytearray(b"\x01") * size)  # pre-touched, as a reused staging row is
         try:
             if receiver is not None:
                 receiver.promote()  # warm-up: imports, first allocation of the staging row
@@ -281,6 +288,9 @@ def main() -> None:
             two_node_pull(client, node.address)
             for round_ in range(args.rounds):
                 times["raw"].append(run_client(raw_row, servers[raw_row.label].port, size, digest))
+                floor_s, floor_cpu = receive_floor(servers[raw_row.label].port, size, floor_row, tmp)
+                times["floor"].append(floor_s)
+                times["floor_cpu"].append(floor_cpu)
                 times["stream"].append(run_client(stream_row, servers[stream_row.label].port, size, digest))
                 times["two_nodes"].append(two_node_pull(client, node.address))
                 if nginx is not None:
@@ -316,6 +326,7 @@ def main() -> None:
     print(f"{'row':<48}{'best ms':>9}{'median ms':>11}{'best/raw':>10}{'med/raw':>9}")
     rows = [
         ("raw socket, same bytes", "raw"),
+        ("floor: raw + BLAKE3 + write + row copy + fsync", "floor"),
         ("Fetch stream (tuned, no verification)", "stream"),
         ("promote: pull (manifest, verify, store, stage)", "pull"),
         ("  of which the store's commit (check, sync)", "partial_commit"),
@@ -343,6 +354,9 @@ def main() -> None:
         receiver_cpu = statistics.median(times["pull_cpu"]) * 1e3
         goals += [f"promote total {total:.2f}x raw (goal 2x: {'met' if total <= 2 else 'NOT met'})",
                   f"receiver CPU {receiver_cpu:.0f} ms per pull (goal 60 ms: {'met' if receiver_cpu <= 60 else 'NOT met'})"]
+    if times["floor"]:
+        floor, floor_cpu = statistics.median(times["floor"]) / raw_median, statistics.median(times["floor_cpu"]) * 1e3
+        print(f"the floor (one thread, the four passes a verified durable staged receive needs), median: {floor:.2f}x raw, CPU {floor_cpu:.0f} ms")
     if times["http"]:
         http = statistics.median(times["two_nodes"]) / statistics.median(times["http"])
         goals.append(f"two-node pull {http:.2f}x the HTTP path (goal 0.35x: {'met' if http <= 0.35 else 'NOT met'})")
