@@ -88,6 +88,9 @@ def inner(args: argparse.Namespace) -> dict:
         return user / tick, system / tick
     staged = None
 
+    def net_counters() -> dict[str, int]:
+        return {**lab.link_counters(), **netlab.tcp_counters(node.pid for node in nodes)}
+
     def client(address: str) -> NodeClient:
         return NodeClient(address, timeout=1800)
 
@@ -103,6 +106,7 @@ def inner(args: argparse.Namespace) -> dict:
         clear()
         subprocess.run(["rm", "-rf", str(trace_dir)], check=True)
         trace_dir.mkdir(parents=True)
+        net_before = net_counters()
         cpu_before, host_before, wall_before = nodes_cpu(), swarm_ideal.host_cpu_s(), time.monotonic()
         results = rollout(targets, ADAPTER_ID, seed, stage_only=True, named_peer_only=named_peer_only, client_for=client)
         failed = [r for r in results if not r.ok]
@@ -114,12 +118,14 @@ def inner(args: argparse.Namespace) -> dict:
         user, system = (after - before for after, before in zip(nodes_cpu(), cpu_before))
         host = swarm_ideal.cpu_delta(host_before, swarm_ideal.host_cpu_s())
         row["node_cpu_s"] = {"user": user, "system": system, "wall": time.monotonic() - wall_before, "host_load": os.getloadavg()[0], "host": host}
+        row["net"] = swarm_ideal.deltas(net_before, net_counters())
         print(f"  {mode:<6} {len(targets):>2} receivers: slowest {seconds[-1]:6.2f} s  median {row['median_s']:6.2f} s  fastest {seconds[0]:6.2f} s", file=sys.stderr, flush=True)
         row["trace"] = analyse_traces(trace_dir, seed)
         if args.keep_traces:
             subprocess.run(["cp", "-r", str(trace_dir), f"{args.keep_traces}/{args.count}-{mode}"], check=True)
         print("         " + format_trace(row["trace"]), file=sys.stderr, flush=True)
         print("         " + format_cpu("node processes", row["node_cpu_s"]), file=sys.stderr, flush=True)
+        print("         " + swarm_ideal.format_net(row["net"]), file=sys.stderr, flush=True)
         return row
 
     try:
@@ -230,6 +236,7 @@ def run_ideal(args: argparse.Namespace, count: int, adapter: Path) -> dict:
             row["cpu_s"]["host_load"] = os.getloadavg()[0]
             print(f"  {row['mode']:<12} {receivers:>2} receivers: slowest {row['slowest_s']:6.2f} s  median {row['median_s']:6.2f} s  fastest {row['fastest_s']:6.2f} s", file=sys.stderr, flush=True)
             print("         " + format_cpu("forwarders", row["cpu_s"]), file=sys.stderr, flush=True)
+            print("         " + swarm_ideal.format_net(row["net"]), file=sys.stderr, flush=True)
             if not row["intact"]:
                 raise SystemExit(f"{row['mode']}: a receiver's file differs from the seed's")
             rows.append({**row, "node_cpu_s": row.pop("cpu_s")})

@@ -150,6 +150,18 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
     return {k: after[k] - before[k] for k in before}
 
 
+def deltas(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in before}
+
+
+def format_net(net: dict[str, int]) -> str:
+    """The links' packet counters over a run (``NetLab.link_counters``, ``netlab.tcp_counters``)."""
+    return (
+        f"packets through the links' tbf qdiscs: {net['qdisc_packets']:,} ({net['qdisc_dropped']:,} dropped, {net['qdisc_overlimits']:,} held back); "
+        f"TCP segments: {net['tcp_out']:,} out, {net['tcp_in']:,} in, {net['tcp_retrans']:,} retransmitted"
+    )
+
+
 def run(lab, receivers: int, topology: str, source: Path, work: Path) -> dict:
     """Forward ``source`` from node 0 to nodes 1..receivers of ``lab`` (already up); when each had it, and the CPU."""
     size = source.stat().st_size
@@ -166,11 +178,20 @@ def run(lab, receivers: int, topology: str, source: Path, work: Path) -> dict:
         for proc in procs:
             if json.loads(proc.stdout.readline() or "{}").get("ready") is not True:
                 raise SystemExit(f"ideal {topology}: a forwarder failed to start (exit {proc.wait()})")
+        from adapter_fabric.harness.netlab import tcp_counters  # the driver's side only: a forwarder needs the stdlib alone
+
+        def net_counters() -> dict[str, int]:
+            return {**lab.link_counters(), **tcp_counters(proc.pid for proc in procs)}
+
+        net_before = net_counters()
         host_before, start = host_cpu_s(), time.monotonic()
         procs[0].stdin.write("go\n")
         procs[0].stdin.flush()
         reports = [json.loads(proc.stdout.readline() or "null") for proc in procs]
         wall, host = time.monotonic() - start, cpu_delta(host_before, host_cpu_s())
+        net = deltas(net_before, net_counters())  # while the forwarders live: their namespaces' counters are read through them
+        for proc in procs:
+            proc.stdin.close()  # now they may exit
         for proc in procs:
             if proc.wait(timeout=30) != 0 or None in reports:
                 raise SystemExit(f"ideal {topology}: a forwarder failed (exit {proc.returncode})")
@@ -180,6 +201,7 @@ def run(lab, receivers: int, topology: str, source: Path, work: Path) -> dict:
             "mode": f"ideal {topology}" if receivers > 1 else "ideal single", "nodes": receivers, "size": size, "intact": intact,
             "slowest_s": seconds[-1], "median_s": seconds[len(seconds) // 2], "fastest_s": seconds[0],
             "cpu_s": {"user": sum(r["user_s"] for r in reports), "system": sum(r["system_s"] for r in reports), "wall": wall, "host": host},
+            "net": net,
         }  # fmt: skip
     finally:
         for proc in procs:
@@ -199,6 +221,7 @@ def main() -> None:
     parser.add_argument("--parent", default="", help="a receiver: host:port to receive from")
     parser.add_argument("--out", default="", help="a receiver: where the bytes land")
     print(json.dumps(forward(parser.parse_args())), flush=True)
+    sys.stdin.readline()  # the driver reads this namespace's counters through us first, then closes our stdin
 
 
 if __name__ == "__main__":

@@ -11,9 +11,14 @@ kills what runs inside and removes them all, and is safe to call twice.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+#: a tbf qdisc's counters in ``tc -s qdisc show``
+_TBF_SENT = re.compile(r"qdisc tbf .*\n\s*Sent \d+ bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -93,6 +98,17 @@ class NetLab:
                     capture_output=True, text=True, check=True,
                 )  # fmt: skip
 
+    def link_counters(self) -> dict[str, int]:
+        """The tbf qdiscs' totals over every node's link, both directions: packets sent, dropped, held back (overlimits)."""
+        totals = {"qdisc_packets": 0, "qdisc_dropped": 0, "qdisc_overlimits": 0}
+        for ns in [self.hub, *(self.node_ns(i) for i in range(self.nodes))]:
+            shown = subprocess.run(["tc", "-n", ns, "-s", "qdisc", "show"], capture_output=True, text=True, check=False).stdout
+            for packets, dropped, overlimits in _TBF_SENT.findall(shown):
+                totals["qdisc_packets"] += int(packets)
+                totals["qdisc_dropped"] += int(dropped)
+                totals["qdisc_overlimits"] += int(overlimits)
+        return totals
+
     def exec_prefix(self, ns: str) -> list[str]:
         return ["ip", "netns", "exec", ns]
 
@@ -108,3 +124,18 @@ class NetLab:
                 except (ProcessLookupError, ValueError):
                     pass
             _ip("netns", "del", ns, check=False)
+
+
+def tcp_counters(pids: Iterable[int]) -> dict[str, int]:
+    """TCP segments in, out and retransmitted, summed over the network namespaces of ``pids`` (one process per namespace)."""
+    totals = {"tcp_in": 0, "tcp_out": 0, "tcp_retrans": 0}
+    for pid in pids:
+        try:
+            lines = [line.split() for line in open(f"/proc/{pid}/net/snmp") if line.startswith("Tcp:")]
+        except OSError:
+            continue  # the process is gone: its namespace's counters with it
+        fields = dict(zip(lines[0], lines[1], strict=True))
+        totals["tcp_in"] += int(fields["InSegs"])
+        totals["tcp_out"] += int(fields["OutSegs"])
+        totals["tcp_retrans"] += int(fields["RetransSegs"])
+    return totals
