@@ -8,6 +8,7 @@ caller's random state. The demo, the tests and the benchmarks all use these.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,9 @@ def make_peft_adapter(
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
     # PEFT annotates lora_alpha as int; it takes a float (scaling = alpha / r)
     config = LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=targets, init_lora_weights=False, **lora_kwargs)  # type: ignore[arg-type]
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # PEFT reads transformers' deprecated is_gradient_checkpointing: a notice to PEFT, not to whoever makes an adapter
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
         torch.manual_seed(seed)
         peft_model = get_peft_model(base, config)
     out = Path(out_dir)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -44,3 +46,12 @@ def test_a_local_model_directory_serves_adapters(tmp_path) -> None:
 def test_unknown_model_is_named(tmp_path) -> None:
     with pytest.raises(InvalidArgument, match="'no-such-model' is neither a preset"):
         load_base_model("no-such-model")
+
+
+def test_making_an_adapter_shows_no_library_deprecation_notice(tmp_path) -> None:
+    """PEFT reads transformers' deprecated ``is_gradient_checkpointing``; benchmarks and scripts that make adapters printed
+    that FutureWarning to their users (the CLI filtered it for itself)."""
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        make_peft_adapter(tmp_path / "a", r=2, target_modules=["q_proj"])
+    assert [str(w.message) for w in shown if "is_gradient_checkpointing" in str(w.message)] == []
