@@ -218,15 +218,17 @@ class StageMany:
         return fabric_pb2.StageManyResult(adapter_id=item.adapter_id, error=detail)
 
     def _told(self, batch: list[_Item], who: Principal, seconds: float) -> None:
-        """One log line and one audit line for the batch (counts; the first refusal), and the homes told of each commit."""
+        """One log line for the batch (counts; the first refusal), one audit line per adapter committed (as a Stage has:
+        an auditor looks an id up, not a batch), and the homes told of each commit."""
         committed = [item for item in batch if item.reply is not None]
         refused = [item for item in batch if item.reply is None]
         event(
             log, "StageMany committed a batch", adapters=len(batch), committed=len(committed), refused=len(refused),
             first_refused=refused[0].adapter_id[:200] if refused else None, bytes=sum(item.size for item in batch), seconds=round(seconds, 4),
         )
-        if committed:
-            audit("stage-many", who.name, "ok", adapter_id=committed[0].adapter_id, detail=f"{len(committed)} adapters committed, the first named")
+        for item in committed:
+            assert item.reply is not None
+            audit("stage", who.name, "ok", adapter_id=item.reply.adapter_id, digest=item.reply.digest, detail=f"StageMany, a batch of {len(batch)}")
         if self.staging.on_staged is not None:
             for item in committed:
                 assert item.reply is not None

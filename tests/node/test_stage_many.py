@@ -177,6 +177,12 @@ grants = [{{ verbs = ["read"], prefixes = ["*"] }}]
         with node.client() as c:
             assert {a.adapter_id for a in c.list().staged} == {r.adapter_id for r in result.staged}
         assert calls(node, "StageMany") == 2 and calls(node, "Stage") == 0  # team-a's one stream, and the reader's refused one
+        # One audit line per adapter, as a Stage has (was: one line for the batch, naming only its first id)
+        audited = [line for line in node.log_path.read_text(errors="replace").splitlines() if "fabric.audit" in line and "action=stage " in line]
+        for staged in result.staged:
+            assert sum(f"adapter={staged.adapter_id} " in line and f"digest={staged.digest} " in line and "principal=team-a " in line
+                       and "outcome=ok" in line for line in audited) == 1, (staged.adapter_id, audited)
+        assert sum("adapter=team-b/theirs " in line and "outcome=refused" in line for line in audited) == 1, audited
 
 
 def team_a_policy(verbs: list[str], *, other: bool = False) -> str:
