@@ -75,8 +75,8 @@ class WatchedLock:
         """``with`` the lock only if no thread holds it now; ``BlockingIOError`` otherwise (for the event loop, which must not wait on it)."""
         if not self._lock.acquire(blocking=False):
             raise BlockingIOError(f"the store's {self.name} lock is held")
-        _held.__dict__.setdefault("names", []).append(self.name)
         try:
-            yield
+            with noted(self.name):
+                yield
         finally:
-            self.__exit__()
+            self._lock.release()
