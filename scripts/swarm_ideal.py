@@ -158,7 +158,9 @@ def format_net(net: dict[str, int]) -> str:
     """The links' packet counters over a run (``NetLab.link_counters``, ``netlab.tcp_counters``)."""
     return (
         f"packets through the links' tbf qdiscs: {net['qdisc_packets']:,} ({net['qdisc_dropped']:,} dropped, {net['qdisc_overlimits']:,} held back); "
-        f"TCP segments: {net['tcp_out']:,} out, {net['tcp_in']:,} in, {net['tcp_retrans']:,} retransmitted"
+        f"TCP segments: {net['tcp_out']:,} out, {net['tcp_in']:,} in, {net['tcp_retrans']:,} retransmitted "
+        f"({net['tcp_loss_probes']:,} tail-loss probes, {net['tcp_dsack_recv']:,} reported needless); "
+        f"{net['tcp_delayed_acks']:,} delayed ACKs"
     )
 
 

@@ -126,16 +126,26 @@ class NetLab:
             _ip("netns", "del", ns, check=False)
 
 
+#: TcpExt counters ``tcp_counters`` adds (``/proc/<pid>/net/netstat``): why segments went twice, and ACKs held back
+TCP_EXT = {"TCPLossProbes": "tcp_loss_probes", "TCPDSACKRecv": "tcp_dsack_recv", "DelayedACKs": "tcp_delayed_acks"}
+
+
 def tcp_counters(pids: Iterable[int]) -> dict[str, int]:
-    """TCP segments in, out and retransmitted, summed over the network namespaces of ``pids`` (one process per namespace)."""
-    totals = {"tcp_in": 0, "tcp_out": 0, "tcp_retrans": 0}
+    """TCP segments in, out and retransmitted, tail-loss probes sent, duplicates the peer reported (D-SACK: a
+    retransmission that was not needed) and ACKs sent by the delayed-ACK timer, summed over the network namespaces of
+    ``pids`` (one process per namespace)."""
+    totals = {"tcp_in": 0, "tcp_out": 0, "tcp_retrans": 0, **{name: 0 for name in TCP_EXT.values()}}
     for pid in pids:
         try:
             lines = [line.split() for line in open(f"/proc/{pid}/net/snmp") if line.startswith("Tcp:")]
+            ext = [line.split() for line in open(f"/proc/{pid}/net/netstat") if line.startswith("TcpExt:")]
         except OSError:
             continue  # the process is gone: its namespace's counters with it
         fields = dict(zip(lines[0], lines[1], strict=True))
         totals["tcp_in"] += int(fields["InSegs"])
         totals["tcp_out"] += int(fields["OutSegs"])
         totals["tcp_retrans"] += int(fields["RetransSegs"])
+        for key, value in zip(ext[0], ext[1], strict=True):
+            if key in TCP_EXT:
+                totals[TCP_EXT[key]] += int(value)
     return totals
