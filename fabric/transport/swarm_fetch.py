@@ -79,7 +79,9 @@ class SwarmWorkers:
 
     ``done`` is shared with the coordinator: workers add each verified chunk
     (``set.add`` is atomic), so a substitute that arrives by another route
-    is not written twice.
+    is not written twice. ``each_chunk``: report every verified chunk as it lands (a swarm: other requests and
+    peers depend on it at once); False for a pull from one peer, whose coordinator counts a request's chunks from
+    ``done`` when it ends (a wake of that thread per chunk cost ~6% of such a pull's CPU; issue 34).
     """
 
     def __init__(
@@ -94,7 +96,9 @@ class SwarmWorkers:
         channels: PeerChannels,
         download_limit: TokenBucket | None,
         holding: peer_calls.HoldingCall,
+        each_chunk: bool = True,
     ) -> None:
+        self.each_chunk = each_chunk
         self.manifest = manifest
         self.weights = manifest.weights
         self.partial = partial
@@ -177,7 +181,8 @@ class SwarmWorkers:
                     continue
                 self.partial.write_chunk(index, data)  # verifies first; IntegrityError = corrupt
                 self.done.add(index)
-                self.report(ChunkVerified(request, index))
+                if self.each_chunk:
+                    self.report(ChunkVerified(request, index))
                 if not request.accept and position < len(expected) and all(c in self.done for c in expected[position:]):
                     break  # the rest came from another copy (endgame); after its last chunk a stream reads its END (the peer's holdings, a kept connection)
         except IntegrityError as exc:  # a bad chunk, a misplaced one, or a malformed message

@@ -114,7 +114,7 @@ class SwarmPull:
         self._by_host_port = {_host_port(address): address for address in self.plan.peers}  # to place hints
         self.workers = SwarmWorkers(
             manifest, partial, self.done, stats, self.events.put,
-            settings=settings, channels=channels, download_limit=download_limit, holding=holding,
+            settings=settings, channels=channels, download_limit=download_limit, holding=holding, each_chunk=len(self.plan.peers) > 1,
         )
         workers = len(peers) * settings.window + len(peers)
         self.pool = ThreadPoolExecutor(max_workers=min(MAX_PULL_THREADS, workers), thread_name_prefix="pull")
@@ -271,15 +271,26 @@ class SwarmPull:
 
     def _handle(self, event: SwarmEvent, now: float) -> bool:
         """Apply one worker report to the plan; True when a chunk was verified."""
+        settled = self._settle(event, now) if isinstance(event, FetchEnded) and not self.workers.each_chunk else False
         row = event.trace_row()
         if row is not None and self.trace is not None:
             self.trace.append([now - self.t0, *row])
-        return self._handlers[type(event)](event, now)
+        return self._handlers[type(event)](event, now) or settled
 
     def _on_chunk(self, event: ChunkVerified, now: float) -> bool:
         swarm.chunk_verified(self.plan, event.chunk, event.request)
         self.refused.pop(event.request.peer, None)  # it serves again: an earlier refusal explains nothing now
         return True
+
+    def _settle(self, event: FetchEnded, now: float) -> bool:
+        """A request of a pull from one peer ended: the chunks it verified (``done``), as ``_on_chunk`` takes each in a
+        swarm, before the ending frees the rest for the next request."""
+        verified = [c for c in event.request.chunks if c in self.done and c in self.plan.needed]
+        for chunk in verified:
+            self._on_chunk(ChunkVerified(event.request, chunk), now)
+            if self.trace is not None:
+                self.trace.append([now - self.t0, "chunk", event.request.peer, [chunk]])
+        return bool(verified)
 
     def _on_picked(self, event: ChunksPicked, now: float) -> bool:
         swarm.retarget(self.plan, event.request, event.chunks)

@@ -1,0 +1,99 @@
+"""A pull from one peer: its worker reports a request's chunks when the request ends, not each as it lands
+(``SwarmWorkers.each_chunk``), and the coordinator still counts them as progress.
+
+The coordinator (``SwarmPull``) is the part under test; the worker's fetch is replaced by a script of what a peer did
+(its chunks verified and written into the real partial, then how the request ended), so the order of events is exact.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from adapter_fabric.errors import IntegrityError, QuotaExceeded
+from adapter_fabric.harness.bench import make_adapter
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.transport import peer_calls, swarm
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.pull_values import PullSettings, PullStats
+from adapter_fabric.transport.swarm_events import ChunkVerified, FetchBusy, FetchCorrupt, FetchDone, FetchFailed
+from adapter_fabric.transport.swarm_fetch import FetchHandle
+from adapter_fabric.transport.swarm_pull import SwarmPull
+
+PEER = "127.0.0.1:1"
+STALL_S = 1.0  # above the busy back-off (0.5 s), which a pull waits out without progress
+
+
+@pytest.fixture
+def staged(tmp_path) -> tuple[AdapterStore, object, bytes]:
+    """A 1 MiB adapter staged in 64 KiB chunks (17 with the header), its manifest and its weights' bytes."""
+    seed = AdapterStore(tmp_path / "seed", chunk_size=64 << 10)
+    manifest = seed.stage(make_adapter(tmp_path / "adapter", size_mib=1, hidden=1024, rank=64), "one/peer")
+    blob = Path(seed.verified_weights(manifest)).read_bytes()
+    return AdapterStore(tmp_path / "store", chunk_size=64 << 10), manifest, blob
+
+
+def test_a_request_that_verified_chunks_counts_as_progress_when_it_ends(staged) -> None:
+    """The peer sends half of the first request, then a corrupt chunk; it refuses the retry as busy, and serves the one
+    after. The refusal comes later than the stall timeout after the pull began but at once after the half: the pull
+    waits out the busy back-off and completes (had the half not counted as progress, it ended as stalled)."""
+    store, manifest, blob = staged
+    weights = manifest.weights
+    partial = store.open_partial(manifest)
+    script = ["half then corrupt", "busy"]  # then every request is served whole
+    reported: list[object] = []
+
+    def fetch(request: swarm.Request, handle: FetchHandle) -> None:
+        try:
+            serve(request)
+        except BaseException as exc:  # as the real worker does: the coordinator never waits on a fetch that failed here
+            pull.events.put(FetchFailed(request, exc))
+
+    def serve(request: swarm.Request) -> None:
+        step = script.pop(0) if script else "whole"
+        chunks = request.chunks[: len(request.chunks) // 2] if step == "half then corrupt" else [] if step == "busy" else request.chunks
+        for index in chunks:
+            offset, length = weights.chunk_span(index)
+            partial.write_chunk(index, blob[offset : offset + length])
+            pull.done.add(index)
+        if step == "half then corrupt":
+            time.sleep(STALL_S + 0.1)  # the first half's chunks land; the request ends past the stall timeout
+            pull.events.put(event := FetchCorrupt(request, IntegrityError("chunk failed verification")))
+        elif step == "busy":
+            pull.events.put(event := FetchBusy(request, QuotaExceeded("busy")))
+        else:
+            pull.events.put(event := FetchDone(request))
+        reported.append(event)
+
+    stats = PullStats(digest=manifest.digest)
+    pull = SwarmPull(
+        manifest, partial, [PEER], stats, settings=PullSettings(stall_timeout=STALL_S), channels=PeerChannels(),
+        download_limit=None, holding=lambda peer, digest: peer_calls.holding(PeerChannels(), peer, digest),
+    )
+    assert not pull.workers.each_chunk  # one peer: no event per chunk
+    pull.workers.fetch = fetch  # type: ignore[method-assign]
+    try:
+        pull.run()
+        committed = partial.commit("one/peer")
+    finally:
+        partial.close()
+    assert committed.digest == manifest.digest and stats.corrupt_chunks == 1
+    assert [type(e).__name__ for e in reported][:3] == ["FetchCorrupt", "FetchBusy", "FetchDone"]
+    assert not any(isinstance(e, ChunkVerified) for e in reported)
+    assert weights.chunk_count > 16
+
+
+def test_a_swarm_reports_each_chunk(staged) -> None:
+    store, manifest, _ = staged
+    partial = store.open_partial(manifest)
+    try:
+        pull = SwarmPull(
+            manifest, partial, [PEER, "127.0.0.1:2"], PullStats(digest=manifest.digest), settings=PullSettings(), channels=PeerChannels(),
+            download_limit=None, holding=lambda peer, digest: peer_calls.holding(PeerChannels(), peer, digest),
+        )
+        assert pull.workers.each_chunk
+        pull.pool.shutdown()
+    finally:
+        partial.close()
