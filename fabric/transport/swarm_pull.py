@@ -2,7 +2,8 @@
 
 A coordinator thread owns the plan; worker threads (``adapter_fabric.transport.swarm_fetch``)
 fetch runs of chunks, verify and write them, and report through a queue, one
-typed event (``adapter_fabric.transport.swarm_events``) per thing that happened.
+typed event (``adapter_fabric.transport.swarm_events``) per thing that happened; a pull from one peer
+reports its chunks when each request ends, not each as it lands (``SwarmWorkers.each_chunk``).
 """
 
 from __future__ import annotations
