@@ -97,6 +97,7 @@ class DataServer:
         # a peer may hold as many connections as it may hold Fetch streams
         self.listener = Listener(self._serve, tls=tls, max_connections=max_connections, max_per_source=max(max_per_source, streams.limit))
         self._open: set[asyncio.StreamWriter] = set()  # streams past their hello
+        self._greeting: set[asyncio.StreamWriter] = set()  # connections whose hello has begun to arrive
 
     @property
     def connections(self) -> int:
@@ -108,10 +109,13 @@ class DataServer:
         await self.listener.start(sock)
 
     async def close(self, grace: float) -> None:
-        """Stop listening; open streams get ``grace`` seconds to finish (as gRPC's in-flight calls do), then are cut."""
+        """Stop listening; open streams get ``grace`` seconds to finish (as gRPC's in-flight calls do), then are cut.
+
+        A connection whose hello has begun to arrive is answered within the same grace, so a puller that asked as the
+        node began draining hears why (the drain's refusal), not a connection closed without a word."""
         self.listener.stop_accepting()
         deadline = asyncio.get_running_loop().time() + grace
-        while self._open and asyncio.get_running_loop().time() < deadline:
+        while (self._open or self._greeting) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         await self.listener.close()  # what is left is cut, and its task ended here (not cancelled at the loop's end)
 
@@ -149,8 +153,12 @@ class DataServer:
         host = connection.host
         counted = False
         try:
-            async with asyncio.timeout(hello_within):
-                hello = await self._hello(reader, prefix)
+            self._greeting.add(writer)  # its first bytes are here (a fresh connection's, or a kept one's next prefix)
+            try:
+                async with asyncio.timeout(hello_within):
+                    hello = await self._hello(reader, prefix)
+            finally:
+                self._greeting.discard(writer)
             self.listener.admission.busy(connection)  # no longer idle: never shed
             self._open.add(writer)
             still = None

@@ -195,6 +195,37 @@ def test_mtls_and_token_guard_the_channel_before_any_byte(tmp_path, adapter) -> 
                 node.stop()
 
 
+def test_a_hello_under_way_when_the_node_begins_draining_hears_why(tmp_path, adapter) -> None:
+    """The node gets SIGTERM with no stream open, while a puller's hello is half sent: the rest of it is still read,
+    within --drain-timeout, and answered with the drain's refusal (before, the connection was closed without a word,
+    and the puller reported the closed port it then met on gRPC)."""
+    import signal
+
+    node = store_node(tmp_path, "seed", "--drain-timeout", "5").start()
+    try:
+        with node.client() as c:
+            digest = c.stage(adapter, "a").digest
+        port = data_port(node)
+        payload = hello(digest)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(payload[:3])
+            time.sleep(0.2)  # the node has the first bytes: the hello is under way
+            node.process.send_signal(signal.SIGTERM)
+            time.sleep(0.3)  # draining by now, with nothing else open
+            sock.sendall(payload[3:])
+            data = bytearray()
+            while chunk := sock.recv(1 << 16):
+                data += chunk
+        assert len(data) >= data_frames.FRAME.size, "the draining node closed the connection without a frame"
+        kind, _, length = data_frames.parse_frame_header(bytes(data[: data_frames.FRAME.size]))
+        error = error_from_detail(bytes(data[data_frames.FRAME.size : data_frames.FRAME.size + length]))
+        assert kind == data_frames.ERROR and error is not None, bytes(data[:200])
+        assert "shutting down" in str(error) and "--drain-timeout" in str(error), error
+        assert node.process.wait(30) == 0
+    finally:
+        node.stop()
+
+
 # ---------------------------------------------------------------- hostile and stalled readers
 
 
