@@ -220,16 +220,14 @@ class StageMany:
     def _told(self, batch: list[_Item], who: Principal, seconds: float) -> None:
         """One log line for the batch (counts; the first refusal), one audit line per adapter committed (as a Stage has:
         an auditor looks an id up, not a batch), and the homes told of each commit."""
-        committed = [item for item in batch if item.reply is not None]
+        committed = [item.reply for item in batch if item.reply is not None]
         refused = [item for item in batch if item.reply is None]
         event(
             log, "StageMany committed a batch", adapters=len(batch), committed=len(committed), refused=len(refused),
             first_refused=refused[0].adapter_id[:200] if refused else None, bytes=sum(item.size for item in batch), seconds=round(seconds, 4),
         )
-        for item in committed:
-            assert item.reply is not None
-            audit("stage", who.name, "ok", adapter_id=item.reply.adapter_id, digest=item.reply.digest, detail=f"StageMany, a batch of {len(batch)}")
+        for reply in committed:
+            audit("stage", who.name, "ok", adapter_id=reply.adapter_id, digest=reply.digest, detail=f"StageMany, a batch of {len(batch)}")
         if self.staging.on_staged is not None:
-            for item in committed:
-                assert item.reply is not None
-                self.staging.on_staged(item.reply.adapter_id, item.reply.digest)  # queues background work only
+            for reply in committed:
+                self.staging.on_staged(reply.adapter_id, reply.digest)  # queues background work only

@@ -88,9 +88,6 @@ def inner(args: argparse.Namespace) -> dict:
         return user / tick, system / tick
     staged = None
 
-    def net_counters() -> dict[str, int]:
-        return {**lab.link_counters(), **netlab.tcp_counters(node.pid for node in nodes)}
-
     def client(address: str) -> NodeClient:
         return NodeClient(address, timeout=1800)
 
@@ -106,7 +103,7 @@ def inner(args: argparse.Namespace) -> dict:
         clear()
         subprocess.run(["rm", "-rf", str(trace_dir)], check=True)
         trace_dir.mkdir(parents=True)
-        net_before = net_counters()
+        net_before = lab.counters(node.pid for node in nodes)
         cpu_before, host_before, wall_before = nodes_cpu(), swarm_ideal.host_cpu_s(), time.monotonic()
         results = rollout(targets, ADAPTER_ID, seed, stage_only=True, named_peer_only=named_peer_only, client_for=client)
         failed = [r for r in results if not r.ok]
@@ -116,9 +113,9 @@ def inner(args: argparse.Namespace) -> dict:
         row = {"mode": mode, "digest_ok": all(r.digest == staged.digest for r in results), "nodes": len(targets), "slowest_s": seconds[-1], "fastest_s": seconds[0], "median_s": seconds[len(seconds) // 2]}
         row["bytes_moved"] = sum(r.bytes_transferred for r in results)
         user, system = (after - before for after, before in zip(nodes_cpu(), cpu_before))
-        host = swarm_ideal.cpu_delta(host_before, swarm_ideal.host_cpu_s())
+        host = swarm_ideal.deltas(host_before, swarm_ideal.host_cpu_s())
         row["node_cpu_s"] = {"user": user, "system": system, "wall": time.monotonic() - wall_before, "host_load": os.getloadavg()[0], "host": host}
-        row["net"] = swarm_ideal.deltas(net_before, net_counters())
+        row["net"] = swarm_ideal.deltas(net_before, lab.counters(node.pid for node in nodes))
         print(f"  {mode:<6} {len(targets):>2} receivers: slowest {seconds[-1]:6.2f} s  median {row['median_s']:6.2f} s  fastest {seconds[0]:6.2f} s", file=sys.stderr, flush=True)
         row["trace"] = analyse_traces(trace_dir, seed)
         if args.keep_traces:
@@ -140,7 +137,7 @@ def inner(args: argparse.Namespace) -> dict:
             cpu_before, host_before = nodes_cpu(), swarm_ideal.host_cpu_s()
             time.sleep(args.idle_s)
             user, system = (after - before for after, before in zip(nodes_cpu(), cpu_before))
-            idle = {"user": user, "system": system, "wall": args.idle_s, "host_load": os.getloadavg()[0], "host": swarm_ideal.cpu_delta(host_before, swarm_ideal.host_cpu_s())}
+            idle = {"user": user, "system": system, "wall": args.idle_s, "host_load": os.getloadavg()[0], "host": swarm_ideal.deltas(host_before, swarm_ideal.host_cpu_s())}
             print(f"  idle   {args.count} nodes for {args.idle_s:g} s: " + format_cpu("node processes", idle), file=sys.stderr, flush=True)
         rows = [timed("single", receivers[:1], True)]
         rows.append(timed("swarm", receivers, False))

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypeVar
 
 PORT = 50071
 PIPE_BYTES = 1 << 20  # /proc/sys/fs/pipe-max-size's default
@@ -146,16 +147,16 @@ def host_cpu_s() -> dict[str, float]:
     return {name: int(v) / tick for name, v in zip(names, values, strict=True)}
 
 
-def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: after[k] - before[k] for k in before}
+T = TypeVar("T", int, float)
 
 
-def deltas(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+def deltas(before: dict[str, T], after: dict[str, T]) -> dict[str, T]:
+    """What each counter (CPU seconds, packets) gained between two readings."""
     return {k: after[k] - before[k] for k in before}
 
 
 def format_net(net: dict[str, int]) -> str:
-    """The links' packet counters over a run (``NetLab.link_counters``, ``netlab.tcp_counters``)."""
+    """The links' packet counters over a run (``NetLab.counters``)."""
     return (
         f"packets through the links' tbf qdiscs: {net['qdisc_packets']:,} ({net['qdisc_dropped']:,} dropped, {net['qdisc_overlimits']:,} held back); "
         f"TCP segments: {net['tcp_out']:,} out, {net['tcp_in']:,} in, {net['tcp_retrans']:,} retransmitted "
@@ -180,18 +181,13 @@ def run(lab, receivers: int, topology: str, source: Path, work: Path) -> dict:
         for proc in procs:
             if json.loads(proc.stdout.readline() or "{}").get("ready") is not True:
                 raise SystemExit(f"ideal {topology}: a forwarder failed to start (exit {proc.wait()})")
-        from adapter_fabric.harness.netlab import tcp_counters  # the driver's side only: a forwarder needs the stdlib alone
-
-        def net_counters() -> dict[str, int]:
-            return {**lab.link_counters(), **tcp_counters(proc.pid for proc in procs)}
-
-        net_before = net_counters()
+        net_before = lab.counters(proc.pid for proc in procs)
         host_before, start = host_cpu_s(), time.monotonic()
         procs[0].stdin.write("go\n")
         procs[0].stdin.flush()
         reports = [json.loads(proc.stdout.readline() or "null") for proc in procs]
-        wall, host = time.monotonic() - start, cpu_delta(host_before, host_cpu_s())
-        net = deltas(net_before, net_counters())  # while the forwarders live: their namespaces' counters are read through them
+        wall, host = time.monotonic() - start, deltas(host_before, host_cpu_s())
+        net = deltas(net_before, lab.counters(proc.pid for proc in procs))  # while the forwarders live: their namespaces' counters are read through them
         for proc in procs:
             proc.stdin.close()  # now they may exit
         for proc in procs:

@@ -109,6 +109,10 @@ class NetLab:
                 totals["qdisc_overlimits"] += int(overlimits)
         return totals
 
+    def counters(self, pids: Iterable[int]) -> dict[str, int]:
+        """``link_counters`` and ``tcp_counters`` of ``pids`` (one process living in each namespace to read), together."""
+        return {**self.link_counters(), **tcp_counters(pids)}
+
     def exec_prefix(self, ns: str) -> list[str]:
         return ["ip", "netns", "exec", ns]
 

@@ -284,14 +284,10 @@ class SwarmPull:
         return True
 
     def _settle(self, event: FetchEnded, now: float) -> bool:
-        """A request of a pull from one peer ended: the chunks it verified (``done``), as ``_on_chunk`` takes each in a
-        swarm, before the ending frees the rest for the next request."""
+        """A request of a pull from one peer ended: the chunks it verified (``done``), handled as a swarm's worker reports
+        each, before the ending frees the rest for the next request."""
         verified = [c for c in event.request.chunks if c in self.done and c in self.plan.needed]
-        for chunk in verified:
-            self._on_chunk(ChunkVerified(event.request, chunk), now)
-            if self.trace is not None:
-                self.trace.append([now - self.t0, "chunk", event.request.peer, [chunk]])
-        return bool(verified)
+        return any([self._handle(ChunkVerified(event.request, chunk), now) for chunk in verified])  # a list: every one handled
 
     def _on_picked(self, event: ChunksPicked, now: float) -> bool:
         swarm.retarget(self.plan, event.request, event.chunks)

@@ -18,9 +18,9 @@ from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport import peer_calls, swarm
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.pull_values import PullSettings, PullStats
-from adapter_fabric.transport.swarm_events import ChunkVerified, FetchBusy, FetchCorrupt, FetchDone, FetchFailed
+from adapter_fabric.transport.swarm_events import FetchBusy, FetchCorrupt, FetchDone, FetchFailed
 from adapter_fabric.transport.swarm_fetch import FetchHandle
-from adapter_fabric.transport.swarm_pull import SwarmPull
+from adapter_fabric.transport.swarm_pull import TRACE_ENV, SwarmPull
 
 PEER = "127.0.0.1:1"
 STALL_S = 1.0  # above the busy back-off (0.5 s), which a pull waits out without progress
@@ -35,7 +35,7 @@ def staged(tmp_path) -> tuple[AdapterStore, object, bytes]:
     return AdapterStore(tmp_path / "store", chunk_size=64 << 10), manifest, blob
 
 
-def test_a_request_that_verified_chunks_counts_as_progress_when_it_ends(staged) -> None:
+def test_a_request_that_verified_chunks_counts_as_progress_when_it_ends(staged, tmp_path, monkeypatch) -> None:
     """The peer sends half of the first request, then a corrupt chunk; it refuses the retry as busy, and serves the one
     after. The refusal comes later than the stall timeout after the pull began but at once after the half: the pull
     waits out the busy back-off and completes (had the half not counted as progress, it ended as stalled)."""
@@ -68,6 +68,7 @@ def test_a_request_that_verified_chunks_counts_as_progress_when_it_ends(staged) 
         reported.append(event)
 
     stats = PullStats(digest=manifest.digest)
+    monkeypatch.setenv(TRACE_ENV, str(tmp_path))  # the trace: what the coordinator took as verified, and when
     pull = SwarmPull(
         manifest, partial, [PEER], stats, settings=PullSettings(stall_timeout=STALL_S), channels=PeerChannels(),
         download_limit=None, holding=lambda peer, digest: peer_calls.holding(PeerChannels(), peer, digest),
@@ -81,11 +82,17 @@ def test_a_request_that_verified_chunks_counts_as_progress_when_it_ends(staged) 
         partial.close()
     assert committed.digest == manifest.digest and stats.corrupt_chunks == 1
     assert [type(e).__name__ for e in reported][:3] == ["FetchCorrupt", "FetchBusy", "FetchDone"]
-    assert not any(isinstance(e, ChunkVerified) for e in reported)
     assert weights.chunk_count > 16
+    assert pull.trace is not None
+    rows = [row[1:] for row in pull.trace]
+    taken = [row[2][0] for row in rows if row[0] == "chunk"]
+    assert sorted(taken) == list(range(weights.chunk_count))  # each chunk counted once, none missed
+    ends = [i for i, row in enumerate(rows) if row[0] in ("corrupt", "done")]
+    assert all(rows[i - 1][0] == "chunk" for i in ends)  # a request's chunks are counted as it ends, before its ending
 
 
-def test_a_swarm_reports_each_chunk(staged) -> None:
+def test_a_plan_of_two_peers_keeps_an_event_per_chunk(staged) -> None:
+    """The switch only (a swarm's per-chunk events drive its endgame and holdings: tests/transport/test_swarm_counts.py)."""
     store, manifest, _ = staged
     partial = store.open_partial(manifest)
     try:
