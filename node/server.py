@@ -6,6 +6,7 @@ SIGTERM (or SIGINT); SIGHUP reloads the --policy file (or, without one, is logge
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +27,7 @@ async def serve(settings: NodeSettings) -> None:
     loop.set_default_executor(ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="io"))
     metrics.BUILD.info({"version": __version__})
     node = build_node(settings)
+    _settle_heap()
     await node.start()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -35,3 +37,13 @@ async def serve(settings: NodeSettings) -> None:
     await stopping.wait()
     await node.drain()
     node.close()
+
+
+def _settle_heap() -> None:
+    """Once the node is built: collect what start-up left and freeze the rest. It lives as long as the node, so no
+    later collection needs to scan it (a full one took ~220 ms in a serving tiny-model node, ~3 ms frozen). Then the
+    collector goes back on: ``node.main`` turned it off for the start."""
+    gc.collect()
+    gc.freeze()
+    gc.enable()
+    metrics.HEAP_FROZEN.set(gc.get_freeze_count())

@@ -14,11 +14,14 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, ProcessCollector, disable_created_metrics, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 disable_created_metrics()  # the _created series double the output and no dashboard here reads them
 REGISTRY = CollectorRegistry(auto_describe=True)
+# the client's standard series beside ours: process_* (CPU, resident memory, open files) and python_gc_* (collections)
+ProcessCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
 
 #: latency buckets (seconds) from a cached promote (~ms) to a slow multi-GB pull
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -27,6 +30,10 @@ OTHER_PEER = "other"
 
 BUILD = Info("fabric_build", "The node's version.", registry=REGISTRY)
 BUILD_LABELS = ("version",)  # an Info's labels are the keys it is given at start
+HEAP_FROZEN = Gauge(
+    "fabric_heap_frozen_objects", "Objects frozen once the node was built (its imports, model and store): no garbage collection scans them again.",
+    registry=REGISTRY,
+)
 READY = Gauge("fabric_ready", "1 once store recovery and model load finished, 0 before and while draining.", registry=REGISTRY)
 
 SLOTS = Gauge("fabric_slots", "Adapter slots in the pool (0 on a store-only node).", registry=REGISTRY)

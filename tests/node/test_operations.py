@@ -18,6 +18,7 @@ from google.rpc import error_details_pb2
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.errors import AdapterNotFound, PeerUnavailable, Unauthenticated
 from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.harness.node_forks import FORK_VARIABLE
 from adapter_fabric.store.manifest import manifest_request
 from adapter_fabric.rpc.security import TlsFiles
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
@@ -141,6 +142,26 @@ def test_probes_work_without_a_client_certificate_while_every_fabric_rpc_still_n
         assert set(codes.values()) == {grpc.StatusCode.UNAVAILABLE}, codes  # the handshake fails: nothing is served
         with node.client() as client:  # with its certificate, the same node answers
             assert client.store_status().adapters == 0
+
+
+@pytest.mark.slow
+def test_a_started_node_has_frozen_its_start_up_heap_and_exports_process_and_gc_series(tmp_path, monkeypatch) -> None:
+    """Started by ``python -m`` (not forked from the harness's server, whose imports are frozen already): what start-up
+    built is frozen once the node is built, the collector is on again, and /metrics has the client's standard series."""
+    monkeypatch.setenv(FORK_VARIABLE, "0")
+    with LocalNode(tmp_path / "n", model="none", extra_args=METRICS) as node:
+        samples = scrape(node)
+        frozen = samples[("fabric_heap_frozen_objects", frozenset())]
+        assert frozen > 20_000, frozen  # a store-only node's imports alone are ~10^5 objects
+        assert samples[("process_resident_memory_bytes", frozenset())] > 0
+        assert samples[("process_open_fds", frozenset())] > 0
+        collections = {labels: value for (name, labels), value in samples.items() if name == "python_gc_collections_total"}
+        assert len(collections) == 3, collections  # one per generation
+        with node.client() as client:  # the collector runs in a serving node: young objects keep being collected
+            for _ in range(300):
+                client.store_status()
+        after = scrape(node)
+        assert after[("python_gc_collections_total", frozenset({("generation", "0")}))] > collections[frozenset({("generation", "0")})]
 
 
 # ---------------------------------------------------------------- logs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from adapter_fabric import __version__
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.node.flag_values import boolean, duration, evict_to, host_port, positive_int
+from adapter_fabric.node.main import main as node_main
 from adapter_fabric.node.settings import parse_settings
 from tests.support.certs import TestCA
 
@@ -47,6 +49,15 @@ def ca(tmp_path_factory) -> TestCA:
 
 
 # ---------------------------------------------------------------- ports
+
+
+def test_a_start_that_fails_leaves_the_garbage_collector_on() -> None:
+    """main() turns the collector off for the start (the node turns it back on once built): a refused flag, here
+    in-process, must not leave it off."""
+    assert gc.isenabled()
+    with pytest.raises(SystemExit):
+        node_main(["--no-such-flag"])
+    assert gc.isenabled()
 
 
 @pytest.mark.slow
