@@ -19,9 +19,12 @@ same request (nothing of it was received), and keeps that peer on gRPC for
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import socket
 import ssl
+import struct
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,11 +59,15 @@ READ_TIMEOUT_S = 300.0
 #: a chunk's bytes are read with SO_RCVLOWAT up to this: the reader wakes once per this much, not per few segments
 #: (before: ~34 recv calls, each a GIL hand-off, per 1 MiB chunk at 200 Mbit/s; strace of a swarm node, issue 34)
 WAKE_BYTES = 512 << 10
-#: Linux's TCP_QUICKACK (None elsewhere): set once a chunk's last byte is read, it sends the ACK the kernel would hold
-#: back. A kept connection is request/response, so the kernel delays ACKs to ride on our next bytes; the node's END
-#: frame waited behind them for the 40 ms delayed-ACK timer on half the requests (80 one-chunk requests from one
-#: node on loopback: 1.18 s, 0.29 s with it; issue 34).
+#: Linux's TCP_QUICKACK (None elsewhere): set once a chunk is read and nothing more is queued (the reader will wait), it
+#: sends the ACK the kernel would hold back to ride on our next request. A node sending with Nagle on (all before issue
+#: 34's ninth step) held its END behind it for the 40 ms delayed-ACK timer (80 one-chunk requests: 1.18 s, 0.29 s with
+#: it). Set after every chunk, it cost a one-peer pull of 84 MB ~8 ms more CPU (medians of five runs).
 QUICKACK = getattr(socket, "TCP_QUICKACK", None)
+
+
+def _queued(sock: socket.socket) -> int:
+    return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0])  # bytes not yet read
 
 
 class DataChannelFailed(Exception):
@@ -241,7 +248,7 @@ class DataCall:
                 got += n
             if lowat != 1:
                 self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-            if wake and QUICKACK is not None:
+            if wake and QUICKACK is not None and _queued(self._sock) < data_frames.FRAME.size:
                 self._sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
         except (OSError, ValueError) as exc:  # ValueError: the socket was closed under us (cancel)
             raise DataChannelFailed(PeerUnavailable(f"{self._peer}: the data channel broke: {exc}")) from None

@@ -114,7 +114,8 @@ def unacked(sock: socket.socket) -> int:
 @pytest.mark.skipif(QUICKACK is None, reason="TCP_QUICKACK is Linux's")
 def test_a_chunk_is_acknowledged_as_soon_as_it_is_read() -> None:
     """Requests on a kept connection look interactive to the kernel, so it holds the reader's ACKs back (up to its 40 ms
-    delayed-ACK timer) to ride on the next request, which waits for END, which waited for that ACK. The node's side must
+    delayed-ACK timer) to ride on the next request, which waits for END, which a node sending with Nagle on (as every
+    node did before issue 34's ninth step, and as this test's node end does) held until that ACK. The node's side must
     see every chunk acknowledged once the reader has it: checked at once (a short grace, far under the timer's 40 ms,
     for a loaded box's softirq), on five requests in turn (without TCP_QUICKACK, the second one here always waited)."""
     chunk = 1 << 20
