@@ -50,8 +50,8 @@ def threads(node: LocalNode) -> int:
     for thread in task.iterdir():
         try:
             count += (thread / "comm").read_text() == name
-        except FileNotFoundError:
-            pass  # ended while counted
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # ended while counted: a thread reaped after the listing reads as ESRCH, one gone before it as ENOENT
     return count
 
 
