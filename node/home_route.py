@@ -83,6 +83,6 @@ class HomeRoute:
         manifest, stats = await self.io(self.signed.pull, sources, adapter_id, admit, None, who, complete=complete, **authority)
         if origin and self.has_origins:
             self.homes.mark_backed(manifest.digest, origin)
-        if stats.bytes_transferred:
+        if stats.referred:
             self.homes.announce(adapter_id, manifest.digest)
         return manifest, stats

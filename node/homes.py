@@ -12,7 +12,8 @@
   from it (a stage-only Promote naming this node, as a hand-off does), and a node that pulled an adapter it is no
   home of tells the homes; after the members change, each former home pushes what it holds to the new homes
   (``adapter_fabric.transport.rehoming``), and a node holding a copy of an id it is no home of (any more) tells the
-  homes that did not know of it. Pushes and announcements run in the background, ``CONCURRENT`` at a time,
+  homes that did not know of it. A node's start is no change of members: once it knows its first members it only
+  tells the homes of its copies (``first_members``). Pushes and announcements run in the background, ``CONCURRENT`` at a time,
   at most ``MAX_QUEUED`` waiting (more are dropped and counted: the lookup still finds the holder that published).
 
 Every call here has a deadline; none runs under a store lock (the peer-call layer checks it).
@@ -27,13 +28,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import grpc
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, InvalidArgument, PermissionDenied
 from adapter_fabric.node.handoff import HANDOFF_TIMEOUT_S, dialable
+from adapter_fabric.node.keyed_jobs import MAX_QUEUED, KeyedJobs
 from adapter_fabric.observability import metrics
 from adapter_fabric.observability.logs import event
 from adapter_fabric.rpc.status import error_from_rpc
@@ -53,9 +54,6 @@ log = logging.getLogger("fabric.node")
 
 #: seconds a home gets to answer a lookup, and a holder a probe of its load (a silent one is marked down)
 ASK_TIMEOUT_S = 2.0
-#: pushes running at once, and waiting at most (the same again for announcements, on their own threads)
-CONCURRENT = 2
-MAX_QUEUED = 256
 #: seconds an announcement gets
 ANNOUNCE_TIMEOUT_S = 5.0
 #: announcements one re-homing queues at most (more are counted as dropped: a lookup's fan-out still finds those holders);
@@ -65,42 +63,6 @@ MAX_REHOME_ANNOUNCES = MAX_QUEUED // 2
 MAX_BACKED = 100_000
 #: seconds a starting node waits for the first list of its Service's EndpointSlices (it serves either way after)
 FIRST_MEMBERS_S = 10.0
-
-
-class Background:
-    """Jobs on ``CONCURRENT`` threads, at most ``MAX_QUEUED`` waiting, each key once at a time; more are refused (False)."""
-
-    def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=CONCURRENT, thread_name_prefix=name)
-        self._lock = threading.Lock()
-        self._pending: set[tuple] = set()
-
-    def submit(self, key: tuple, job: Callable[[], object]) -> bool:
-        with self._lock:
-            if key in self._pending:
-                return True
-            if len(self._pending) >= MAX_QUEUED:
-                return False
-            self._pending.add(key)
-
-        def run() -> None:
-            try:
-                job()
-            except Exception:  # noqa: BLE001 (a background job's failure is logged; the node goes on)
-                log.exception("background job %s failed", key[:2])
-            finally:
-                with self._lock:
-                    self._pending.discard(key)
-
-        self._pool.submit(run)
-        return True
-
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._pending)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Homes:
@@ -121,10 +83,13 @@ class Homes:
         self.directory = HolderDirectory()
         self._directory_lock = threading.Lock()
         self._rng = rng or random.Random()
-        self._jobs = Background("homes")  # pushes: each may take a pull's time (HANDOFF_TIMEOUT_S)
-        self._tells = Background("homes-tell")  # announcements on their own threads: a slow push never holds one up
+        self._jobs = KeyedJobs("homes")  # pushes: each may take a pull's time (HANDOFF_TIMEOUT_S)
+        self._tells = KeyedJobs("homes-tell")  # announcements on their own threads: a slow push never holds one up
         self._slices = SliceWatch(parse_target(k8s), self._k8s_members) if k8s else None
-        self._placed = view.fleet()  # the fleet the held adapters were last re-homed for
+        #: the fleet the held adapters were last re-homed for; None until this node knows its first members. A start is no
+        #: change of members: the fleets before it are unknown, and the nodes that stayed re-homed for them meanwhile
+        self._placed: Fleet | None = None
+        self._dns_answered = not dns
         #: digests an origin holds (this node fetched them, or a home said it came from one): never a last copy; bounded
         self._backed: OrderedDict[str, str] = OrderedDict()
 
@@ -338,6 +303,7 @@ class Homes:
         if self.dns:  # the first resolution now: members (and their credentials) are known before the node serves
             try:
                 self.view.update("dns", discovery.resolve(self.dns))
+                self._dns_answered = True
             except OSError as exc:
                 log.warning("peer discovery: %s did not resolve (%s); it is asked again every %gs", self.dns, exc, DNS_REFRESH_S)
         if self._slices is not None:
@@ -352,29 +318,53 @@ class Homes:
             if self.dns:
                 try:
                     self.view.update("dns", await io(discovery.resolve, self.dns))
+                    self._dns_answered = True
                 except OSError as exc:
                     log.warning("peer discovery: %s did not resolve (%s); keeping its last members", self.dns, exc)
             down = len(self.view.down())
             metrics.MEMBERS.labels("down").set(down)
             metrics.MEMBERS.labels("up").set(len(self.view.fleet()) - down)
             fleet = self.view.fleet()
-            if fleet.members != self._placed.members:
+            if self._placed is None:
+                if self._members_known():
+                    self._placed = fleet
+                    await io(self.first_members, fleet)
+            elif fleet.members != self._placed.members:
                 before, self._placed = self._placed, fleet
                 await io(self.rehome, before, fleet)
             await asyncio.sleep(DNS_REFRESH_S)
+
+    def _members_known(self) -> bool:
+        """Every source of members answered once: --peers-dns resolved, --peers-k8s listed (--peers is known at start)."""
+        return self._dns_answered and (self._slices is None or self._slices.listed.is_set())
+
+    def first_members(self, fleet: Fleet) -> int:
+        """Once this node knows its members: tell the homes of the copies it holds and is no home of (a home that
+        restarted with the cluster has forgotten them), bounded as a re-homing's; pushes nothing (the homes hold theirs,
+        and eviction hands a last copy to a home). How many announcements were queued."""
+        held = {h.adapter_id: h.digest for h in self.store.held()}
+        told, dropped = self._announce_copies(held, Fleet.of(()), fleet)
+        event(log, "first members: told the homes of this node's copies", members=len(fleet), held=len(held), announced=told, not_announced=dropped)
+        return told
 
     def rehome(self, before: Fleet, after: Fleet) -> int:
         """After the members changed: push what this node holds to the homes it gained (``rehoming.pushes``), then tell the
         homes that do not know of this node's other copies (``rehoming.announcements``: at most ``MAX_REHOME_ANNOUNCES``,
         on the announcements' own threads, so a slow push never holds one up); how many pushes."""
         digests = {h.adapter_id: h.digest for h in self.store.held()}
-        held = sorted(digests)
         pushes = 0
-        for adapter_id, arrivals in rehoming.pushes(held, before, after, self.view.me, self.k).items():
+        for adapter_id, arrivals in rehoming.pushes(sorted(digests), before, after, self.view.me, self.k).items():
             for home in self.view.live(arrivals):
                 pushes += self.push(adapter_id, home, "rehome")
+        told, dropped = self._announce_copies(digests, before, after)
+        event(log, "members changed: re-homing", members=len(after), held=len(digests), pushes=pushes, announced=told, not_announced=dropped)
+        return pushes
+
+    def _announce_copies(self, digests: dict[str, str], before: Fleet, after: Fleet) -> tuple[int, int]:
+        """``rehoming.announcements`` of the held ``digests`` (id -> digest), at most ``MAX_REHOME_ANNOUNCES`` queued;
+        (queued, dropped)."""
         told = dropped = 0
-        for adapter_id, homes in rehoming.announcements(held, before, after, self.view.me, self.k).items():
+        for adapter_id, homes in rehoming.announcements(sorted(digests), before, after, self.view.me, self.k).items():
             for home in self.view.live(homes):
                 if told < MAX_REHOME_ANNOUNCES and self._tell(home, adapter_id, digests[adapter_id]):
                     told += 1
@@ -382,8 +372,7 @@ class Homes:
                     dropped += 1
         if dropped:
             metrics.ANNOUNCES.labels("dropped").inc(dropped)
-        event(log, "members changed: re-homing", members=len(after), held=len(held), pushes=pushes, announced=told, not_announced=dropped)
-        return pushes
+        return told, dropped
 
     def close(self) -> None:
         if self._slices is not None:

@@ -154,7 +154,7 @@ class Promotes:
         """
         who = caller()
         manifest, stats = await self.context.io(self.signed.pull, peers, adapter_id, check, sink_for, who, **pull_authority(who, self.store))
-        if self.homes is not None and stats.bytes_transferred:
+        if self.homes is not None and stats.referred:
             self.homes.announce(adapter_id, manifest.digest)
         return manifest, stats
 

@@ -182,6 +182,7 @@ class PeerPuller:
                 # Another caller's download: this one may not take its bytes, so its own peers must prove they hold them.
                 return self._single_flight(manifest, peers, sink, channels, may_reuse, attempts)
             try:
+                joined.referred = True
                 return self._commit_existing(manifest), joined
             except AdapterNotFound:
                 if attempts <= 1:
@@ -231,6 +232,7 @@ class PeerPuller:
         if not prove and held:
             # The bytes are here already (another id, or an earlier pull), and the caller may have them: only the reference is new.
             try:
+                stats.referred = not self._has_ref(manifest)
                 return self._commit_existing(manifest), stats
             except AdapterNotFound:
                 pass  # they left between the look and the reference (an unstage, an eviction): downloaded again below
@@ -255,6 +257,7 @@ class PeerPuller:
                     with self._lock:
                         self._pulls.pop(manifest.digest, None)
             committed = partial.commit(manifest.adapter_id)
+            stats.referred = True
         finally:
             if fed:
                 partial.detach(sink)

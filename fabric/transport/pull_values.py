@@ -41,6 +41,9 @@ class PullStats:
     corrupt_chunks: int = 0
     failovers: int = 0  # peers dropped while chunks were still missing
     shared: bool = False  # this caller joined a download another caller started
+    #: the pull made its id refer to the digest here (a download committed, or bytes held under another id put under it):
+    #: the id's homes are told. False when the id referred to it already, or a joined download committed it under this id.
+    referred: bool = False
     endgame_requests: int = 0  # requests that duplicated a slow one near the end
     pull_seconds: float = 0.0
     peer_bytes: dict[str, int] = field(default_factory=dict)  # verified bytes received, by source peer (metrics)

@@ -172,6 +172,40 @@ def test_a_member_leaving_and_rejoining_moves_its_homes_and_loses_no_copy(fleet,
     # cause not found; the announcements are checked as policy (tests/transport/test_placement.py) and in sim_fleet.
 
 
+def named_at_home(home: LocalNode, adapter_id: str) -> set[str]:
+    """The holders ``home`` names for ``adapter_id`` from what it holds and what it was told (asking nobody)."""
+    with home.client() as client:
+        return {p.address for p in client.stub.Locate(fabric_pb2.LocateRequest(adapter_id=adapter_id, at_home=True), timeout=30).peers}
+
+
+def test_a_restarted_node_pushes_nothing_and_tells_the_homes_of_its_copies(fleet, store_adapters) -> None:
+    """A pull that put bytes held under another id under a new one tells the new id's homes, though it moved none. A start
+    is no change of members: the restarted node holds home copies (earlier tests published to it) and pushes none of
+    them, and a home that restarted meanwhile, forgetting who told it, names the node's copy again."""
+    publisher, guest = fleet[8], fleet[7]
+    adapter_id = pick_id(fleet, "fleet/restart", [publisher, guest])
+    homes = stage_where(fleet, adapter_id, store_adapters["b"], publisher)
+    with guest.client() as client:
+        client.stage(store_adapters["b"], "fleet/restart-alias")  # the same bytes under another id
+        assert client.pull(adapter_id).bytes_transferred == 0  # a copy the guest is no home of: it tells the homes
+    home = by_address(fleet)[homes[0]]
+    wait_for(lambda: guest.address in named_at_home(home, adapter_id), what="the home to name the guest's copy")
+    home_ids = [a for a in held(guest) if guest.address in Fleet.of(n.address for n in fleet).homes(a, K)]
+    assert home_ids, "the guest holds no home copy: the test would not see a push"
+
+    home.stop()
+    home.start()
+    assert guest.address not in named_at_home(home, adapter_id)  # a home's directory lives in its process
+    guest.stop()
+    guest.start()  # with its store: the same copies, and members that did not change
+    wait_for(lambda: guest.address in named_at_home(home, adapter_id), what="the restarted guest to tell the home of its copy")
+    counters = scrape(guest)
+    pushed = sum(v for (name, labels), v in counters.items() if name == "fabric_home_pushes_total")
+    told = sum(v for (name, labels), v in counters.items() if name == "fabric_announces_total" and ("outcome", "ok") in labels)
+    assert pushed == 0 and told >= 1, (pushed, told)
+    assert "first members: told the homes" in guest.log_tail(20_000)
+
+
 def test_a_pull_succeeds_with_the_publisher_and_the_first_home_down(fleet, tmp_path) -> None:
     from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 

@@ -12,7 +12,8 @@ from concurrent import futures
 
 import grpc
 
-from adapter_fabric.node.homes import CONCURRENT, Homes
+from adapter_fabric.node.homes import Homes
+from adapter_fabric.node.keyed_jobs import CONCURRENT
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.members import MemberView
