@@ -345,13 +345,13 @@ class Homes:
         return self._dns_answered and (self._slices is None or self._slices.listed.is_set())
 
     def first_members(self, fleet: Fleet) -> int:
-        """Once this node knows its members and its start-up collection ended: tell the homes of the copies it holds and is no home of (a home that
-        restarted with the cluster has forgotten them), bounded as a re-homing's; pushes nothing (the homes hold theirs,
-        and eviction hands a last copy to a home). How many announcements were queued."""
+        """Once this node knows its members and its start-up collection ended: tell the homes of the copies it holds and
+        is no home of (a home that restarted with the cluster has forgotten them), bounded as a re-homing's; pushes
+        nothing (the homes hold theirs, and eviction hands a last copy to a home). How many announcements were queued."""
         if self.view.me is None or len(fleet) < 2:
             return 0  # no other member to tell
-        held = self.store.digests()
-        told, dropped = self._announce_copies(held, Fleet.of(()), fleet)
+        held = self.store.census()[0]
+        told, dropped = self._announce_copies(rehoming.plan(held, Fleet.of(()), fleet, self.view.me, self.k)[1])
         event(log, "first members: told the homes of this node's copies", members=len(fleet), held=len(held), announced=told, not_announced=dropped)
         return told
 
@@ -359,22 +359,30 @@ class Homes:
         """After the members changed: push what this node holds to the homes it gained (``rehoming.pushes``), then tell the
         homes that do not know of this node's other copies (``rehoming.announcements``: at most ``MAX_REHOME_ANNOUNCES``,
         on the announcements' own threads, so a slow push never holds one up); how many pushes."""
-        digests = self.store.digests()
+        held = self.store.census()[0]  # the sound ids, kept in memory: reading every ref took ~1 s at 100,000
+        to_push, to_tell = rehoming.plan(held, before, after, self.view.me, self.k)
         pushes = 0
-        for adapter_id, arrivals in rehoming.pushes(sorted(digests), before, after, self.view.me, self.k).items():
+        for adapter_id, arrivals in to_push.items():
             for home in self.view.live(arrivals):
                 pushes += self.push(adapter_id, home, "rehome")
-        told, dropped = self._announce_copies(digests, before, after)
-        event(log, "members changed: re-homing", members=len(after), held=len(digests), pushes=pushes, announced=told, not_announced=dropped)
+        told, dropped = self._announce_copies(to_tell)
+        event(log, "members changed: re-homing", members=len(after), held=len(held), pushes=pushes, announced=told, not_announced=dropped)
         return pushes
 
-    def _announce_copies(self, digests: dict[str, str], before: Fleet, after: Fleet) -> tuple[int, int]:
-        """``rehoming.announcements`` of the held ``digests`` (id -> digest), at most ``MAX_REHOME_ANNOUNCES`` queued;
-        (queued, dropped)."""
+    def _announce_copies(self, to_tell: dict[str, list[str]]) -> tuple[int, int]:
+        """Tell each id's live homes in ``to_tell`` of this node's copy, at most ``MAX_REHOME_ANNOUNCES`` queued, each
+        digest read from its ref when it is told (an id unstaged since is skipped); (queued, dropped)."""
         told = dropped = 0
-        for adapter_id, homes in rehoming.announcements(sorted(digests), before, after, self.view.me, self.k).items():
-            for home in self.view.live(homes):
-                if told < MAX_REHOME_ANNOUNCES and self._tell(home, adapter_id, digests[adapter_id]):
+        for adapter_id, homes in to_tell.items():
+            live = self.view.live(homes)
+            if told >= MAX_REHOME_ANNOUNCES:
+                dropped += len(live)
+                continue
+            digest = self.store.digest_of(adapter_id) if live else None
+            if digest is None:
+                continue  # no live home, or unstaged since the plan
+            for home in live:
+                if told < MAX_REHOME_ANNOUNCES and self._tell(home, adapter_id, digest):
                     told += 1
                 else:
                     dropped += 1

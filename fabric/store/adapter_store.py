@@ -221,12 +221,6 @@ class AdapterStore:
         """Every id whose entry, manifest or blobs cannot be used as they are (sorted by id); [] for a sound store."""
         return self.census()[1]
 
-    def digests(self) -> dict[str, str]:
-        """Every sound staged id and its digest (damaged ones left out): one read of each ref, no manifest read (a placement's
-        re-homing at 100,000 ids: ~1 s, where ``held`` takes ~3 s)."""
-        damaged = {entry.adapter_id for entry in self.damaged()}
-        return {adapter_id: digest for adapter_id, digest in self._catalog.refs().items() if adapter_id not in damaged}
-
     def held(self) -> builtins.list[HeldAdapter]:
         """Every staged id with its digest, that adapter's size, its last use and whether it is kept, sorted by id; damaged ones
         left out. Sizes come from per-digest summaries: no manifest is read per adapter (an eviction's candidates at 100,000)."""

@@ -20,35 +20,54 @@ from collections.abc import Sequence
 
 from adapter_fabric.transport.placement import Fleet
 
-__all__ = ["announcements", "pushes"]
+__all__ = ["Moved", "announcements", "moved", "plan", "pushes"]
+
+#: an id whose homes changed: (adapter id, its homes before, its homes after)
+Moved = tuple[str, list[str], list[str]]
+
+
+def moved(held: Sequence[str], before: Fleet, after: Fleet, k: int) -> list[Moved]:
+    """The ids of ``held`` whose homes changed, with both: each fleet's homes computed once, for both plans below."""
+    old = before.homes_of_many(held, k)
+    new = after.homes_of_many(held, k)
+    # a member's score for an id is the same in every fleet, so the same homes come in the same order
+    return [(i, was, now) for i, was, now in zip(held, old, new, strict=True) if was != now]
+
+
+def plan(held: Sequence[str], before: Fleet, after: Fleet, me: str | None, k: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(``pushes``, ``announcements``) of one change, from one ``moved``."""
+    if me is None or not held:
+        return {}, {}
+    changed = moved(held, before, after, k)
+    return _pushes(changed, after, me), _announcements(changed, me)
 
 
 def pushes(held: Sequence[str], before: Fleet, after: Fleet, me: str | None, k: int) -> dict[str, list[str]]:
     """adapter id -> the new homes this node (``me``) pushes it to, for the ids of ``held`` whose homes changed."""
-    if me is None or not held:
-        return {}
-    old = before.homes_of_many(held, k)
-    new = after.homes_of_many(held, k)
-    plan: dict[str, list[str]] = {}
-    for adapter_id, was, now in zip(held, old, new, strict=False):
-        arrivals = [m for m in now if m not in was and m != me]
-        if not arrivals:
-            continue
-        if me in was or not any(m in after for m in was):
-            plan[adapter_id] = arrivals
-    return plan
+    return plan(held, before, after, me, k)[0]
 
 
 def announcements(held: Sequence[str], before: Fleet, after: Fleet, me: str | None, k: int) -> dict[str, list[str]]:
     """adapter id -> the homes this node (``me``) tells it holds a copy, for the ids of ``held`` whose homes changed and
     whose home this node is not (any more)."""
-    if me is None or not held:
-        return {}
-    plan: dict[str, list[str]] = {}
-    for adapter_id, was, now in zip(held, before.homes_of_many(held, k), after.homes_of_many(held, k), strict=True):
-        if me in now or set(was) == set(now):
+    return plan(held, before, after, me, k)[1]
+
+
+def _pushes(changed: list[Moved], after: Fleet, me: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for adapter_id, was, now in changed:
+        arrivals = [m for m in now if m not in was and m != me]
+        if arrivals and (me in was or not any(m in after for m in was)):
+            out[adapter_id] = arrivals
+    return out
+
+
+def _announcements(changed: list[Moved], me: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for adapter_id, was, now in changed:
+        if me in now:
             continue
         told = now if me in was else [m for m in now if m not in was]
         if told:
-            plan[adapter_id] = told
-    return plan
+            out[adapter_id] = told
+    return out

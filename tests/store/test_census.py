@@ -84,13 +84,3 @@ def test_a_settled_census_reads_no_ref_again_until_someone_else_changes_the_stor
     AdapterStore(root, chunk_size=SMALL_CHUNK).stage(store_adapters["b"], "t/c")  # another process's commit
     assert _census(store) == (["t/a", "t/b", "t/c"], []) and len(reads) == 2
 
-
-def test_the_digests_a_placement_announces_are_the_sound_ids_alone(tmp_path: Path, store_adapters: dict[str, Path]) -> None:
-    """``AdapterStore.digests`` (a re-homing's read, one per ref): every id the census finds sound, with its digest; an
-    unreadable ref and an id whose blob is gone are left out (a home told of them would send pulls to no bytes)."""
-    store = AdapterStore(tmp_path / "s", chunk_size=SMALL_CHUNK)
-    for adapter_id, key in (("t/a", "a"), ("t/b", "b"), ("t/c", "c")):
-        store.stage(store_adapters[key], adapter_id)
-    (store.root / "refs" / "broken").write_text("not a digest")
-    os.unlink(_weights_blob(store, "t/c"))
-    assert store.digests() == {i: store.get(i).digest for i in ("t/a", "t/b")}
