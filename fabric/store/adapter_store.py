@@ -225,13 +225,17 @@ class AdapterStore:
         """Every staged id with its digest, that adapter's size, its last use and whether it is kept, sorted by id; damaged ones
         left out. Sizes come from per-digest summaries: no manifest is read per adapter (an eviction's candidates at 100,000)."""
         found = []
-        for adapter_id, digest in sorted(self._catalog.refs().items()):
+        stamps: dict[str, int] = {}  # each ref's recency, read with it: a stat and a path per id less (~1 s at 100,000)
+        refs = self._catalog.refs(stamps)
+        self._recency.saw(max(stamps.values(), default=0))
+        kept = self._kept.ids()
+        for adapter_id, digest in sorted(refs.items()):
             try:
                 summary = self._catalog.summary(digest)
             except FabricError:
                 continue
             if summary is not None:
-                found.append(HeldAdapter(adapter_id, digest, summary.total_size, self._recency.last_used(adapter_id), adapter_id in self._kept))
+                found.append(HeldAdapter(adapter_id, digest, summary.total_size, stamps[adapter_id] / 1e9, adapter_id in kept))
         return found
 
     def collect_garbage(self) -> None:

@@ -73,8 +73,9 @@ class Catalog:
                 raise self.missing_store() from None
             return None
 
-    def refs(self) -> dict[str, str]:
-        """Every staged id and the digest its entry holds."""
+    def refs(self, stamps: dict[str, int] | None = None) -> dict[str, str]:
+        """Every staged id and the digest its entry holds; ``stamps``, when given, gets each id's recency stamp too (the
+        ref's mtime in ns, ``keeping.Recency``), from the file already open."""
         found: dict[str, str] = {}
         try:
             entries = list(os.scandir(self.layout.refs))
@@ -89,6 +90,8 @@ class Catalog:
             try:
                 with open(entry.path, "rb") as f:  # read_ref's reading, from the entry's own path (100,000 of them)
                     found[adapter_id] = f.read().decode("ascii", "replace").strip()
+                    if stamps is not None:
+                        stamps[adapter_id] = os.fstat(f.fileno()).st_mtime_ns
             except FileNotFoundError:
                 continue  # unstaged while we read
         return found

@@ -13,7 +13,7 @@ import threading
 import time
 
 from adapter_fabric.errors import AdapterNotFound
-from adapter_fabric.store.files import encode_id
+from adapter_fabric.store.files import decode_id, encode_id
 from adapter_fabric.store.layout import StoreLayout
 
 #: the least a stamp moves past the highest: a microsecond (seconds as a float keep it; a nanosecond is lost)
@@ -49,7 +49,7 @@ class Recency:
             stamp = os.stat(self.layout.ref(adapter_id)).st_mtime_ns
         except FileNotFoundError:
             return 0.0
-        self._saw(stamp)
+        self.saw(stamp)
         return stamp / 1e9
 
     def warm(self) -> None:
@@ -61,14 +61,15 @@ class Recency:
                     highest = max(highest, entry.stat(follow_symlinks=False).st_mtime_ns)
                 except FileNotFoundError:
                     continue  # unstaged meanwhile
-        self._saw(highest)
+        self.saw(highest)
 
     def _next(self) -> int:
         with self._lock:
             self._high = max(time.time_ns(), self._high + STEP_NS)
             return self._high
 
-    def _saw(self, stamp: int) -> None:
+    def saw(self, stamp: int) -> None:
+        """A stamp read elsewhere (a ref's mtime): the next stamp goes past it."""
         with self._lock:
             self._high = max(self._high, stamp)
 
@@ -93,6 +94,10 @@ class KeptIds:
 
     def __contains__(self, adapter_id: str) -> bool:
         return (self.root / encode_id(adapter_id)).exists()
+
+    def ids(self) -> frozenset[str]:
+        """Every kept id, from one listing (a marker per id: ``in`` costs a stat each)."""
+        return frozenset(decode_id(entry.name) for entry in os.scandir(self.root))
 
     def count(self) -> int:
         """How many ids are kept."""

@@ -605,3 +605,28 @@ def test_a_quarantined_blob_takes_its_materialized_views_with_it(tmp_path: Path,
         store.materialize("a")
     store.stage(adapters["a"], "a")  # the same bytes again: the view can be built again, from good bytes
     assert (store.materialize("a") / WEIGHTS_FILE).read_bytes() == (adapters["a"] / WEIGHTS_FILE).read_bytes()
+
+
+def test_held_reads_each_ids_use_and_keep_as_one_id_reads_them_and_its_stamps_move_the_clock(tmp_path: Path, store_adapters) -> None:
+    """``held`` (an eviction's candidates) reads recency from each ref it opens and the kept ids from one listing: the
+    same answers as the one-id reads. A stamp it read counts as seen: with the clock behind it (stepped back), the next
+    use still stamps past it."""
+    import time
+
+    root = tmp_path / "s"
+    store = AdapterStore(root, chunk_size=SMALL_CHUNK)
+    for adapter_id, key in (("t/a", "a"), ("t/b", "b"), ("t/c", "c")):
+        store.stage(store_adapters[key], adapter_id)
+    store.touch("t/b")
+    store.keep("t/c")
+    held = {h.adapter_id: h for h in store.held()}
+    assert {i: (h.last_used, h.kept) for i, h in held.items()} == {
+        i: (AdapterStore(root, collect_at_open=False)._recency.last_used(i), store.is_kept(i)) for i in ("t/a", "t/b", "t/c")
+    }
+    assert held["t/b"].last_used > held["t/a"].last_used and [i for i, h in held.items() if h.kept] == ["t/c"]
+    ahead = time.time_ns() + 3600 * 10**9  # t/a stamped an hour ahead of this clock
+    os.utime(root / "refs" / "t%2Fa", ns=(ahead, ahead))
+    fresh = AdapterStore(root, chunk_size=SMALL_CHUNK, collect_at_open=False)  # has seen no stamp yet
+    fresh.held()
+    fresh.touch("t/b")
+    assert {h.adapter_id: h.last_used for h in fresh.held()}["t/b"] > ahead / 1e9
