@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -51,18 +50,14 @@ async def expire_periodically(store: AdapterStore, max_age: float, io: Io) -> No
             log.warning("expiring abandoned uploads and partials failed: %s", exc)
 
 
-async def collect_garbage(store: AdapterStore, io: Io, ended: threading.Event | None = None) -> None:
-    """What no ref reaches after a restart goes, on an I/O thread once the node serves (it holds the store's lock);
-    ``ended`` is set once it ended, or failed (what waits for it goes on either way)."""
+async def collect_garbage(store: AdapterStore, io: Io) -> None:
+    """What no ref reaches after a restart goes, on an I/O thread once the node serves (it holds the store's lock)."""
     started = time.monotonic()
     try:
         await io(store.collect_garbage)
     except (OSError, FabricError) as exc:  # a damaged or vanishing store: later collections read it whole again
         log.warning("collecting what no ref reaches after the restart failed: %s", exc)
         return
-    finally:
-        if ended is not None:
-            ended.set()
     log.info("collected what no ref reaches after the restart in %.1fs", time.monotonic() - started)
 
 

@@ -12,8 +12,8 @@
   from it (a stage-only Promote naming this node, as a hand-off does), and a node that pulled an adapter it is no
   home of tells the homes; after the members change, each former home pushes what it holds to the new homes
   (``adapter_fabric.transport.rehoming``), and a node holding a copy of an id it is no home of (any more) tells the
-  homes that did not know of it. A node's start is no change of members: once it knows its first members it only
-  tells the homes of its copies (``first_members``). Pushes and announcements run in the background, ``CONCURRENT`` at a time,
+  homes that did not know of it. A node's start is no change of members: the members it first knows are its baseline,
+  and it pushes and tells nothing for them. Pushes and announcements run in the background, ``CONCURRENT`` at a time,
   at most ``MAX_QUEUED`` waiting (more are dropped and counted: the lookup still finds the holder that published).
 
 Every call here has a deadline; none runs under a store lock (the peer-call layer checks it).
@@ -90,10 +90,6 @@ class Homes:
         #: change of members: the fleets before it are unknown, and the nodes that stayed re-homed for them meanwhile
         self._placed: Fleet | None = None
         self._dns_answered = not dns
-        #: the node's start-up collection ended: ``first_members`` reads every ref, which beside it (on the GIL) made a
-        #: collection of 100,000 ids take 21 s instead of 8 s
-        self.collected = threading.Event()
-        self._told_at_start = False
         #: digests an origin holds (this node fetched them, or a home said it came from one): never a last copy; bounded
         self._backed: OrderedDict[str, str] = OrderedDict()
 
@@ -335,25 +331,11 @@ class Homes:
             elif fleet.members != self._placed.members:
                 before, self._placed = self._placed, fleet
                 await io(self.rehome, before, fleet)
-            if self._placed is not None and not self._told_at_start and self.collected.is_set():
-                self._told_at_start = True
-                await io(self.first_members, self._placed)
             await asyncio.sleep(DNS_REFRESH_S)
 
     def _members_known(self) -> bool:
         """Every source of members answered once: --peers-dns resolved, --peers-k8s listed (--peers is known at start)."""
         return self._dns_answered and (self._slices is None or self._slices.listed.is_set())
-
-    def first_members(self, fleet: Fleet) -> int:
-        """Once this node knows its members and its start-up collection ended: tell the homes of the copies it holds and
-        is no home of (a home that restarted with the cluster has forgotten them), bounded as a re-homing's; pushes
-        nothing (the homes hold theirs, and eviction hands a last copy to a home). How many announcements were queued."""
-        if self.view.me is None or len(fleet) < 2:
-            return 0  # no other member to tell
-        held = self.store.census()[0]
-        told, dropped = self._announce_copies(rehoming.plan(held, Fleet.of(()), fleet, self.view.me, self.k)[1])
-        event(log, "first members: told the homes of this node's copies", members=len(fleet), held=len(held), announced=told, not_announced=dropped)
-        return told
 
     def rehome(self, before: Fleet, after: Fleet) -> int:
         """After the members changed: push what this node holds to the homes it gained (``rehoming.pushes``), then tell the

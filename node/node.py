@@ -121,8 +121,7 @@ class Node:
         name_store_holder(self.settings, f"{self.settings.listen.rsplit(':', 1)[0]}:{self.port}")  # for a second node's refusal
         print(self.banner, flush=True)
         io, settings = self.context.io, self.settings
-        # a restart's orphans: O(adapters), so after SERVING; placement tells the homes of its copies after it
-        jobs = [background.collect_garbage(self.store, io, self.homes.collected if self.homes is not None else None)]
+        jobs = [background.collect_garbage(self.store, io)]  # a restart's orphans: O(adapters), so after SERVING
         if settings.expire_abandoned_after > 0:
             jobs.append(background.expire_periodically(self.store, settings.expire_abandoned_after, io))
         if self.engines is not None:

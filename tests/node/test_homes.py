@@ -15,6 +15,7 @@ Every call needs the nodes' token, which each node sends only to members: with p
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import grpc
@@ -178,10 +179,10 @@ def named_at_home(home: LocalNode, adapter_id: str) -> set[str]:
         return {p.address for p in client.stub.Locate(fabric_pb2.LocateRequest(adapter_id=adapter_id, at_home=True), timeout=30).peers}
 
 
-def test_a_restarted_node_pushes_nothing_and_tells_the_homes_of_its_copies(fleet, store_adapters) -> None:
+def test_a_pull_of_bytes_held_under_another_id_tells_its_homes_and_a_restart_pushes_and_tells_nothing(fleet, store_adapters) -> None:
     """A pull that put bytes held under another id under a new one tells the new id's homes, though it moved none. A start
     is no change of members: the restarted node holds home copies (earlier tests published to it) and pushes none of
-    them, and a home that restarted meanwhile, forgetting who told it, names the node's copy again."""
+    them, nor announces any (a --peers-k8s node re-homed from an empty fleet at start, pushing up to 256)."""
     publisher, guest = fleet[8], fleet[7]
     adapter_id = pick_id(fleet, "fleet/restart", [publisher, guest])
     homes = stage_where(fleet, adapter_id, store_adapters["b"], publisher)
@@ -193,17 +194,17 @@ def test_a_restarted_node_pushes_nothing_and_tells_the_homes_of_its_copies(fleet
     home_ids = [a for a in held(guest) if guest.address in Fleet.of(n.address for n in fleet).homes(a, K)]
     assert home_ids, "the guest holds no home copy: the test would not see a push"
 
-    home.stop()
-    home.start()
-    assert guest.address not in named_at_home(home, adapter_id)  # a home's directory lives in its process
     guest.stop()
     guest.start()  # with its store: the same copies, and members that did not change
-    wait_for(lambda: guest.address in named_at_home(home, adapter_id), what="the restarted guest to tell the home of its copy")
+
+    def members_shown() -> bool:  # the placement loop's first pass shows them, then re-homes in the same pass if asked to
+        return any(name == "fabric_members" and v > 0 for (name, _), v in scrape(guest).items())
+
+    wait_for(members_shown, what="the restarted node's placement loop to run")
+    time.sleep(1.0)  # a re-homing it started would have logged and queued its jobs by now (this store holds ~20 ids)
     counters = scrape(guest)
-    pushed = sum(v for (name, labels), v in counters.items() if name == "fabric_home_pushes_total")
-    told = sum(v for (name, labels), v in counters.items() if name == "fabric_announces_total" and ("outcome", "ok") in labels)
-    assert pushed == 0 and told >= 1, (pushed, told)
-    assert "first members: told the homes" in guest.log_tail(20_000)
+    moved = {name: sum(v for (n, _), v in counters.items() if n == name) for name in ("fabric_home_pushes_total", "fabric_announces_total")}
+    assert moved == {"fabric_home_pushes_total": 0, "fabric_announces_total": 0}  # a fresh process: its own counts
 
 
 def test_a_pull_succeeds_with_the_publisher_and_the_first_home_down(fleet, tmp_path) -> None:
