@@ -330,7 +330,10 @@ class Homes:
                     self._placed = fleet
             elif fleet.members != self._placed.members:
                 before, self._placed = self._placed, fleet
-                await io(self.rehome, before, fleet)
+                try:
+                    await io(self.rehome, before, fleet)
+                except (OSError, FabricError) as exc:  # the store unreadable now: this loop goes on watching the members
+                    log.warning("re-homing after the members changed failed: %s", exc)
             await asyncio.sleep(DNS_REFRESH_S)
 
     def _members_known(self) -> bool:

@@ -97,7 +97,10 @@ class KeptIds:
 
     def ids(self) -> frozenset[str]:
         """Every kept id, from one listing (a marker per id: ``in`` costs a stat each)."""
-        return frozenset(decode_id(entry.name) for entry in os.scandir(self.root))
+        try:
+            return frozenset(decode_id(entry.name) for entry in os.scandir(self.root))
+        except FileNotFoundError:  # kept/ removed by hand: nothing is kept (as ``in`` answers)
+            return frozenset()
 
     def count(self) -> int:
         """How many ids are kept."""

@@ -630,3 +630,13 @@ def test_held_reads_each_ids_use_and_keep_as_one_id_reads_them_and_its_stamps_mo
     fresh.held()
     fresh.touch("t/b")
     assert {h.adapter_id: h.last_used for h in fresh.held()}["t/b"] > ahead / 1e9
+
+
+def test_held_with_kept_removed_by_hand_keeps_nothing_and_answers(tmp_path: Path, store_adapters) -> None:
+    import shutil
+
+    store = AdapterStore(tmp_path / "s", chunk_size=SMALL_CHUNK)
+    store.stage(store_adapters["a"], "t/a")
+    store.keep("t/a")
+    shutil.rmtree(tmp_path / "s" / "kept")  # as ``is_kept`` answers then: nothing is kept
+    assert [(h.adapter_id, h.kept) for h in store.held()] == [("t/a", False)] and not store.is_kept("t/a")
