@@ -134,10 +134,15 @@ class EngineRetarget:
         """A round now and every ``interval`` until cancelled; ``revalidate(id)`` resolves a due id (a move calls on_move)."""
         while True:
             started = time.monotonic()
-            for adapter_id in await io(self.sweep):
+            try:
+                due = await io(self.sweep)
+            except (OSError, FabricError) as exc:  # the store unreadable now (gone, failing disk): the next round tries again
+                log.warning("engine retarget round failed: %s", str(exc)[:200])
+                due = []
+            for adapter_id in due:
                 try:
                     await revalidate(adapter_id)
-                except FabricError as exc:
+                except (OSError, FabricError) as exc:
                     log.info("revalidating %s for its engines: %s", adapter_id, str(exc)[:200])
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 

@@ -41,3 +41,39 @@ def test_a_round_unloads_cards_of_a_digest_their_id_left_and_names_the_stale_ori
     retarget, unloaded = _retarget(cards, {"team-a/x": NEW, "team-a/y": NEW, "team-a/z": OLD}, {"team-a/y", "team-a/z"})
     assert retarget.sweep() == ["team-a/y", "team-a/z"]
     assert unloaded == [("http://e:8000", "team-a/x")]
+
+
+async def test_a_round_that_fails_leaves_the_watch_running() -> None:
+    """A store that cannot be read (``current`` raising, as a vanished store's ref read does) or a revalidation that
+    fails on the disk is logged, and the next round runs: the watch is the only thing that keeps engines off moved ids."""
+    import asyncio
+
+    from adapter_fabric.errors import StoreMissing
+
+    cards = [EngineLoRA("team-a/y", f"{EXPORT}/{version_name('team-a/y', NEW)}")]
+    reads: list[str] = []
+    revalidated: list[str] = []
+
+    def current(adapter_id: str) -> str | None:
+        reads.append(adapter_id)
+        if len(reads) == 1:
+            raise StoreMissing("the store at /srv/store is gone")
+        return NEW
+
+    async def io(call, *args):
+        return call(*args)
+
+    async def revalidate(adapter_id: str) -> None:
+        revalidated.append(adapter_id)
+        raise OSError(28, "No space left on device")
+
+    retarget = EngineRetarget(("http://e:8000",), EXPORT, current, lambda i, d: True, interval=0.01, read=lambda url, timeout: EngineList(tuple(cards)))
+    watch = asyncio.create_task(retarget.watch(io, revalidate))
+    try:
+        for _ in range(200):
+            if len(revalidated) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(reads) >= 3 and revalidated[:2] == ["team-a/y", "team-a/y"] and not watch.done()
+    finally:
+        watch.cancel()
