@@ -41,5 +41,5 @@ def test_the_invariants_are_numbered_in_order_and_each_names_a_test_that_exists(
             path = ROOT / module
             assert path.is_file(), f"invariant {number} names {module}, which does not exist"
             if name:
-                defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+                defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
                 assert name in defined, f"invariant {number} names {module}::{name}, which is not a test there"
