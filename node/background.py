@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from adapter_fabric.errors import FabricError
 from adapter_fabric.node.peer_reads import DRAIN_CUT_MARGIN_S
@@ -16,6 +17,20 @@ from adapter_fabric.rpc.limits import PeerStreamLimit
 from adapter_fabric.store import AdapterStore
 
 log = logging.getLogger("fabric.node")
+
+def start(job: Coroutine[Any, Any, None]) -> asyncio.Task:
+    """``job`` as a task of the node's; one that fails is said at once (ERROR, with its traceback). A task held until it
+    is cancelled at drain is never awaited, so its exception would otherwise show only as the loop's "never retrieved"
+    at exit, long after the job stopped."""
+    task = asyncio.create_task(job, name=getattr(job, "__qualname__", "background job"))
+    task.add_done_callback(_say_if_failed)
+    return task
+
+
+def _say_if_failed(task: asyncio.Task) -> None:
+    if not task.cancelled() and (failure := task.exception()) is not None:
+        log.error("background job %s failed, and no longer runs", task.get_name(), exc_info=failure)
+
 
 #: how often abandoned uploads and partials are looked for, at most (and at least)
 HYGIENE_INTERVAL_MAX_S = 600.0

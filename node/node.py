@@ -134,7 +134,7 @@ class Node:
             jobs.append(self.reloads.run(background.POLICY_POLL_S))
         if self.homes is not None:
             jobs.append(self.homes.watch(io))
-        self._tasks = [asyncio.create_task(job) for job in jobs]
+        self._tasks = [background.start(job) for job in jobs]
 
     async def drain(self) -> None:
         """Out of rotation first, then in-flight calls get --drain-timeout to finish; what is left is cut."""
