@@ -18,6 +18,7 @@ from adapter_fabric.store import AdapterStore
 
 log = logging.getLogger("fabric.node")
 
+
 def start(job: Coroutine[Any, Any, None]) -> asyncio.Task:
     """``job`` as a task of the node's; one that fails is said at once (ERROR, with its traceback). A task held until it
     is cancelled at drain is never awaited, so its exception would otherwise show only as the loop's "never retrieved"

@@ -89,7 +89,6 @@ class Homes:
         #: the fleet the held adapters were last re-homed for; None until this node knows its first members. A start is no
         #: change of members: the fleets before it are unknown, and the nodes that stayed re-homed for them meanwhile
         self._placed: Fleet | None = None
-        self._dns_answered = not dns
         #: digests an origin holds (this node fetched them, or a home said it came from one): never a last copy; bounded
         self._backed: OrderedDict[str, str] = OrderedDict()
 
@@ -303,7 +302,6 @@ class Homes:
         if self.dns:  # the first resolution now: members (and their credentials) are known before the node serves
             try:
                 self.view.update("dns", discovery.resolve(self.dns))
-                self._dns_answered = True
             except OSError as exc:
                 log.warning("peer discovery: %s did not resolve (%s); it is asked again every %gs", self.dns, exc, DNS_REFRESH_S)
         if self._slices is not None:
@@ -318,7 +316,6 @@ class Homes:
             if self.dns:
                 try:
                     self.view.update("dns", await io(discovery.resolve, self.dns))
-                    self._dns_answered = True
                 except OSError as exc:
                     log.warning("peer discovery: %s did not resolve (%s); keeping its last members", self.dns, exc)
             down = len(self.view.down())
@@ -338,7 +335,7 @@ class Homes:
 
     def _members_known(self) -> bool:
         """Every source of members answered once: --peers-dns resolved, --peers-k8s listed (--peers is known at start)."""
-        return self._dns_answered and (self._slices is None or self._slices.listed.is_set())
+        return (not self.dns or self.view.answered("dns")) and (self._slices is None or self._slices.listed.is_set())
 
     def rehome(self, before: Fleet, after: Fleet) -> int:
         """After the members changed: push what this node holds to the homes it gained (``rehoming.pushes``), then tell the

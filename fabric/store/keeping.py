@@ -104,4 +104,4 @@ class KeptIds:
 
     def count(self) -> int:
         """How many ids are kept."""
-        return sum(1 for _ in os.scandir(self.root))
+        return len(self.ids())

@@ -72,6 +72,11 @@ class MemberView:
             self._sources[source] = named
             return self._rebuild()
 
+    def answered(self, source: str) -> bool:
+        """Whether ``source`` has named its members once (an empty answer counts)."""
+        with self._lock:
+            return source in self._sources
+
     def _rebuild(self) -> bool:
         named = set().union(*(a for s, a in self._sources.items() if s != SELF))
         for address in named - self._selfness.keys():

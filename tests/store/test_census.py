@@ -83,4 +83,3 @@ def test_a_settled_census_reads_no_ref_again_until_someone_else_changes_the_stor
     assert _census(store) == (["t/a", "t/b"], []) and len(reads) == 1  # kept: no ref read
     AdapterStore(root, chunk_size=SMALL_CHUNK).stage(store_adapters["b"], "t/c")  # another process's commit
     assert _census(store) == (["t/a", "t/b", "t/c"], []) and len(reads) == 2
-

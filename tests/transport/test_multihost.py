@@ -77,7 +77,7 @@ def test_the_physical_limits_forwarders_deliver_every_byte_over_jumbo_frames(tmp
     assert 0 < row["fastest_s"] <= row["slowest_s"]
     # the links' counters, read while the forwarders still hold their namespaces: every byte crossed two tbf qdiscs per hop
     assert row["net"]["qdisc_packets"] >= 2 * 4 * row["size"] // 65536
-    assert row["net"]["tcp_out"] >= 4 * row["size"] // 65536 and row["net"]["tcp_retrans"] >= 0
-    assert {"tcp_loss_probes", "tcp_dsack_recv", "tcp_delayed_acks"} <= row["net"].keys()  # TcpExt's are read too (their values may be 0)
+    assert row["net"]["tcp_out"] >= 4 * row["size"] // 65536
+    assert {"tcp_retrans", "tcp_loss_probes", "tcp_dsack_recv", "tcp_delayed_acks"} <= row["net"].keys()  # read too (each may be 0)
     assert not (tmp_path / "ideal").exists()
     assert not set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()) & set(lab.namespaces())
