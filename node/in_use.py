@@ -32,3 +32,8 @@ class InUse:
     def __contains__(self, key: str) -> bool:
         with self._lock:
             return self._counts[key] > 0
+
+    def keys(self) -> frozenset[str]:
+        """Every id and digest in use now, read at once (an eviction's list asks of 100,000: one lock, not two per digest)."""
+        with self._lock:
+            return frozenset(self._counts)  # a key leaves when its count reaches 0

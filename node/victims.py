@@ -26,6 +26,7 @@ from adapter_fabric.node.engines import EngineViews
 from adapter_fabric.node.in_use import InUse
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.eviction import IN_USE, KEPT, RESIDENT, Candidate
+from adapter_fabric.store.held import HeldAdapter
 from adapter_fabric.transport import peer_calls
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.home_copies import Keep, last_copies
@@ -64,28 +65,28 @@ class Candidates:
 
     def __call__(self) -> list[Candidate]:
         resident = self.resident()
-        by_digest: dict[str, list] = {}
+        in_use = self.in_use.keys()
+        by_digest: dict[str, list[HeldAdapter]] = {}
         held_ids = self.store.held()
         for held in held_ids:
             by_digest.setdefault(held.digest, []).append(held)
         homes = self.home_ids([h.adapter_id for h in held_ids]) if self.home_ids is not None else set()
-        return [
-            Candidate(
-                digest, tuple(h.adapter_id for h in ids), ids[0].size, max(h.last_used for h in ids), self._holder(digest, ids, resident),
-                home=any(h.adapter_id in homes for h in ids),
-            )
-            for digest, ids in by_digest.items()
-        ]
+        found = []
+        for digest, held_here in by_digest.items():
+            ids = tuple(h.adapter_id for h in held_here)
+            holder = self._holder(digest, held_here, ids, resident, in_use)
+            last_used = max(h.last_used for h in held_here)
+            found.append(Candidate(digest, ids, held_here[0].size, last_used, holder, home=not homes.isdisjoint(ids)))
+        return found
 
-    def _holder(self, digest: str, held: list, resident: set[str]) -> str:
+    def _holder(self, digest: str, held: list[HeldAdapter], ids: tuple[str, ...], resident: set[str], in_use: frozenset[str]) -> str:
         if any(h.kept for h in held):
             return KEPT
         if digest in resident:
             return RESIDENT
-        ids = [h.adapter_id for h in held]
-        if digest in self.in_use or any(i in self.in_use for i in ids):
+        if digest in in_use or not in_use.isdisjoint(ids):
             return IN_USE
-        return self.engines.hold(ids) if self.engines is not None else ""
+        return self.engines.hold(list(ids)) if self.engines is not None else ""
 
 
 class CopiesElsewhere:

@@ -23,7 +23,10 @@ node of this tree, one after the other on the same store, each measured the
 same way: start-up to SERVING, the start-up collection's end (its log line),
 RSS idle after it, a ListAdapters page of ``--page`` ids at ``--reps``
 places spread over the ids (median), the full paged listing, RSS after it,
-StoreStatus (the first call, and the median of ``--reps`` after it)::
+StoreStatus (the first call, and the median of ``--reps`` after it), and
+Availability of one adapter's digest asked by a scoped caller (a principal of
+the node's ``--policy`` that may pull one tenant's ids: the node checks which
+ids refer to the digest on every such call; median of ``--reps``)::
 
     python scripts/bench_listing.py --nodes 100000 --baseline t30 --reps 7
 """
@@ -31,10 +34,12 @@ StoreStatus (the first call, and the median of ``--reps`` after it)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import heapq
 import json
 import os
 import random
+import secrets
 import shutil
 import statistics
 import sys
@@ -43,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.format.safetensors_index import read_index
 from adapter_fabric.harness.adapter_sets import adapter_id as set_id
 from adapter_fabric.harness.baseline import baseline_env
@@ -158,9 +164,28 @@ def timed(call: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+SCOPED = set_id(7)  # an id of the one tenant the scoped caller may pull
+
+
+def write_policy(where: Path) -> tuple[Path, str]:
+    """A policy of one scoped principal that may read and pull ``SCOPED``'s tenant only; the admin's token file, and its token."""
+    where.mkdir(parents=True, exist_ok=True)
+    admin, scoped = secrets.token_hex(32), secrets.token_hex(32)
+    (where / "cluster.token").write_text(admin)
+    (where / "policy.toml").write_text(
+        "[[principal]]\n"
+        'name = "one-tenant"\n'
+        f'token_sha256 = "{hashlib.sha256(scoped.encode()).hexdigest()}"\n'
+        f'grants = [{{ verbs = ["read", "pull"], prefixes = ["{SCOPED.split("/")[0]}/"] }}]\n'
+    )
+    return where / "cluster.token", scoped
+
+
 def measure_node(store: Path, count: int, env: dict[str, str] | None, log: Path, page: int, reps: int) -> dict[str, float]:
     log.unlink(missing_ok=True)  # the node appends: an earlier run's line must not count
-    node = LocalNode(store, model="none", extra_args=["--log-level", "INFO"], env=env, log_path=log)
+    admin, scoped = write_policy(log.parent / "policy")
+    policy = ["--policy", str(log.parent / "policy" / "policy.toml")]
+    node = LocalNode(store, model="none", extra_args=["--log-level", "INFO", *policy], env=env, log_path=log, token_file=admin)
     start = time.perf_counter()
     node.start()
     row = {"serving_s": time.perf_counter() - start, "rss_serving_mib": rss_mib(node.pid)}
@@ -197,6 +222,11 @@ def measure_node(store: Path, count: int, env: dict[str, str] | None, log: Path,
             row["status_first_s"] = timed(status)
             row["status_s"] = statistics.median(timed(status) for _ in range(reps))
             assert status().adapters == count
+            digest = client.manifest(SCOPED).digest
+            with NodeClient(node.address, token=scoped, timeout=600) as caller:
+                ask = lambda: caller.stub.Availability(fabric_pb2.AvailabilityRequest(digest=digest), timeout=600)  # noqa: E731
+                assert ask().complete
+                row["availability_s"] = statistics.median(timed(ask) for _ in range(reps))
             row["rss_peak_mib"] = rss_mib(node.pid, "VmHWM")
     finally:
         node.stop()
@@ -214,8 +244,14 @@ ROWS = [
     ("RSS after the listing - idle", "rss_growth_mib", 1, "MiB"),
     ("StoreStatus, first", "status_first_s", 1000, "ms"),
     ("StoreStatus (median)", "status_s", 1000, "ms"),
+    ("Availability of a digest, a scoped caller (median)", "availability_s", 1000, "ms"),
     ("RSS peak", "rss_peak_mib", 1, "MiB"),
 ]
+
+
+def ratio_text(ratio: float) -> str:
+    """``0.84x``; a ratio under 0.01 as ``1/700`` (two decimals would print 0.00x)."""
+    return f"{ratio:.2f}x" if ratio >= 0.01 or ratio <= 0 else f"1/{1 / ratio:,.0f}"
 
 
 def nodes(args: argparse.Namespace, adapter: Path, tmp: Path) -> None:
@@ -243,7 +279,7 @@ def nodes(args: argparse.Namespace, adapter: Path, tmp: Path) -> None:
     print("|---|" + "---:|" * (len(columns) + (len(columns) == 2)))
     for name, key, scale, unit in ROWS:
         cells = " | ".join(f"{c[key] * scale:,.1f} {unit}" for c in columns)
-        ratio = f" {columns[1][key] / columns[0][key]:.2f}x |" if len(columns) == 2 and columns[0][key] else ""
+        ratio = f" {ratio_text(columns[1][key] / columns[0][key])} |" if len(columns) == 2 and columns[0][key] else ""
         print(f"| {name} | {cells} |{ratio}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

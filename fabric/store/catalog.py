@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, IntegrityError, InvalidArgument, StoreMissing
@@ -96,6 +96,22 @@ class Catalog:
                 continue  # unstaged while we read
         return found
 
+    def stamps(self) -> dict[str, int]:
+        """Each ref's recency stamp (its mtime in ns, ``keeping.Recency``) by the id its name decodes to, from one listing
+        and a stat per entry: no ref opened, no name checked (callers pair them with ids they know)."""
+        found: dict[str, int] = {}
+        try:
+            entries = os.scandir(self.layout.refs)
+        except FileNotFoundError:
+            raise self.missing_store() from None
+        with entries:
+            for entry in entries:
+                try:
+                    found[decode_id(entry.name)] = entry.stat(follow_symlinks=False).st_mtime_ns
+                except FileNotFoundError:
+                    continue  # unstaged while we listed
+        return found
+
     # ------------------------------------------------------------ manifests
 
     def load_manifest(self, digest: str, *, keep: bool = True) -> Manifest | None:
@@ -120,6 +136,27 @@ class Catalog:
         if keep:
             self.remember(manifest)
         return manifest
+
+    def summaries(self, digests: Iterable[str]) -> dict[str, Summary]:
+        """``summary`` of each of ``digests`` whose manifest is here and reads; the others left out. Which are here comes
+        from one listing of ``manifests/``, not a stat each (an eviction's list asks for every digest held)."""
+        try:
+            present = set(os.listdir(self._manifests_dir))
+        except FileNotFoundError:
+            raise self.missing_store() from None
+        found: dict[str, Summary] = {}
+        for digest in digests:
+            if f"{digest}.json" not in present:
+                continue  # collected meanwhile, or removed by hand: ``summary`` forgets it when asked alone
+            summary = self._summaries.get(digest)
+            if summary is None:
+                try:
+                    summary = self.summary(digest)
+                except FabricError:
+                    continue  # damaged (or no digest at all): the census reports it
+            if summary is not None:
+                found[digest] = summary
+        return found
 
     def summary(self, digest: str) -> Summary | None:
         """The size and blob roots of ``digest`` without holding its manifest; None if absent; errors as ``load_manifest``."""
@@ -188,16 +225,21 @@ class Catalog:
             raise AdapterNotFound(f"adapter {adapter_id!r} is not staged in this store")
         return manifest.with_id(adapter_id)
 
-    def by_digest(self, digest: str) -> Manifest | None:
-        """The committed manifest of a digest, under one of the ids referring to it; None if absent."""
+    def by_digest(self, digest: str, referring: Callable[[str], builtins.list[str]] | None = None) -> Manifest | None:
+        """The committed manifest of a digest, under one of the ids referring to it; None if absent. ``referring``: how to
+        find those ids when the manifest's own id left the digest (default ``ids_referring``)."""
         validate_digest(digest)
         manifest = self.complete(digest)
         if manifest is None:
             return None
         if self.read_ref(manifest.adapter_id) == digest:
             return manifest
-        ids = sorted(i for i, d in self.refs().items() if d == digest)
+        ids = (referring or self.ids_referring)(digest)
         return manifest.with_id(ids[0]) if ids else None
+
+    def ids_referring(self, digest: str) -> builtins.list[str]:
+        """The ids whose ref names ``digest``, sorted, from every ref read: O(refs) (the store asks its live index first)."""
+        return sorted(i for i, d in self.refs().items() if d == digest)
 
     def list(self) -> builtins.list[Manifest]:
         """Every committed adapter whose manifest reads, sorted by id; a damaged entry is left out (``problem`` names it)."""

@@ -110,6 +110,25 @@ class LiveIndex:
                 unused.append(root)
         return unused
 
+    # ------------------------------------------------------------ reads from any thread, without the store's lock
+
+    # Each read below is a lookup and a copy, each one step under the GIL: the answer is the index at one moment of the
+    # call, as a scan of ``refs/`` is. None: the index is not trusted now (another process changed refs, or it was never
+    # built): read the refs.
+
+    def ids_referring(self, digest: str) -> list[str] | None:
+        """The ids referring to ``digest``, sorted (a Fetch's or an Availability's check of a scoped caller, per call)."""
+        if not self.current():
+            return None
+        ids = self._ids_of.get(digest)
+        return [] if ids is None else [ids] if isinstance(ids, str) else sorted(ids)
+
+    def digests(self) -> dict[str, str] | None:
+        """Every id and the digest it refers to (an eviction's list, per round)."""
+        if not self.current():
+            return None
+        return dict(self._digest_of)
+
     # ------------------------------------------------------------ the counter
 
     def generation(self) -> int:
