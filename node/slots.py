@@ -65,7 +65,7 @@ class Slots:
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         # Only what the caller may read, chosen before the page is cut: no foreign id, and no count of them.
         who = caller()
-        readable = None if who.may_everywhere("read") else (lambda adapter_id: who.allows("read", adapter_id))
+        readable = None if who.may_everywhere("read") else who.matcher("read")  # over the index's ids, all valid
         listed = await self.context.io(self.store.page, after, size + 1, readable)  # one more: is there a next page?
         engines_of = self.engines.engines_of if self.engines is not None else (lambda _: [])
         origins = self.origins
@@ -79,7 +79,7 @@ class Slots:
             reply.max_rank = model.pool.max_rank
             reply.device = str(model.device)
             for info in model.slots_info():
-                if readable is not None and info.name and not readable(info.name):
+                if readable is not None and info.name and not who.allows("read", info.name):  # a name need not be a valid id
                     continue  # another principal's resident adapter
                 reply.slots.append(
                     fabric_pb2.SlotInfo(

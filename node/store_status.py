@@ -40,7 +40,7 @@ class StoreReport:
         who = caller()
         if who.may_everywhere("read"):
             return await self.context.io(self._collect, None, None)
-        return await self.context.io(self._collect, lambda adapter_id: who.allows("read", adapter_id), lambda prefix: who.holds_prefix("read", prefix))
+        return await self.context.io(self._collect, who.matcher("read"), lambda prefix: who.holds_prefix("read", prefix))
 
     def _collect(self, readable: Callable[[str], bool] | None, tenant_shown: Callable[[str], bool] | None) -> fabric_pb2.StoreStatusResponse:
         shown = readable or (lambda adapter_id: True)

@@ -26,7 +26,9 @@ places spread over the ids (median), the full paged listing, RSS after it,
 StoreStatus (the first call, and the median of ``--reps`` after it), and
 Availability of one adapter's digest asked by a scoped caller (a principal of
 the node's ``--policy`` that may pull one tenant's ids: the node checks which
-ids refer to the digest on every such call; median of ``--reps``)::
+ids refer to the digest on every such call; median of ``--reps``), and that
+caller's first ListAdapters page and StoreStatus (each reads every id to show
+its own one)::
 
     python scripts/bench_listing.py --nodes 100000 --baseline t30 --reps 7
 """
@@ -227,6 +229,12 @@ def measure_node(store: Path, count: int, env: dict[str, str] | None, log: Path,
                 ask = lambda: caller.stub.Availability(fabric_pb2.AvailabilityRequest(digest=digest), timeout=600)  # noqa: E731
                 assert ask().complete
                 row["availability_s"] = statistics.median(timed(ask) for _ in range(reps))
+                page_as_scoped = lambda: caller.stub.ListAdapters(fabric_pb2.ListAdaptersRequest(page_size=page), timeout=600)  # noqa: E731
+                assert [a.adapter_id for a in page_as_scoped().staged] == [SCOPED]  # every other id walked past, none shown
+                row["scoped_page_s"] = statistics.median(timed(page_as_scoped) for _ in range(reps))
+                status_as_scoped = lambda: caller.stub.StoreStatus(fabric_pb2.StoreStatusRequest(), timeout=600)  # noqa: E731
+                assert status_as_scoped().adapters == 1
+                row["scoped_status_s"] = statistics.median(timed(status_as_scoped) for _ in range(reps))
             row["rss_peak_mib"] = rss_mib(node.pid, "VmHWM")
     finally:
         node.stop()
@@ -245,6 +253,8 @@ ROWS = [
     ("StoreStatus, first", "status_first_s", 1000, "ms"),
     ("StoreStatus (median)", "status_s", 1000, "ms"),
     ("Availability of a digest, a scoped caller (median)", "availability_s", 1000, "ms"),
+    ("a scoped caller's first page: its one id among all (median)", "scoped_page_s", 1000, "ms"),
+    ("StoreStatus, a scoped caller (median)", "scoped_status_s", 1000, "ms"),
     ("RSS peak", "rss_peak_mib", 1, "MiB"),
 ]
 

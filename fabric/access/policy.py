@@ -31,7 +31,9 @@ import hashlib
 import hmac
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from adapter_fabric.errors import InvalidAdapterId, InvalidPolicy, PermissionDenied
 from adapter_fabric.store.ids import validate_adapter_id
@@ -98,6 +100,11 @@ class Principal:
             return False
         return any(g.allows(verb, canonical) for g in self.grants)
 
+    def matcher(self, verb: str) -> Callable[[str], bool]:
+        """``allows(verb, ·)`` for ids already valid (a listing's, the census's), compiled once per set of prefixes: a scoped
+        caller's page or StoreStatus reads every id of the store (~0.3 µs each, not ~1.5)."""
+        return _prefix_matcher(frozenset(p for g in self.grants if verb in g.verbs or "admin" in g.verbs for p in g.prefixes))
+
     def may_anywhere(self, verb: str) -> bool:
         """Whether some grant gives ``verb`` (on any prefix): for calls that name no id."""
         return any(verb in g.verbs or "admin" in g.verbs for g in self.grants)
@@ -149,6 +156,25 @@ class OnBehalf(Principal):
 
     def holds_prefix(self, verb: str, prefix: str) -> bool:
         return super().holds_prefix(verb, prefix) and (self.sender is None or self.sender.holds_prefix(verb, prefix))
+
+    def matcher(self, verb: str) -> Callable[[str], bool]:
+        own = super().matcher(verb)
+        if self.sender is None:
+            return own
+        sender = self.sender.matcher(verb)
+        return lambda adapter_id: own(adapter_id) and sender(adapter_id)
+
+
+@lru_cache(maxsize=1024)
+def _prefix_matcher(prefixes: frozenset[str]) -> Callable[[str], bool]:
+    """Whether a valid id is under one of ``prefixes`` (lower-case, each ending in ``/``, or ``*``), case-blind as ``allows``:
+    one regular expression of them all (ids are ASCII: ``re.ASCII`` folds case as ``str.lower`` does there)."""
+    if EVERYTHING in prefixes:
+        return lambda adapter_id: True
+    if not prefixes:
+        return lambda adapter_id: False
+    match = re.compile("|".join(re.escape(p) for p in sorted(prefixes)), re.ASCII | re.IGNORECASE).match
+    return lambda adapter_id: match(adapter_id) is not None
 
 
 def on_behalf(sender: Principal, caller: Principal) -> Principal:

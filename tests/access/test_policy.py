@@ -155,3 +155,21 @@ def test_a_broken_policy_is_refused_in_one_line_naming_the_problem(text, names):
     assert names in message
     assert "\n" not in message
     assert SHA not in message  # a token's hash is never echoed
+
+
+def test_a_compiled_matcher_answers_as_allows_over_valid_ids(policy):
+    """``matcher`` (what a scoped caller's listing and StoreStatus filter every id with) is ``allows`` compiled: the same
+    answer for each principal, verb and valid id, a node calling on behalf of another (the intersection) included."""
+    from adapter_fabric.access.policy import CLUSTER, on_behalf
+
+    ids = [
+        "team-a/x", "TEAM-A/x", "Team-A/deep/er", "team-a./x", "team-ab/x", "team-a", "team/a/x", "team-b/y", "Team-B/y",
+        "shared/base/m", "Shared/Base/M", "shared/other", "shared/base", "other/z", "x@v1", "team-a/x@rev-2",
+    ]  # fmt: skip
+    team_a, team_b, node = policy.by_token(TOKEN_A), policy.by_token(TOKEN_B), policy.by_san(["node-2.fabric.internal"])
+    principals = [team_a, team_b, node, CLUSTER, on_behalf(node, team_a), on_behalf(team_b, team_a), on_behalf(team_a, node)]
+    for who in principals:
+        for verb in VERBS:
+            matches = who.matcher(verb)
+            assert [i for i in ids if matches(i)] == [i for i in ids if who.allows(verb, i)], (who.name, verb)
+    assert [i for i in ids if team_a.matcher("read")(i)] == ["team-a/x", "TEAM-A/x", "Team-A/deep/er", "shared/base/m", "Shared/Base/M", "team-a/x@rev-2"]
