@@ -28,7 +28,8 @@ Availability of one adapter's digest asked by a scoped caller (a principal of
 the node's ``--policy`` that may pull one tenant's ids: the node checks which
 ids refer to the digest on every such call; median of ``--reps``), and that
 caller's first ListAdapters page and StoreStatus (each reads every id to show
-its own one)::
+its own one), and its Stage and Unstage of a small adapter in its tenant,
+which has a ``[[quota]]`` (every writer there asks for the tenant's usage)::
 
     python scripts/bench_listing.py --nodes 100000 --baseline t30 --reps 7
 """
@@ -170,7 +171,8 @@ SCOPED = set_id(7)  # an id of the one tenant the scoped caller may pull
 
 
 def write_policy(where: Path) -> tuple[Path, str]:
-    """A policy of one scoped principal that may read and pull ``SCOPED``'s tenant only; the admin's token file, and its token."""
+    """A policy of one scoped principal that may read, pull, publish and unstage in ``SCOPED``'s tenant only, which has a
+    quota; the admin's token file, and that principal's token."""
     where.mkdir(parents=True, exist_ok=True)
     admin, scoped = secrets.token_hex(32), secrets.token_hex(32)
     (where / "cluster.token").write_text(admin)
@@ -178,12 +180,15 @@ def write_policy(where: Path) -> tuple[Path, str]:
         "[[principal]]\n"
         'name = "one-tenant"\n'
         f'token_sha256 = "{hashlib.sha256(scoped.encode()).hexdigest()}"\n'
-        f'grants = [{{ verbs = ["read", "pull"], prefixes = ["{SCOPED.split("/")[0]}/"] }}]\n'
+        f'grants = [{{ verbs = ["read", "pull", "publish", "unstage"], prefixes = ["{SCOPED.split("/")[0]}/"] }}]\n'
+        "[[quota]]\n"
+        f'prefix = "{SCOPED.split("/")[0]}/"\n'
+        'max_bytes = "1GiB"\n'
     )
     return where / "cluster.token", scoped
 
 
-def measure_node(store: Path, count: int, env: dict[str, str] | None, log: Path, page: int, reps: int) -> dict[str, float]:
+def measure_node(store: Path, count: int, env: dict[str, str] | None, log: Path, page: int, reps: int, adapter: Path) -> dict[str, float]:
     log.unlink(missing_ok=True)  # the node appends: an earlier run's line must not count
     admin, scoped = write_policy(log.parent / "policy")
     policy = ["--policy", str(log.parent / "policy" / "policy.toml")]
@@ -235,6 +240,8 @@ def measure_node(store: Path, count: int, env: dict[str, str] | None, log: Path,
                 status_as_scoped = lambda: caller.stub.StoreStatus(fabric_pb2.StoreStatusRequest(), timeout=600)  # noqa: E731
                 assert status_as_scoped().adapters == 1
                 row["scoped_status_s"] = statistics.median(timed(status_as_scoped) for _ in range(reps))
+                publish = lambda: (caller.stage(adapter, SCOPED + "-new"), caller.unstage(SCOPED + "-new"))  # noqa: E731
+                row["quota_stage_s"] = statistics.median(timed(publish) for _ in range(reps))
             row["rss_peak_mib"] = rss_mib(node.pid, "VmHWM")
     finally:
         node.stop()
@@ -255,6 +262,7 @@ ROWS = [
     ("Availability of a digest, a scoped caller (median)", "availability_s", 1000, "ms"),
     ("a scoped caller's first page: its one id among all (median)", "scoped_page_s", 1000, "ms"),
     ("StoreStatus, a scoped caller (median)", "scoped_status_s", 1000, "ms"),
+    ("Stage + Unstage of a small adapter, a tenant with a quota (median)", "quota_stage_s", 1000, "ms"),
     ("RSS peak", "rss_peak_mib", 1, "MiB"),
 ]
 
@@ -278,7 +286,7 @@ def nodes(args: argparse.Namespace, adapter: Path, tmp: Path) -> None:
     rows: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
     for n in range(args.rounds):
         for label, env in trees:
-            row = measure_node(store, args.nodes, env, work / f"node-{len(rows[label])}-{label.split()[0]}.log", args.page, args.reps)
+            row = measure_node(store, args.nodes, env, work / f"node-{len(rows[label])}-{label.split()[0]}.log", args.page, args.reps, adapter)
             row["rss_growth_mib"] = row["rss_listed_mib"] - row["rss_idle_mib"]
             rows[label].append(row)
             print(f"round {n + 1} {label}: {json.dumps(row)}", file=sys.stderr, flush=True)

@@ -52,6 +52,7 @@ from adapter_fabric.store.recovery import GarbageCollector, recover
 from adapter_fabric.store.signatures import Signatures
 from adapter_fabric.store.staging import DirectoryStager
 from adapter_fabric.store.store_lock import StoreLock
+from adapter_fabric.store.tenant_holdings import TenantHoldings
 from adapter_fabric.store.tenants import TenantLimits, TenantQuotas, TenantUsage
 from adapter_fabric.store.upload import Upload, Uploads
 from adapter_fabric.trust.signing import Signed, TrustedSigners
@@ -113,12 +114,13 @@ class AdapterStore:
         self._recency = Recency(self._layout)
         #: the sound and damaged ids, kept between StoreStatus calls (``adapter_fabric.store.census``)
         self._census = Census(self._layout, self._catalog, collector.live.generation)
+        holdings = TenantHoldings(self._catalog, collector.live)
         self._committer = Committer(
             self._layout, self._lock, TempFiles(self._layout.tmp), self._catalog, collector, self._quota,
-            CommitEvents(self._catalog, self._integrity, self._exports, self._recency, self._census),
+            CommitEvents(self._catalog, self._integrity, self._exports, self._recency, self._census, holdings),
         )
         #: per-tenant quotas and the room open writers reserved of them
-        self._tenants = TenantQuotas(self._catalog, tuple(tenant_quotas))
+        self._tenants = TenantQuotas(self._catalog, tuple(tenant_quotas), holdings=holdings)
         self._partials = Partials(self._catalog, self._committer, self._quota, self._tenants)
         self._uploads = Uploads(self._committer, self._quota, self._tenants, chunk_size)
         self._stager = DirectoryStager(self._catalog, self._committer, self._quota, self._tenants, chunk_size)

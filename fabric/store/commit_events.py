@@ -7,13 +7,17 @@ from adapter_fabric.store.census import Census
 from adapter_fabric.store.export import ExportDir
 from adapter_fabric.store.integrity import Integrity
 from adapter_fabric.store.keeping import Recency
+from adapter_fabric.store.tenant_holdings import TenantHoldings
 
 
 class CommitEvents:
-    """What follows a commit: integrity stamps, the export directory, the listing's sorted ids and the census kept in step
-    (called under the store's lock)."""
+    """What follows a commit: integrity stamps, the export directory, the listing's sorted ids, the census and the tenants'
+    holdings kept in step (called under the store's lock)."""
 
-    def __init__(self, catalog: Catalog, integrity: Integrity, exports: ExportDir | None, recency: Recency, census: Census) -> None:
+    def __init__(
+        self, catalog: Catalog, integrity: Integrity, exports: ExportDir | None, recency: Recency, census: Census, holdings: TenantHoldings,
+    ) -> None:  # fmt: skip
+        self._holdings = holdings
         self._catalog = catalog
         self._integrity = integrity
         self._exports = exports
@@ -32,6 +36,7 @@ class CommitEvents:
     def ref_set(self, adapter_id: str, digest: str) -> None:
         self._catalog.index.ref_set(adapter_id)
         self._census.ref_set(adapter_id, digest)
+        self._holdings.ref_set(adapter_id, digest)
         self._recency.touch(adapter_id)  # its stamp, past every other (the file's own mtime is the wall clock's)
         if self._exports is None:
             return  # no manifest read on a commit that exports nothing
@@ -43,5 +48,6 @@ class CommitEvents:
     def ref_removed(self, adapter_id: str) -> None:
         self._catalog.index.ref_removed(adapter_id)
         self._census.ref_removed(adapter_id)
+        self._holdings.ref_removed(adapter_id)
         if self._exports is not None:
             self._exports.remove(adapter_id)

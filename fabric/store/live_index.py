@@ -25,6 +25,8 @@ class LiveIndex:
     def __init__(self, generation_file: Path) -> None:
         self.generation_file = generation_file
         self._seen: int | None = None  # None: never built, or given up on (a failed commit): collect whole
+        #: how many times it was built whole: what is kept in step with it (``tenant_holdings``) is taken again after one
+        self.epoch = 0
         self._digest_of: dict[str, str] = {}
         self._ids_of: dict[str, str | set[str]] = {}  # one id as itself (most digests have one): a set each is ~20 MB at 100,000
         self._roots_of: dict[str, tuple[str, ...]] = {}
@@ -54,6 +56,7 @@ class LiveIndex:
 
         ``trustworthy`` False (a damaged ref or manifest): collections stay whole until the damage is gone.
         """
+        self.epoch += 1
         self._digest_of = dict(refs)
         self._ids_of = {}
         for adapter_id, digest in refs.items():

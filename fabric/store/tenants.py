@@ -32,17 +32,16 @@ The quotas are a plain tuple handed in (``AdapterStore(tenant_quotas=...)``,
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from adapter_fabric.errors import FabricError, QuotaExceeded
+from adapter_fabric.errors import QuotaExceeded
 from adapter_fabric.store.catalog import Catalog
-from adapter_fabric.store.files import decode_id
 from adapter_fabric.store.hygiene import LeftBytes, left_bytes
 from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.lock_watch import WatchedLock
+from adapter_fabric.store.tenant_holdings import TenantHoldings
 from adapter_fabric.units import format_size
 
 
@@ -115,7 +114,12 @@ class TenantReservation:
 class TenantQuotas:
     """The quotas of one store and the reservations its open writers hold."""
 
-    def __init__(self, catalog: Catalog, quotas: tuple[TenantLimits, ...] = (), left_behind: LeftBehind | None = None) -> None:
+    def __init__(
+        self, catalog: Catalog, quotas: tuple[TenantLimits, ...] = (), left_behind: LeftBehind | None = None, *,
+        holdings: TenantHoldings,
+    ) -> None:  # fmt: skip
+        """``holdings``: what each quota's committed ids hold, kept in step with the store's commits (``tenant_holdings``)."""
+        self._holdings = holdings
         self.catalog = catalog
         self._quotas = tuple(quotas)
         self._left_behind = left_behind or (lambda: left_bytes(catalog.layout))
@@ -196,8 +200,8 @@ class TenantQuotas:
         return ids, roots
 
     def _committed(self, quotas: list[TenantLimits], also_writing: str = "") -> dict[str, _Held]:
-        """What the committed ids under each quota's prefix refer to (one scan of the ref names, reading only the matching
-        refs), and the bytes of the uploads and partials its ids left that no writer holds (nor ``also_writing``)."""
+        """What the committed ids under each quota's prefix refer to (kept between calls: ``tenant_holdings``), and the bytes
+        of the uploads and partials its ids left that no writer holds (nor ``also_writing``)."""
         held = {q.prefix: _Held(set(), {}) for q in quotas}
         if not quotas:
             return held
@@ -207,23 +211,7 @@ class TenantQuotas:
                 for quota in quotas:
                     if covers(quota, left.adapter_id):
                         held[quota.prefix].left += left.bytes
-        try:
-            names = [entry.name for entry in os.scandir(self.catalog.layout.refs)]
-        except FileNotFoundError:
-            raise self.catalog.missing_store() from None
-        for name in names:
-            adapter_id = decode_id(name)
-            mine = [q for q in quotas if covers(q, adapter_id)]
-            if not mine:
-                continue
-            digest = self.catalog.read_ref(adapter_id)
-            try:
-                manifest = self.catalog.load_manifest(digest) if digest else None
-            except FabricError:
-                manifest = None  # damaged: its id counts, its bytes are unknown (store-status names it)
-            for quota in mine:
-                entry = held[quota.prefix]
-                entry.ids.add(adapter_id)
-                for f in manifest.files if manifest is not None else ():
-                    entry.roots[f.root] = f.size
+        kept = self._holdings.read(tuple(q.prefix for q in self._quotas), held)
+        for prefix, (ids, roots) in kept.items():
+            held[prefix].ids, held[prefix].roots = ids, roots
         return held

@@ -141,3 +141,43 @@ def test_bytes_a_tenant_left_count_against_it_until_resumed_or_expired(tmp_path,
     assert written(store) and store.expire_abandoned(1e-9, now=time.time() + 60)
     assert store.tenant_usage()[0].bytes == 0 and written(store) == []
     store.stage(adapters["c"], "team-a/new")
+
+
+def test_a_tenants_usage_is_kept_between_writers_and_read_whole_again_after_another_process_changes_a_ref(
+    tmp_path, adapters, monkeypatch
+) -> None:
+    """Every writer of a tenant with a quota asks for its usage; at 100,000 ids reading it whole took ~0.1 s (and a
+    manifest per id of the tenant). It is read whole once, kept in step with this store's commits, and read whole again
+    only after another process changed a ref: each answer the same as a whole read's."""
+    from adapter_fabric.store.tenant_holdings import TenantHoldings
+
+    root = tmp_path / "s"
+    quotas = (TenantQuota("team-a/", max_bytes=10**9), TenantQuota("team-b/", max_adapters=100), TenantQuota("team-a/deep/"))
+    store = AdapterStore(root, tenant_quotas=quotas)
+    takes = []
+    take = TenantHoldings._take
+    monkeypatch.setattr(TenantHoldings, "_take", lambda self, prefixes: takes.append(self) or take(self, prefixes))
+
+    def usage(of: AdapterStore) -> set[tuple[str, int, int]]:
+        return {(u.prefix, u.bytes, u.adapters) for u in of.tenant_usage()}
+
+    def whole() -> set[tuple[str, int, int]]:  # a store object with no index kept: it reads everything, every time
+        return usage(AdapterStore(root, tenant_quotas=quotas, collect_at_open=False))
+
+    assert usage(store) == {("team-a/", 0, 0), ("team-b/", 0, 0), ("team-a/deep/", 0, 0)}
+    for name, adapter_id in (("a", "team-a/x"), ("b", "team-a/y"), ("a", "Team-A/Deep/z"), ("c", "team-b/q"), ("d", "other/o")):
+        store.stage(adapters[name], adapter_id)  # each reserves: it asks for its tenant's usage
+    config, weights = sizes(adapters["a"])
+    assert ("team-a/deep/", config + weights, 1) in usage(store) and usage(store) == whole()
+    store.stage(adapters["c"], "team-a/x")  # restaged: its old blobs leave the tenant unless another of its ids names them
+    store.unstage("team-a/y")
+    assert usage(store) == whole() and ("team-b/", config + sizes(adapters["c"])[1], 1) in usage(store)
+    assert [t for t in takes if t is store._tenants._holdings] == [store._tenants._holdings]  # read whole once
+
+    other = AdapterStore(root, tenant_quotas=quotas, collect_at_open=False)  # another process sharing the store
+    other.stage(adapters["b"], "team-a/w")
+    assert usage(store) == whole() and ("team-a/", config + 3 * weights, 3) in usage(store)  # read whole meanwhile
+    store.unstage("team-a/w")  # this store's next removal collects whole: its index, and so the usage, is trusted again
+    before = len([t for t in takes if t is store._tenants._holdings])
+    assert usage(store) == whole() and usage(store) == whole() and ("team-a/", config + 2 * weights, 2) in usage(store)
+    assert len([t for t in takes if t is store._tenants._holdings]) == before + 1
