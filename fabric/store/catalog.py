@@ -147,7 +147,8 @@ class Catalog:
         found: dict[str, Summary] = {}
         for digest in digests:
             if f"{digest}.json" not in present:
-                continue  # collected meanwhile, or removed by hand: ``summary`` forgets it when asked alone
+                self.forget(digest)  # collected by another process, or removed by hand (as ``summary`` does)
+                continue
             summary = self._summaries.get(digest)
             if summary is None:
                 try:
