@@ -170,9 +170,9 @@ def timed(call: Callable[[], object]) -> float:
 SCOPED = set_id(7)  # an id of the one tenant the scoped caller may pull
 
 
-def write_policy(where: Path) -> tuple[Path, str]:
+def write_policy(where: Path, quotas: int = 1) -> tuple[Path, str]:
     """A policy of one scoped principal that may read, pull, publish and unstage in ``SCOPED``'s tenant only, which has a
-    quota; the admin's token file, and that principal's token."""
+    quota, as ``quotas - 1`` other tenants spread over the ids have; the admin's token file, and that principal's token."""
     where.mkdir(parents=True, exist_ok=True)
     admin, scoped = secrets.token_hex(32), secrets.token_hex(32)
     (where / "cluster.token").write_text(admin)
@@ -184,13 +184,14 @@ def write_policy(where: Path) -> tuple[Path, str]:
         "[[quota]]\n"
         f'prefix = "{SCOPED.split("/")[0]}/"\n'
         'max_bytes = "1GiB"\n'
+        + "".join(f'[[quota]]\nprefix = "{set_id(n * 97 + 1).split("/")[0]}/"\nmax_adapters = 10\n' for n in range(quotas - 1))
     )
     return where / "cluster.token", scoped
 
 
-def measure_node(store: Path, count: int, env: dict[str, str] | None, log: Path, page: int, reps: int, adapter: Path) -> dict[str, float]:
+def measure_node(store: Path, count: int, env: dict[str, str] | None, log: Path, page: int, reps: int, adapter: Path, quotas: int) -> dict[str, float]:
     log.unlink(missing_ok=True)  # the node appends: an earlier run's line must not count
-    admin, scoped = write_policy(log.parent / "policy")
+    admin, scoped = write_policy(log.parent / "policy", quotas)
     policy = ["--policy", str(log.parent / "policy" / "policy.toml")]
     node = LocalNode(store, model="none", extra_args=["--log-level", "INFO", *policy], env=env, log_path=log, token_file=admin)
     start = time.perf_counter()
@@ -286,12 +287,12 @@ def nodes(args: argparse.Namespace, adapter: Path, tmp: Path) -> None:
     rows: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
     for n in range(args.rounds):
         for label, env in trees:
-            row = measure_node(store, args.nodes, env, work / f"node-{len(rows[label])}-{label.split()[0]}.log", args.page, args.reps, adapter)
+            row = measure_node(store, args.nodes, env, work / f"node-{len(rows[label])}-{label.split()[0]}.log", args.page, args.reps, adapter, args.quotas)
             row["rss_growth_mib"] = row["rss_listed_mib"] - row["rss_idle_mib"]
             rows[label].append(row)
             print(f"round {n + 1} {label}: {json.dumps(row)}", file=sys.stderr, flush=True)
     medians = {label: {key: statistics.median(r[key] for r in found) for key in found[0]} for label, found in rows.items()}
-    print(f"{args.nodes:,} adapters, store-only node processes, medians of {args.rounds} round(s); pages of {args.page}")
+    print(f"{args.nodes:,} adapters, store-only node processes, medians of {args.rounds} round(s); pages of {args.page}; {args.quotas} [[quota]] table(s) in the policy")
     columns = list(medians.values())
     print(f"| figure | {' | '.join(medians)} |{' this / baseline |' if len(columns) == 2 else ''}")
     print("|---|" + "---:|" * (len(columns) + (len(columns) == 2)))
@@ -312,6 +313,7 @@ def main() -> None:
     parser.add_argument("--work", default="/dev/shm/fabric-bench-listing", help="with --nodes: where the store is written (tmpfs: no disk in the figures)")
     parser.add_argument("--keep", action="store_true", help="with --nodes: keep the store for the next run")
     parser.add_argument("--page", type=int, default=1000, help="ids per page (the node's default page)")
+    parser.add_argument("--quotas", type=int, default=1, help="with --nodes: [[quota]] tables in the node's policy (the scoped tenant's and others)")
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 from adapter_fabric.errors import FabricError
@@ -91,13 +91,13 @@ class TenantHoldings:
             raise self.catalog.missing_store() from None
         for name in names:
             adapter_id = decode_id(name)
-            if any(adapter_id.lower().startswith(p) for p in prefixes):
+            if covering(adapter_id, held):
                 self._put(held, adapter_id, self.catalog.read_ref(adapter_id))
         return held
 
     def _put(self, held: dict[str, Holding], adapter_id: str, digest: str | None) -> None:
         """``adapter_id`` names ``digest`` now (None: not staged) in every holding whose prefix covers it."""
-        mine = [h for p, h in held.items() if adapter_id.lower().startswith(p)]
+        mine = [held[p] for p in covering(adapter_id, held)]
         if not mine:
             return
         files: Files = ()
@@ -128,6 +128,19 @@ class TenantHoldings:
                 self._touched.add(adapter_id)
             if self._held is not None:
                 self._put(self._held, adapter_id, None)
+
+
+def covering(adapter_id: str, prefixes: Container[str]) -> list[str]:
+    """The prefixes (lower-case, each ending in ``/``, as quotas' are) ``adapter_id`` is under, case-blind: one lookup per
+    ``/`` in the id, not a test per prefix (a policy may hold 1,000 quotas: 13 s for a whole read at 100,000 ids)."""
+    lowered = adapter_id.lower()
+    found = []
+    at = lowered.find("/")
+    while at >= 0:
+        if lowered[: at + 1] in prefixes:
+            found.append(lowered[: at + 1])
+        at = lowered.find("/", at + 1)
+    return found
 
 
 def _copy(held: dict[str, Holding], wanted: Iterable[str]) -> dict[str, tuple[set[str], dict[str, int]]]:

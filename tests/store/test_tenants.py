@@ -181,3 +181,14 @@ def test_a_tenants_usage_is_kept_between_writers_and_read_whole_again_after_anot
     before = len([t for t in takes if t is store._tenants._holdings])
     assert usage(store) == whole() and usage(store) == whole() and ("team-a/", config + 2 * weights, 2) in usage(store)
     assert len([t for t in takes if t is store._tenants._holdings]) == before + 1
+
+
+def test_the_prefixes_an_id_is_under_are_found_by_its_segments_as_covers_finds_them() -> None:
+    """A whole read of the tenants' holdings asks it of every id: with 1,000 quotas a test per prefix took 13 s at 100,000."""
+    from adapter_fabric.store.tenant_holdings import covering
+    from adapter_fabric.store.tenants import covers
+
+    quotas = [TenantQuota(p) for p in ("team-a/", "team-a/deep/", "team-ab/", "t/", "x/y/z/")]
+    ids = ["team-a/x", "TEAM-A/Deep/z", "team-a/deeper/z", "team-a./x", "team-ab/x", "team-a", "t/1", "T/2/3", "x/y/z/w", "x/y/zz", "x/y"]
+    for adapter_id in ids:
+        assert sorted(covering(adapter_id, {q.prefix for q in quotas})) == sorted(q.prefix for q in quotas if covers(q, adapter_id)), adapter_id
