@@ -56,6 +56,7 @@ class LiveIndex:
 
         ``trustworthy`` False (a damaged ref or manifest): collections stay whole until the damage is gone.
         """
+        self._seen = None  # not trusted while it is filled: a reader from another thread reads the refs meanwhile
         self.epoch += 1
         self._digest_of = dict(refs)
         self._ids_of = {}

@@ -78,3 +78,18 @@ def test_an_evictions_candidates_name_what_holds_each_digest(tmp_path: Path, sto
         ("t/served",): IN_USE,
     }
     assert {c.ids: c.held for c in candidates()}[("t/pulled",)] == ""  # free once its pull ended
+
+
+def test_the_live_index_answers_nothing_while_a_collection_rebuilds_it(tmp_path: Path, store_adapters: dict[str, Path], monkeypatch) -> None:
+    """Readers take it without the store's lock: a collection that rebuilds it (here a second one, while it was trusted)
+    must not show them an index half filled, where a scoped caller's digest would have no ids and be refused."""
+    from adapter_fabric.store.live_index import LiveIndex
+
+    store = AdapterStore(tmp_path / "s", chunk_size=SMALL_CHUNK)
+    digest = store.stage(store_adapters["a"], "t/a").digest
+    assert store._collector.live.ids_referring(digest) == ["t/a"]
+    seen_while_filling = []
+    add = LiveIndex._add
+    monkeypatch.setattr(LiveIndex, "_add", lambda self, d, i: (seen_while_filling.append(self.ids_referring(digest)), add(self, d, i)))
+    store.collect_garbage()
+    assert seen_while_filling == [None] and store._collector.live.ids_referring(digest) == ["t/a"]
