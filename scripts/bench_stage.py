@@ -5,13 +5,16 @@
     python scripts/bench_stage.py --adapters 10000 --workers 32 --baseline t30 --rounds 2   # before/after, bulk only
     python scripts/bench_stage.py --adapters 5000 --workers 32 --ask-each --rounds 3   # the client's UploadOffset per adapter, or not
     python scripts/bench_stage.py --adapters 10000 --workers 16 --per-adapter --rounds 1   # StageMany against a Stage per adapter
+    python scripts/bench_stage.py --adapters 2000 --workers 32 --quota --baseline 6163a67 --bulk-only   # the ids' tenant under a [[quota]]
 
 Real store-only node processes on loopback (``adapter_fabric.harness.cluster``), a
 fresh store each: the first stages every adapter one after another
 (``NodeClient.stage``), the second all of them through ``NodeClient.stage_many``
 (small adapters on one StageMany stream, committed in groups; ``--per-adapter``:
 ``--workers`` concurrent Stage calls, which the node's committer syncs in
-groups, as stage-many sent them before StageMany). All keep the same
+groups, as stage-many sent them before StageMany). ``--quota``: every node runs a
+policy whose ``[[quota]]`` covers the staged ids (``bench/``), so every writer
+asks for that tenant's usage first. All keep the same
 durability: an adapter answered is on disk. The load average is printed
 before and after (a shared machine).
 The adapters are distinct small PEFT adapters (a tiny model's, ~20 KB each),
@@ -23,7 +26,9 @@ stores are checked to list every adapter after their node restarts.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -44,15 +49,28 @@ MAX_ADAPTERS = 20_000
 MAX_WORKERS = 64
 
 
+def quota_policy(root: Path) -> list[str]:
+    """The flags of a node whose policy puts the staged ids' tenant (``bench/``) under a quota; the admin's token beside it."""
+    (root / "admin.token").write_text(secrets.token_hex(32))
+    reader = hashlib.sha256(secrets.token_hex(32).encode()).hexdigest()  # a policy names one principal at least
+    (root / "policy.toml").write_text(
+        f'[[principal]]\nname = "reader"\ntoken_sha256 = "{reader}"\ngrants = [{{ verbs = ["read"], prefixes = ["*"] }}]\n'
+        '[[quota]]\nprefix = "bench/"\nmax_bytes = "100GiB"\nmax_adapters = 1000000\n'
+    )
+    return ["--policy", str(root / "policy.toml")]
+
+
 def run(
-    root: Path, name: str, dirs: list[Path], workers: int, env: dict[str, str] | None = None, ask_each: bool = False, per_adapter: bool = False
+    root: Path, name: str, dirs: list[Path], workers: int, env: dict[str, str] | None = None, ask_each: bool = False, per_adapter: bool = False,
+    quota: bool = False,
 ) -> float:
     """Adapters per second staging ``dirs`` into a fresh node (one at a time when ``workers`` is 0); checks they survive a restart.
 
     ``env``: the node's environment (``adapter_fabric.harness.baseline``: another revision's package). ``ask_each``: the bulk
     path as the client ran it before ``BatchStage``, with an UploadOffset call per adapter. ``per_adapter``: a Stage call per
     adapter (``BatchStage``), as before StageMany."""
-    node = LocalNode(root / name, model="none", env=env).start()
+    flags, token = (quota_policy(root), root / "admin.token") if quota else ([], None)
+    node = LocalNode(root / name, model="none", env=env, extra_args=flags, token_file=token).start()
     try:
         with node.client() as client:
             items = [(d, f"bench/{d.name}") for d in dirs]
@@ -72,7 +90,7 @@ def run(
             seconds = time.perf_counter() - started
     finally:
         node.stop()
-    node = LocalNode(root / name, model="none").start()  # the same store, restarted: every adapter is still there
+    node = LocalNode(root / name, model="none", extra_args=flags, token_file=token).start()  # the same store, restarted: every adapter is still there
     try:
         with node.client() as client:
             listed = len(client.list().staged)
@@ -92,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="with --baseline: each bulk run this many times, in turn (medians)")
     parser.add_argument("--bulk-only", action="store_true", help="leave out the one-at-a-time row (slow at thousands)")
     parser.add_argument("--ask-each", action="store_true", help="the bulk path with an UploadOffset call per adapter beside this tree's, in turn")
+    parser.add_argument("--quota", action="store_true", help="every node's policy puts the staged ids' tenant under a [[quota]]")
     parser.add_argument("--per-adapter", action="store_true", help="this tree's Stage call per adapter (no StageMany) beside its StageMany path, in turn")
     args = parser.parse_args(argv)
     if not 1 <= args.adapters <= MAX_ADAPTERS or not 1 <= args.workers <= MAX_WORKERS:
@@ -107,18 +126,18 @@ def main(argv: list[str] | None = None) -> None:
             rates: dict[str, list[float]] = {base: [], "this tree": []}
             for n in range(args.rounds):
                 for label, tree_env, ask, per in ((base, env, args.ask_each, args.per_adapter), ("this tree", None, False, False)):
-                    rates[label].append(run(root, f"bulk-{label.replace(' ', '-')}-{n}", dirs, args.workers, tree_env, ask, per))
+                    rates[label].append(run(root, f"bulk-{label.replace(' ', '-')}-{n}", dirs, args.workers, tree_env, ask, per, args.quota))
                     print(f"round {n + 1} {label}: {rates[label][-1]:.1f} adapters/s (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
             print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             before, after = (statistics.median(r) for r in rates.values())
-            print(f"bulk (stage_many, {args.workers} workers), {args.adapters} adapters, medians of {args.rounds}")
+            print(f"bulk (stage_many, {args.workers} workers), {args.adapters} adapters, medians of {args.rounds}{', the tenant under a quota' if args.quota else ''}")
             print(f"| tree | adapters/s | {args.adapters:,} adapters in |\n|---|---:|---:|")
             for label, rate in ((f"baseline ({base})", before), ("this tree", after)):
                 print(f"| {label} | {rate:.1f} | {args.adapters / rate:.1f} s |")
             print(f"this tree / baseline: {after / before:.2f}x; 10,000 adapters would take {10_000 / after:.0f} s (baseline {10_000 / before:.0f} s)")
             return
-        one = 0.0 if args.bulk_only else run(root, "one-at-a-time", dirs, 0)
-        bulk = run(root, "bulk", dirs, args.workers)
+        one = 0.0 if args.bulk_only else run(root, "one-at-a-time", dirs, 0, quota=args.quota)
+        bulk = run(root, "bulk", dirs, args.workers, quota=args.quota)
     print(f"{'path':<34}{'adapters':>9}{'adapters/s':>12}")
     if one:
         print(f"{'one at a time (NodeClient.stage)':<34}{args.adapters:>9}{one:>12.1f}")

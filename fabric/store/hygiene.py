@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +79,9 @@ class LeftBytes:
     bytes: int
 
 
-def _entries(layout: StoreLayout) -> list[tuple[str, Path, int, float, str, str]]:
-    """``(kind, directory, bytes, newest mtime, adapter id, digest)`` of every upload and partial in ``layout``'s store."""
+def _entries(layout: StoreLayout, skip: Container[str] = ()) -> list[tuple[str, Path, int, float, str, str]]:
+    """``(kind, directory, bytes, newest mtime, adapter id, digest)`` of every upload and partial in ``layout``'s store, but
+    those named in ``skip`` (not read)."""
     found = []
     for kind, top in ((UPLOAD, layout.uploads), (PARTIAL, layout.partials)):
         try:
@@ -87,7 +89,7 @@ def _entries(layout: StoreLayout) -> list[tuple[str, Path, int, float, str, str]
         except FileNotFoundError:
             continue
         for entry in entries:
-            if not entry.is_dir(follow_symlinks=False):
+            if entry.name in skip or not entry.is_dir(follow_symlinks=False):
                 continue
             directory = Path(entry.path)
             size, mtime = _size_and_mtime(directory)
@@ -95,9 +97,11 @@ def _entries(layout: StoreLayout) -> list[tuple[str, Path, int, float, str, str]
     return found
 
 
-def left_bytes(layout: StoreLayout) -> list[LeftBytes]:
-    """The bytes every upload and partial download in ``layout``'s store (a ``StoreLayout``) holds, by the id it is for; unordered."""
-    return [LeftBytes(directory.name, adapter_id, size) for _, directory, size, _, adapter_id, _ in _entries(layout)]
+def left_bytes(layout: StoreLayout, skip: Container[str] = ()) -> list[LeftBytes]:
+    """The bytes every upload and partial download in ``layout``'s store (a ``StoreLayout``) holds, by the id it is for;
+    unordered. ``skip``: directory names left unread (the ones writers hold: a tenant counts those through their
+    reservations, and a StageMany holds dozens open while each of its writers asks)."""
+    return [LeftBytes(directory.name, adapter_id, size) for _, directory, size, _, adapter_id, _ in _entries(layout, skip)]
 
 
 def leftovers(layout: StoreLayout, now: float | None = None) -> list[Leftover]:

@@ -87,8 +87,9 @@ class _Held:
     left: int = 0
 
 
-#: the uploads and partial downloads in the store, each with its id and bytes (``hygiene.left_bytes`` over the layout)
-LeftBehind = Callable[[], list[LeftBytes]]
+#: the uploads and partial downloads in the store, each with its id and bytes, but those named (the ones writers hold:
+#: ``hygiene.left_bytes`` over the layout)
+LeftBehind = Callable[[set[str]], list[LeftBytes]]
 
 
 class TenantReservation:
@@ -122,7 +123,7 @@ class TenantQuotas:
         self._holdings = holdings
         self.catalog = catalog
         self._quotas = tuple(quotas)
-        self._left_behind = left_behind or (lambda: left_bytes(catalog.layout))
+        self._left_behind = left_behind or (lambda writing: left_bytes(catalog.layout, skip=writing))
         self._lock = WatchedLock("tenant quotas")  # one check-and-reserve at a time: two writers cannot both take the last room
         # key -> (id, its files' roots -> sizes, the upload or partial directory it writes, "" for none)
         self._reserved: dict[int, tuple[str, dict[str, int], str]] = {}
@@ -206,7 +207,7 @@ class TenantQuotas:
         if not quotas:
             return held
         writing = {w for _, _, w in self._reserved.values() if w} | ({also_writing} if also_writing else set())
-        for left in self._left_behind():
+        for left in self._left_behind(writing):
             if left.key not in writing:
                 for quota in quotas:
                     if covers(quota, left.adapter_id):
