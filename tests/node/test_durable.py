@@ -19,6 +19,7 @@ from adapter_fabric.errors import QuotaExceeded
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.transport import peer_calls
 from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.v1 import fabric_pb2
 from tests.node.test_eviction import MESH, SMALL_CHUNK, cache_node, cli, seeder, staged  # noqa: F401 (seeder: a module fixture)
 from tests.support.scrape import scrape
 from tests.support.waiting import wait_for
@@ -70,6 +71,9 @@ def test_a_last_copy_is_handed_to_a_durable_node_off_the_writers_path_and_then_e
                 wait_for(lambda: scrape(node).get(("fabric_store_handoffs_total", frozenset({("outcome", "ok")}))) == 1, "the hand-off of solo")
                 assert staged(d) == ["solo"] and d.manifest("solo").digest == digest
                 assert scrape(node)[("fabric_store_evictions_total", frozenset())] == 1
+                # The durable node's read of solo stamped it used, and raced c's commit (under load it came after). A read of
+                # c now stamps it later than both, so which one is the least recently used does not depend on that race.
+                list(c.stub.Fetch(fabric_pb2.FetchRequest(adapter_id="c"), timeout=30))
                 c.pull("b", peer=peer)  # room again: solo, a copy the durable node holds now, is the least recently used and goes
                 assert staged(c) == ["b", "c"]
                 c.pull("solo", peer=durable.address)  # and it comes back from there (c, the least recently used, goes)
