@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from adapter_fabric.access.policy import MAX_QUOTAS
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.format.safetensors_index import read_index
 from adapter_fabric.harness.adapter_sets import adapter_id as set_id
@@ -316,6 +317,8 @@ def main() -> None:
     parser.add_argument("--quotas", type=int, default=1, help="with --nodes: [[quota]] tables in the node's policy (the scoped tenant's and others)")
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
+    if not 1 <= args.quotas <= MAX_QUOTAS:
+        parser.error(f"--quotas takes 1 to {MAX_QUOTAS} (a policy holds at most that many [[quota]] tables), not {args.quotas}")
     with tempfile.TemporaryDirectory() as tmp:
         adapter = make_peft_adapter(Path(tmp) / "a", base_model=build_tiny_model(), r=4, lora_alpha=8, target_modules=["q_proj"], seed=1)
         (nodes if args.nodes else in_process)(args, adapter, Path(tmp))

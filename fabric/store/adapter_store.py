@@ -223,7 +223,7 @@ class AdapterStore:
         with self._lock.held():
             collected = self._collector.collect()
             self._census.take(collected.refs, collected.whole)  # from what the collection read: no file read again
-        self._recency.warm()
+        self._recency.saw(max(self._catalog.stamps().values(), default=0))  # the next stamp goes past every ref's
 
     def damaged_at(self, adapter_id: str, digest: str) -> bool:
         """Whether ``adapter_id`` still names ``digest`` and some of that digest's bytes are missing or quarantined."""

@@ -26,8 +26,8 @@ class Recency:
     A stamp is the wall clock, or a microsecond past the highest stamp seen when the clock is behind it
     (stepped back by NTP, a VM restored from a snapshot): an id used after a step still counts as newer than
     every id used before it, so one stamped ahead of the clock does not stay out of eviction's reach until the
-    clock catches up. The highest stamp is what this object stamped or read, and what ``warm`` found in every
-    ref (a node runs it on an I/O thread after start-up: about 2 s at 100,000 ids on a loaded disk).
+    clock catches up. The highest stamp is what this object stamped or read (``saw``): the store's collection reads
+    every ref's stamp once (``Catalog.stamps``; a node runs it on an I/O thread after start-up).
     """
 
     def __init__(self, layout: StoreLayout) -> None:
@@ -51,17 +51,6 @@ class Recency:
             return 0.0
         self.saw(stamp)
         return stamp / 1e9
-
-    def warm(self) -> None:
-        """Read every ref's stamp once, so the next stamp is past all of them (one stat per id)."""
-        highest = 0
-        with os.scandir(self.layout.refs) as entries:
-            for entry in entries:
-                try:
-                    highest = max(highest, entry.stat(follow_symlinks=False).st_mtime_ns)
-                except FileNotFoundError:
-                    continue  # unstaged meanwhile
-        self.saw(highest)
 
     def _next(self) -> int:
         with self._lock:
