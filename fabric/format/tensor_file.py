@@ -56,37 +56,41 @@ def map_immutable(path: Path, expected_size: int, what: str) -> mmap.mmap:
 #: ``aminmax`` splits it over the intra-op pool, which on loaded cores waited ~1-7 ms for its threads on a 4.7 MB row
 #: (0.1-0.2 ms here); at 84 MB (Llama-3-8B, r=16, bf16) the pool's threads pay off
 SINGLE_THREAD_CHECK_BYTES = 32 << 20
-#: 16-bit floats (numpy has no bfloat16; its float16 min/max is ~100x slower than integer ops): the bits without
-#: the sign; a value is non-finite when its exponent bits are all ones, i.e. these bits are at least the mask
+#: 16-bit floats by their bits (numpy has no bfloat16; its float16 min/max is ~100x slower than integer ops): a value
+#: is non-finite when its exponent bits are all ones. As signed integers the positive ones are at least the mask; as
+#: unsigned, the negative ones are at least the mask with the sign bit. Two integer ``max`` passes, no scratch.
 _EXPONENT_MASKS = {torch.float16: 0x7C00, torch.bfloat16: 0x7F80}
-_BITS_BLOCK = 1 << 16  # elements per step of the bit test: its scratch stays in cache
+_FLOAT_VIEWS = {torch.float32: np.float32, torch.float64: np.float64}
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def has_non_finite(row: torch.Tensor) -> bool:
     """Whether a float tensor holds NaN or +-inf.
 
-    Under ``SINGLE_THREAD_CHECK_BYTES`` on CPU: numpy on this thread (``min``/``max`` of 32/64-bit floats, both
-    propagate NaN; a bit test of 16-bit floats). Otherwise one ``aminmax`` pass, much cheaper than
-    ``isfinite(...).all()`` or a float32 sum on bf16/fp16 rows (84 MB bf16: ~8 ms against ~100-190 ms).
+    Under ``SINGLE_THREAD_CHECK_BYTES`` on CPU: numpy on this thread (``bits_non_finite``). Otherwise one ``aminmax``
+    pass on the intra-op threads, much cheaper than ``isfinite(...).all()`` or a float32 sum on bf16/fp16 rows (84 MB
+    bf16: ~8 ms against ~100-190 ms).
     """
     if row.device.type == "cpu" and row.numel() * row.element_size() < SINGLE_THREAD_CHECK_BYTES and row.is_contiguous():
-        return _has_non_finite_here(row.reshape(-1))
+        return bits_non_finite(host_array(row.reshape(-1)), row.dtype)
     low, high = torch.aminmax(row)
     return not (bool(torch.isfinite(low)) and bool(torch.isfinite(high)))
 
 
-def _has_non_finite_here(flat: torch.Tensor) -> bool:
-    if not flat.numel():
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor's bytes as same-width integers (numpy has no bfloat16)."""
+    return t.detach().view(_INT_OF_SIZE[t.element_size()]).numpy()
+
+
+def bits_non_finite(bits: np.ndarray, dtype: torch.dtype) -> bool:
+    """Whether ``bits`` (a 1-D integer array of ``dtype``'s width holding ``dtype`` values) holds NaN or +-inf.
+
+    One thread, no scratch: a row sink calls it on each tensor piece of a chunk while the chunk is in cache.
+    """
+    if not bits.size:
         return False
-    mask = _EXPONENT_MASKS.get(flat.dtype)
-    if mask is None:  # float32 / float64: numpy's SIMD reductions
-        values = flat.detach().numpy()
+    mask = _EXPONENT_MASKS.get(dtype)
+    if mask is None:  # float32 / float64: numpy's SIMD min/max, both of which propagate NaN
+        values = bits.view(_FLOAT_VIEWS[dtype])
         return not (np.isfinite(values.min()) and np.isfinite(values.max()))
-    bits = flat.detach().view(torch.int16).numpy()
-    scratch = np.empty(min(_BITS_BLOCK, bits.size), dtype=np.int16)
-    for start in range(0, bits.size, _BITS_BLOCK):
-        block = bits[start : start + _BITS_BLOCK]
-        unsigned = np.bitwise_and(block, 0x7FFF, out=scratch[: block.size])
-        if unsigned.max() >= mask:
-            return True
-    return False
+    return bool(bits.view(np.int16).max() >= mask or bits.view(np.uint16).max() >= 0x8000 | mask)

@@ -5,15 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from adapter_fabric.format.tensor_file import host_array
+
 #: below this a CPU row copy runs on one thread (measured: torch's pool waited ~4 ms on a 4.7 MB row; at 84 MB its
 #: threads pay off)
 SINGLE_THREAD_COPY_BYTES = 32 << 20
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def host_array(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU tensor's bytes as same-width integers (numpy has no bfloat16)."""
-    return t.detach().view(_INT_OF_SIZE[t.element_size()]).numpy()
 
 
 def host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from adapter_fabric.errors import IncompatibleAdapter, InvalidArgument
-from adapter_fabric.serving.host_copy import host_array, host_copy
+from adapter_fabric.format.tensor_file import host_array
+from adapter_fabric.serving.host_copy import host_copy
 from adapter_fabric.serving.slot_records import Span, StagedAdapter
 
 #: host staging rows kept for reuse by ``recycle`` (each is one slot row: 84 MB for Llama-3-8B at r=16)

@@ -1,7 +1,8 @@
 """``has_non_finite``: NaN and +-inf found in every float dtype a pool may hold, on both of its paths.
 
-Rows under ``SINGLE_THREAD_CHECK_BYTES`` are checked by numpy on the calling thread (min/max of 32/64-bit
-floats, a bit test of 16-bit ones, block by block); larger rows by torch's ``aminmax``.
+Rows under ``SINGLE_THREAD_CHECK_BYTES`` are checked by numpy on the calling thread (``bits_non_finite``: min/max of
+32/64-bit floats, two integer max passes over 16-bit ones); larger rows by torch's ``aminmax``. ``bits_non_finite``
+is held to ``torch.isfinite`` on every 16-bit pattern: a row sink checks each piece of a chunk with it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ import pytest
 import torch
 
 from adapter_fabric.format import tensor_file
-from adapter_fabric.format.tensor_file import has_non_finite
+from adapter_fabric.format.tensor_file import bits_non_finite, has_non_finite, host_array
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-BLOCK = tensor_file._BITS_BLOCK
+BLOCK = 1 << 16  # positions either side of a 64 Ki-element boundary
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -44,3 +45,26 @@ def test_both_paths_agree(monkeypatch, dtype: torch.dtype) -> None:
         with_inf = torch.cat([row, torch.tensor([float("inf")], dtype=dtype)])
         assert has_non_finite(with_inf)
         assert has_non_finite(with_inf.view(-1, 1).expand(-1, 2).t())  # a non-contiguous view: aminmax whatever its size
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_bit_test_agrees_with_isfinite_on_every_16_bit_pattern(dtype: torch.dtype) -> None:
+    patterns = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    values = patterns.view(dtype)
+    finite = torch.isfinite(values)
+    bits = host_array(values)
+    wrong = [hex(int(p) & 0xFFFF) for p, ok in zip(patterns, finite) if bits_non_finite(bits[int(p) + (1 << 15) : int(p) + (1 << 15) + 1], dtype) == bool(ok)]
+    assert not wrong, f"{len(wrong)} patterns misjudged, e.g. {wrong[:5]}"
+    assert bits_non_finite(bits, dtype) and not bits_non_finite(host_array(values[finite]), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_bit_test_finds_one_non_finite_value_among_finite_ones(dtype: torch.dtype) -> None:
+    row = torch.randn(1000, generator=torch.Generator().manual_seed(2)).to(dtype)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for where in (0, 517, 999):
+            with_bad = row.clone()
+            with_bad[where] = bad
+            assert bits_non_finite(host_array(with_bad), dtype)
+    assert not bits_non_finite(host_array(row), dtype)
+    assert not bits_non_finite(host_array(row[:0]), dtype)

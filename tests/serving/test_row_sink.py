@@ -120,3 +120,29 @@ def test_non_finite_values_are_refused_naming_the_tensor(adapters, tmp_path) -> 
     _feed(sink, directory, manifest)
     with pytest.raises(InvalidTensors, match=f"tensor '{victim.name}' holds 1 non-finite"):
         sink.finish()
+
+
+@pytest.mark.parametrize("chunk_size", [1000, 4096])
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_a_value_that_overflows_the_pools_dtype_is_refused_as_its_chunk_lands(adapters, tmp_path, chunk_size, where) -> None:
+    """Checked piece by piece as chunks land, in the pool's dtype: a finite fp32 value beyond fp16's range is inf in
+    an fp16 row, wherever it sits in a piece split across chunks."""
+    directory = tmp_path / "big"
+    directory.mkdir()
+    (directory / CONFIG_FILE).write_bytes((adapters["wide"] / CONFIG_FILE).read_bytes())
+    data = bytearray((adapters["wide"] / WEIGHTS_FILE).read_bytes())
+    manifest = _manifest(adapters["wide"], chunk_size)
+    victim = max(manifest.tensors, key=lambda t: t.end - t.begin)  # spans several chunks
+    at = victim.begin if where == "first" else victim.end - 4
+    struct.pack_into("<f", data, manifest.index.data_offset + at, 1e6)  # fp16's largest finite value is 65504
+    (directory / WEIGHTS_FILE).write_bytes(bytes(data))
+    manifest = _manifest(directory, chunk_size)
+    shaped = ShapeOnlyModel(shapes_of_tiny(), slots=2, max_rank=8, device="cpu", dtype=torch.float16)
+    sink = shaped.row_sink(manifest)
+    _feed(sink, directory, manifest, seed=chunk_size)
+    with pytest.raises(InvalidTensors, match=f"tensor '{victim.name}' holds 1 non-finite value\\(s\\) in torch.float16"):
+        sink.finish()
+    clean = _manifest(adapters["wide"], chunk_size)
+    sink = shaped.row_sink(clean)
+    _feed(sink, adapters["wide"], clean)
+    assert torch.isfinite(sink.finish().row).all()
