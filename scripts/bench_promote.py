@@ -109,7 +109,8 @@ class Receiver:
         root = self.workdir / f"store-{self.rounds}-{int(self.data_channel)}"
         store = AdapterStore(root)
         channels = PeerChannels(data=DataChannels() if self.data_channel else None)  # as a node's pull: the seeder's data channel, or gRPC only
-        puller = PeerPuller(store, channels=channels, window=int(os.environ.get("BENCH_WINDOW", "1")))
+        window = int(os.environ["BENCH_WINDOW"]) if os.environ.get("BENCH_WINDOW") else None  # None: the node's (swarm.window_for)
+        puller = PeerPuller(store, channels=channels, window=window)
         model = self.model
         try:
             def check(manifest, signature: bytes) -> None:

@@ -86,7 +86,7 @@ class PeerPuller:
         channels: PeerChannels | None = None,
         stall_timeout: float = STALL_TIMEOUT_S,
         download_rate: int = 0,
-        window: int = swarm.WINDOW,
+        window: int | None = None,
         listen_port: int = 0,
         make_room: MakeRoom | None = None,
     ) -> None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from adapter_fabric.transport import swarm
-
 __all__ = ["STALL_TIMEOUT_S", "PullSettings", "PullStats"]
 
 #: a peer that sends nothing for this long is cancelled and the pull moves on (a slow peer that keeps sending is fine)
@@ -22,8 +20,8 @@ class PullSettings:
 
     #: seconds a Fetch stream may deliver nothing before its peer is dropped; also how long a pull waits for any progress
     stall_timeout: float = STALL_TIMEOUT_S
-    #: requests outstanding per peer (``adapter_fabric.transport.swarm``)
-    window: int = swarm.WINDOW
+    #: requests outstanding per peer; None: ``swarm.window_for``'s (two on a pull's only source, else one)
+    window: int | None = None
     #: the port this node serves on, sent with each Fetch so the serving peer learns what this node holds (0: not a node)
     listen_port: int = 0
     #: bytes per second this node receives over all its pulls together (0: no limit); one token bucket enforces it

@@ -35,6 +35,10 @@ from dataclasses import dataclass, field
 
 #: requests outstanding per peer
 WINDOW = 1
+#: ... on a pull's only source (unless a window is set): one stream leaves a core idle while its thread receives,
+#: hashes, writes and stages each chunk in turn; two run those passes on two cores (measured: an 84 MB promote from
+#: one peer, 150-159 ms -> 115-125 ms; the receiver's CPU about the same). A swarm already has a stream per peer.
+ONE_SOURCE_WINDOW = 2
 #: bytes per request at most: long runs amortize a call's set-up and round trip (measured: 32 MiB runs
 #: saved ~25% of an 84 MB one-peer pull against 1 MiB ones); ``run_length`` shortens them to spread a rollout
 RUN_BYTES = 32 << 20
@@ -129,22 +133,30 @@ def new_plan(chunk_count: int, verified: Iterable[int], peers: Sequence[str], se
     """A plan for a pull that already holds ``verified`` chunks; ``peers`` in preference order."""
     rng = random.Random(seed)
     done = set(verified)
-    return SwarmPlan(
-        chunk_count=chunk_count,
-        needed={i for i in range(chunk_count) if i not in done},
-        peers={address: PeerView(address) for address in dict.fromkeys(peers)},
-        tiebreak=[rng.random() for _ in range(chunk_count)],
-    )
+    views = {address: PeerView(address) for address in dict.fromkeys(peers)}
+    # Random first chunks spread a rollout's first copies; from one source, file order keeps each request one run.
+    tiebreak = [float(i) for i in range(chunk_count)] if len(views) <= 1 else [rng.random() for _ in range(chunk_count)]
+    return SwarmPlan(chunk_count=chunk_count, needed={i for i in range(chunk_count) if i not in done}, peers=views, tiebreak=tiebreak)
+
+
+def window_for(peers: int, window: int | None = None) -> int:
+    """Requests outstanding per peer for a pull from ``peers`` sources: ``window`` when given, else ONE_SOURCE_WINDOW
+    from one source and WINDOW from several."""
+    if window is not None:
+        return window
+    return ONE_SOURCE_WINDOW if peers <= 1 else WINDOW
 
 
 def run_length(chunk_size: int, chunk_count: int, peers: int, window: int = WINDOW) -> int:
     """Chunks per request: up to RUN_BYTES, but short enough that every peer's window gets work four times over.
 
     Measured (bench_swarm, 16 nodes, 64 chunks): one-chunk runs beat two-chunk ones at 50 and at 200 Mbit/s;
-    first copies must spread over the swarm quickly. A pull from one peer takes runs of up to RUN_BYTES.
+    first copies must spread over the swarm quickly. A pull from one peer takes runs of up to RUN_BYTES, of equal
+    length, in a number of calls that is a multiple of its window.
     """
     if peers <= 1:  # one source: spreading buys nothing, and every call costs a set-up and a round trip
-        return max(1, min(RUN_BYTES // chunk_size, chunk_count))
+        calls = window * -(-chunk_count // (window * max(1, RUN_BYTES // chunk_size)))  # a multiple of the window:
+        return max(1, -(-chunk_count // calls))  # equal runs, so no stream is left alone with a short tail
     spread = chunk_count // (4 * peers * window)
     return max(1, min(RUN_BYTES // chunk_size, spread))
 

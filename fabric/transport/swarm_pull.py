@@ -101,7 +101,8 @@ class SwarmPull:
         self.weights = manifest.weights
         self.done: set[int] = set(partial.verified_chunks)  # workers add to it (set.add is atomic)
         self.plan = swarm.new_plan(self.weights.chunk_count, self.done, peers)
-        self.max_run = swarm.run_length(self.weights.chunk_size, self.weights.chunk_count, len(peers), settings.window)
+        self.window = swarm.window_for(len(self.plan.peers), settings.window)
+        self.max_run = swarm.run_length(self.weights.chunk_size, self.weights.chunk_count, len(peers), self.window)
         self.events: queue.SimpleQueue[SwarmEvent] = queue.SimpleQueue()
         self.active: dict[int, FetchHandle] = {}
         self.polling: set[str] = set()
@@ -109,6 +110,7 @@ class SwarmPull:
         self.poll_gap: dict[str, float] = {}  # seconds between polls of a peer (POLL_S, backed off while it brings nothing)
         self.failures: dict[str, list[str]] = {}  # peer -> why it was dropped (then why its remaining streams ended)
         self.refused: dict[str, tuple[str, str]] = {}  # peer -> (kind, why) of its last refusal (missing, busy): named if the pull gives up
+        self.held_whole: set[str] = set()  # peers that held every chunk during this pull (a refusal's wording)
         self.corrupt: dict[str, int] = {}
         self.trace: list[list] | None = [] if os.environ.get(TRACE_ENV) else None
         self.t0 = time.monotonic()
@@ -117,7 +119,7 @@ class SwarmPull:
             manifest, partial, self.done, stats, self.events.put,
             settings=settings, channels=channels, download_limit=download_limit, holding=holding, each_chunk=len(self.plan.peers) > 1,
         )
-        workers = len(peers) * settings.window + len(peers)
+        workers = len(peers) * self.window + len(peers)
         self.pool = ThreadPoolExecutor(max_workers=min(MAX_PULL_THREADS, workers), thread_name_prefix="pull")
         # One handler per kind of event; each returns True when a chunk was verified (progress).
         self._handlers: dict[type, Callable[[Any, float], bool]] = {
@@ -145,6 +147,7 @@ class SwarmPull:
         source = next(iter(plan.peers))
         for whole in {source} | (self.complete & set(plan.peers)):
             swarm.set_holding(plan, whole, (), complete=True)
+            self.held_whole.add(whole)
         last_progress = time.monotonic()
         # The source serves at once; peers are first asked POLL_S in. Pullers of one rollout start together, and a
         # poll at the start found nothing (half of a 16-node rollout's polls); one already holding chunks waits POLL_S.
@@ -155,7 +158,7 @@ class SwarmPull:
             while plan.needed:
                 now = time.monotonic()
                 self._poll_due(now)
-                for request in swarm.plan_requests(plan, now, self.settings.window, self.max_run):
+                for request in swarm.plan_requests(plan, now, self.window, self.max_run):
                     self._start(request)
                 for request in swarm.redundant(plan):
                     self.active[request.id].cancel()
@@ -304,6 +307,8 @@ class SwarmPull:
         if not view.dead:
             before = view.have
             swarm.set_holding(self.plan, peer, event.have, event.complete)
+            if event.complete:
+                self.held_whole.add(peer)
             useful = event.complete or bool((view.have - before) & self.plan.needed)
             self.poll_gap[peer] = POLL_S if useful else min(POLL_MAX_S, 2 * self.poll_gap.get(peer, POLL_S))
         return False
@@ -314,6 +319,8 @@ class SwarmPull:
         view = self.plan.peers[event.peer]
         if not view.dead and not view.complete:
             swarm.set_holding(self.plan, event.peer, event.have, event.complete)
+            if event.complete:
+                self.held_whole.add(event.peer)
         return False
 
     def _on_poll_failed(self, event: PollFailed, now: float) -> bool:
@@ -349,7 +356,8 @@ class SwarmPull:
         # It announced chunks it no longer has (or never had): ask it again after its next announcement.
         peer, plan = self._finish(event), self.plan
         if self.refused.get(peer, ("",))[0] != "missing":  # its first refusal says most (it held the whole adapter then)
-            what = f"no longer holds {self.manifest.adapter_id!r} (NOT_FOUND): it was unstaged or lost there" if plan.peers[peer].complete else (
+            # held_whole, not complete: another stream's refusal may have marked it partial already (window > 1)
+            what = f"no longer holds {self.manifest.adapter_id!r} (NOT_FOUND): it was unstaged or lost there" if peer in self.held_whole else (
                 f"no longer serves chunks of {self.manifest.adapter_id!r} it announced (NOT_FOUND)")
             self.refused[peer] = ("missing", f"{what} ({event.error})")
         swarm.forget_chunks(plan, peer, [c for c in event.request.chunks if c in plan.needed])

@@ -7,6 +7,7 @@ The coordinator (``SwarmPull``) is the part under test; the worker's fetch is re
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def test_a_request_that_verified_chunks_counts_as_progress_when_it_ends(staged, 
     stats = PullStats(digest=manifest.digest)
     monkeypatch.setenv(TRACE_ENV, str(tmp_path))  # the trace: what the coordinator took as verified, and when
     pull = SwarmPull(
-        manifest, partial, [PEER], stats, settings=PullSettings(stall_timeout=STALL_S), channels=PeerChannels(),
+        manifest, partial, [PEER], stats, settings=PullSettings(stall_timeout=STALL_S, window=1), channels=PeerChannels(),  # the script: one request at a time
         download_limit=None, holding=lambda peer, digest: peer_calls.holding(PeerChannels(), peer, digest),
     )
     assert not pull.workers.each_chunk  # one peer: no event per chunk
@@ -106,3 +107,38 @@ def test_a_plan_of_two_peers_keeps_an_event_per_chunk(staged) -> None:
         pull.pool.shutdown()
     finally:
         partial.close()
+
+
+def test_a_pull_from_one_peer_runs_two_requests_at_once_over_halves_of_the_file(staged) -> None:
+    """The default window on a pull's only source is two (``swarm.window_for``): both requests are outstanding
+    together (each waits here until the other has started), and they split the file evenly between them."""
+    store, manifest, blob = staged
+    weights = manifest.weights
+    partial = store.open_partial(manifest)
+    started: list[list[int]] = []
+    both = threading.Barrier(2, timeout=10)
+
+    def fetch(request: swarm.Request, handle: FetchHandle) -> None:
+        try:
+            started.append(list(request.chunks))
+            both.wait()  # a BrokenBarrierError after 10 s: the second request never started beside the first
+            for index in request.chunks:
+                offset, length = weights.chunk_span(index)
+                partial.write_chunk(index, blob[offset : offset + length])
+                pull.done.add(index)
+            pull.events.put(FetchDone(request))
+        except BaseException as exc:
+            pull.events.put(FetchFailed(request, exc))
+
+    pull = SwarmPull(
+        manifest, partial, [PEER], PullStats(digest=manifest.digest), settings=PullSettings(stall_timeout=STALL_S), channels=PeerChannels(),
+        download_limit=None, holding=lambda peer, digest: peer_calls.holding(PeerChannels(), peer, digest),
+    )
+    pull.workers.fetch = fetch  # type: ignore[method-assign]
+    try:
+        pull.run()
+        committed = partial.commit("one/peer")
+    finally:
+        partial.close()
+    assert committed.digest == manifest.digest
+    assert sorted(started) == [list(range(9)), list(range(9, 17))]  # 17 chunks in file order: runs of 9, both at once

@@ -64,8 +64,9 @@ def test_rarest_chunk_first() -> None:
 
 
 def test_random_order_differs_between_nodes() -> None:
-    # Two nodes asking one seeder start at different chunks, so they soon have something to trade.
-    firsts = {swarm.plan_requests(plan_of(64, {"seed": None}, seed=s), now=0.0, window=1)[0].chunks[0] for s in range(8)}
+    # Two nodes asking one seeder, and each other, start at different chunks, so they soon have something to trade
+    # (a plan of one source has no one to trade with: it asks in file order, below).
+    firsts = {swarm.plan_requests(plan_of(64, {"seed": None, "other": set()}, seed=s), now=0.0, window=1)[0].chunks[0] for s in range(8)}
     assert len(firsts) > 1
 
 
@@ -79,8 +80,21 @@ def test_runs_are_consecutive_chunks_the_peer_holds() -> None:
 def test_run_length_spreads_small_adapters_and_caps_large_ones() -> None:
     assert swarm.run_length(4096, 60, peers=3, window=2) == 2  # 60 chunks over 6 slots, each four times over: short runs
     assert swarm.run_length(1 << 20, 64, peers=16) == 1  # a rollout's first copies spread one chunk at a time
-    assert swarm.run_length(1 << 20, 81, peers=1) == 32  # one peer: runs of RUN_BYTES (3 calls, not 81)
-    assert swarm.run_length(4096, 100_000, peers=1) == swarm.RUN_BYTES // 4096  # one peer: capped by bytes
+    assert swarm.run_length(1 << 20, 81, peers=1) == 27  # one peer: runs of up to RUN_BYTES, equal (3 calls, not 81)
+    assert swarm.run_length(4096, 100_000, peers=1) == 7693 <= swarm.RUN_BYTES // 4096  # capped by bytes: 13 calls
+    assert swarm.run_length(1 << 20, 84, peers=1, window=2) == 21  # two streams: 4 calls, two at a time
+    assert swarm.run_length(1 << 20, 40, peers=1, window=2) == 20
+
+
+def test_a_plan_from_one_source_asks_for_the_file_in_order() -> None:
+    plan = plan_of(17, {"seed": None})
+    assert [r.chunks for r in swarm.plan_requests(plan, now=0.0, window=2, max_run=9)] == [list(range(9)), list(range(9, 17))]
+
+
+def test_a_pull_from_one_source_keeps_two_requests_outstanding_unless_told_otherwise() -> None:
+    assert swarm.window_for(1) == swarm.ONE_SOURCE_WINDOW == 2  # the passes of each chunk run on two cores
+    assert swarm.window_for(2) == swarm.window_for(16) == swarm.WINDOW == 1  # a swarm has a stream per peer already
+    assert swarm.window_for(1, 1) == 1 and swarm.window_for(16, 3) == 3  # a set window is kept as it is
 
 
 def test_verified_chunks_are_never_asked_for() -> None:
