@@ -10,6 +10,7 @@ neither (TLS still verifies the server). A pull on a caller's behalf
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,13 @@ class _Pool:
     def __init__(self) -> None:
         self.channels: dict[tuple[str, bool], grpc.Channel] = {}  # (address, credentialed) -> channel
         self.lock = threading.Lock()
+        self.one_stream: dict[str, float] = {}  # address -> until when it is asked one stream at a time (``refused_beside``)
+
+
+#: seconds a peer that refused a stream beside another of ours is asked one at a time (then two are tried again)
+ONE_STREAM_S = 60.0
+#: peers remembered so (the oldest forgotten first): a node pulls from its members
+MAX_ONE_STREAM_PEERS = 1024
 
 
 class PeerChannels:
@@ -104,6 +112,21 @@ class PeerChannels:
         for channel in gone:
             if channel is not None:
                 channel.close()  # a connection that failed carries no other call worth keeping
+
+    def refused_beside(self, address: str) -> None:
+        """``address`` refused a stream beside another of ours (its ``--max-streams-per-peer``): pulls from it alone ask one
+        stream at a time for ``ONE_STREAM_S``, so each does not meet the refusal again."""
+        with self._pool.lock:
+            marks = self._pool.one_stream
+            marks.pop(address, None)
+            marks[address] = time.monotonic() + ONE_STREAM_S
+            while len(marks) > MAX_ONE_STREAM_PEERS:
+                del marks[next(iter(marks))]
+
+    def takes_streams_beside(self, address: str) -> bool:
+        """Whether a pull from ``address`` alone may open more than one stream to it (it refused none lately)."""
+        with self._pool.lock:
+            return self._pool.one_stream.get(address, 0.0) <= time.monotonic()
 
     def learn(self, peer: str, metadata: Any) -> None:
         """Note the data channel port ``peer`` announced (or not) in a reply's metadata."""

@@ -11,10 +11,9 @@ which the caller verifies and writes from before asking for the next
 The channel is an optimisation, never a requirement: a peer that announces
 none, or whose port cannot be reached (a firewall, an older node), is fetched
 from over gRPC, and a failed connect keeps that peer on gRPC for
-``RETRY_AFTER_S``. A stream the channel refuses as busy (its connections are
-bounded), or that breaks before its first frame, goes over gRPC at once, the
-same request (nothing of it was received), and keeps that peer on gRPC for
-``BUSY_RETRY_AFTER_S`` (``fabric_data_channel_fallbacks_total`` counts each, by reason).
+``RETRY_AFTER_S``. A stream the channel refuses as busy (its connections are bounded; unless it is one of several
+of ours to the peer: ``grpc_when_busy``), or that breaks before its first frame, goes over gRPC at once, the same
+request (nothing of it was received), and keeps that peer on gRPC for ``BUSY_RETRY_AFTER_S`` (counted by reason).
 """
 
 from __future__ import annotations
@@ -225,6 +224,7 @@ class DataCall:
         self._header = bytearray(data_frames.FRAME.size)
         self._pending: tuple[int, int, int] | None = None  # a frame header read ahead by initial_metadata
         self._picked: list[int] | None = None
+        self.grpc_when_busy = True  # False for one of several streams to the peer: its limit would refuse gRPC's too
         self._trailer: tuple[bytes | None, bool] | None = None
         self._cancelled = False
         self._closed = False
@@ -274,7 +274,7 @@ class DataCall:
             header = self._first_header()
             if header[0] == data_frames.ERROR:
                 error = self._error(header[2])
-                if isinstance(error, QuotaExceeded) and self._switch("busy", error):
+                if isinstance(error, QuotaExceeded) and self.grpc_when_busy and self._switch("busy", error):
                     return
                 raise DataChannelFailed(error)
             self._pending = header

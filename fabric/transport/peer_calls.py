@@ -122,13 +122,15 @@ def is_durable(channels: PeerChannels, peer: str, timeout: float = AVAILABILITY_
 
 
 def fetch(
-    channels: PeerChannels, peer: str, request: fabric_pb2.FetchRequest, holder: tuple[int, bytes] | None, chunk_size: int
+    channels: PeerChannels, peer: str, request: fabric_pb2.FetchRequest, holder: tuple[int, bytes] | None, chunk_size: int,
+    beside: bool = False,
 ) -> wire.FetchCall | DataCall:
     """Start a Fetch stream of ``request`` from ``peer``: a call that yields ``(offset, data)`` and can be cancelled from any thread.
 
     Over the peer's data channel when it announced one that answers, else over
     gRPC (also when the channel refuses the stream as busy or breaks before its first frame). No deadline (see above). ``holder`` is ``(port, verified bitmap)`` of
-    this node when it serves what it pulls (``fetch_metadata.holder``).
+    this node when it serves what it pulls (``fetch_metadata.holder``). ``beside``: one of several streams of ours to ``peer``
+    at once; refused as busy, it ends so (``FetchBusy``) rather than going to gRPC, which the same per-peer limit refuses.
     """
     metadata = fetch_metadata.holder(*holder) if holder is not None else ()
 
@@ -141,5 +143,6 @@ def fetch(
         call = channels.data.open(peer, request, holder, chunk_size, fallback=over_grpc, behalf=channels.behalf)
         if call is not None:
             FETCH_STREAMS.labels("data").inc()
+            call.grpc_when_busy = not beside
             return call
     return over_grpc()

@@ -60,6 +60,7 @@ class PeerView:
     dead: bool = False  # failed in this pull: never asked again
     inflight: int = 0  # requests outstanding
     resume_at: float = 0.0  # busy (it refused a stream for now): not asked before this time
+    cap: int = 0  # requests it takes at once, when fewer than the window (it refused one beside others); 0: the window
 
     def holds(self, chunk: int) -> bool:
         return self.complete or chunk in self.have
@@ -76,6 +77,7 @@ class Request:
     id: int = field(default_factory=lambda: next(_ids))
     accept: frozenset[int] = frozenset()  # chunks the peer may send instead (super-seeding); empty = exactly ``chunks``
     delivered: set[int] = field(default_factory=set)  # its chunks it verified itself: it only has its END to read
+    beside: bool = False  # made while its peer may take several of ours at once (refused as busy: not sent to gRPC)
 
 
 def substitutes(plan: SwarmPlan, request: Request) -> frozenset[int]:
@@ -201,7 +203,7 @@ def endgame_after(plan: SwarmPlan) -> float:
 
 def plan_requests(plan: SwarmPlan, now: float, window: int = WINDOW, max_run: int = 1) -> list[Request]:
     """New requests that fill every live peer's window; they are registered as outstanding."""
-    if all(p.dead or p.inflight >= window or p.resume_at > now for p in plan.peers.values()):
+    if all(p.dead or p.inflight >= (p.cap or window) or p.resume_at > now for p in plan.peers.values()):
         return []  # the common case when an event arrives: nothing to do
     counts = _Rarity(plan)
     wait = endgame_after(plan)
@@ -211,11 +213,12 @@ def plan_requests(plan: SwarmPlan, now: float, window: int = WINDOW, max_run: in
     while True:
         progressed = False
         for peer in plan.peers.values():
-            if peer.dead or peer.inflight >= window or peer.resume_at > now:
+            if peer.dead or peer.inflight >= (peer.cap or window) or peer.resume_at > now:
                 continue
             request = _fresh(plan, peer, counts, now, max_run) or _endgame(plan, peer, now, wait)
             if request is None:
                 continue
+            request.beside = (peer.cap or window) > 1
             _register(plan, request)
             made.append(request)
             progressed = True

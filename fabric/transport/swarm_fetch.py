@@ -158,7 +158,7 @@ class SwarmWorkers:
         listen_port = self.settings.listen_port
         holder = (listen_port, self.partial.verified_bitmap) if listen_port else None
         # what we hold rides on the request: the peer need not poll us
-        call = peer_calls.fetch(self.channels, peer, request_pb, holder, weights.chunk_size)
+        call = peer_calls.fetch(self.channels, peer, request_pb, holder, weights.chunk_size, beside=request.beside)
         handle.attach(call)
         expected = request.chunks
         position = 0

@@ -101,7 +101,10 @@ class SwarmPull:
         self.weights = manifest.weights
         self.done: set[int] = set(partial.verified_chunks)  # workers add to it (set.add is atomic)
         self.plan = swarm.new_plan(self.weights.chunk_count, self.done, peers)
+        self.channels = channels
         self.window = swarm.window_for(len(self.plan.peers), settings.window)
+        if settings.window is None and not channels.takes_streams_beside(next(iter(self.plan.peers))):
+            self.window = 1  # it refused a stream beside another of ours lately
         self.max_run = swarm.run_length(self.weights.chunk_size, self.weights.chunk_count, len(peers), self.window)
         self.events: queue.SimpleQueue[SwarmEvent] = queue.SimpleQueue()
         self.active: dict[int, FetchHandle] = {}
@@ -365,8 +368,13 @@ class SwarmPull:
         return False
 
     def _on_busy(self, event: FetchBusy, now: float) -> bool:
-        # It limits streams per peer: back off, ask the others meanwhile.
         peer = self._finish(event)
+        view = self.plan.peers[peer]
+        if view.inflight:  # its per-peer limit: it serves the streams of ours it took; no more of them
+            view.cap = view.inflight
+            self.channels.refused_beside(peer)
+            return False
+        # It limits streams per peer: back off, ask the others meanwhile.
         self.refused[peer] = ("busy", f"refused the stream as busy (RESOURCE_EXHAUSTED): {event.error}")
         self.plan.peers[peer].resume_at = now + BUSY_BACKOFF_S
         return False

@@ -176,3 +176,21 @@ def test_a_resolver_that_hangs_holds_up_no_question_past_the_deadline_and_runs_o
         release.set()
     wait_for(lambda: members.admits("10.0.0.5:50051"), what="the resolution's answer")
     assert len(started) == 1
+
+
+def test_peers_that_refused_a_stream_beside_ours_are_remembered_for_a_while_and_boundedly(monkeypatch) -> None:
+    from adapter_fabric.transport import channels as channels_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(channels_module.time, "monotonic", lambda: clock[0])
+    peers = PeerChannels()
+    assert peers.takes_streams_beside("a:1")
+    peers.refused_beside("a:1")
+    assert not peers.takes_streams_beside("a:1") and not peers.for_caller("team").takes_streams_beside("a:1")  # one pool
+    clock[0] += channels_module.ONE_STREAM_S + 1
+    assert peers.takes_streams_beside("a:1")  # then two are tried again
+    for n in range(channels_module.MAX_ONE_STREAM_PEERS + 5):
+        peers.refused_beside(f"p{n}:1")
+    assert not peers.takes_streams_beside(f"p{channels_module.MAX_ONE_STREAM_PEERS + 4}:1")
+    assert peers.takes_streams_beside("p0:1")  # the oldest are forgotten first
+    assert len(peers._pool.one_stream) == channels_module.MAX_ONE_STREAM_PEERS

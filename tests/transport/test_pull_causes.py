@@ -22,8 +22,14 @@ import grpc
 import pytest
 
 from adapter_fabric.errors import AdapterNotFound, FabricError, PeerUnavailable
+from adapter_fabric.harness.bench import make_adapter
 from adapter_fabric.harness.cluster import LocalNode, free_port
+from adapter_fabric.observability.metrics import DATA_FALLBACKS, FETCH_STREAMS
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
+from adapter_fabric.store import AdapterStore
+from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.data_channel import DataChannels
+from adapter_fabric.transport.pull import PeerPuller
 from adapter_fabric.transport import wire
 from adapter_fabric.v1 import fabric_pb2
 from tests.support.relays import GatedRelay
@@ -121,4 +127,29 @@ def test_a_pull_refused_as_busy_names_the_busy_peer_when_it_gives_up(tmp_path, a
             assert c.pull("a", peer=seed.address, named_peer_only=True).digest == manifest.digest
     finally:
         node.stop()
+        seed.stop()
+
+
+def test_a_seed_that_takes_one_stream_per_peer_serves_a_pull_of_two_streams_with_neither_a_back_off_nor_grpc(tmp_path) -> None:
+    """A pull from one source opens two streams (``swarm.window_for``); a seed with ``--max-streams-per-peer 1`` refuses
+    whichever comes second while the first is open (20 MiB: two runs of 10 chunks). That refusal is the seed's limit,
+    not its load: the pull goes on with the stream it took (no back-off, no fallback to gRPC, which the same limit
+    refuses), and later pulls from it ask one stream at a time (``PeerChannels.takes_streams_beside``)."""
+    seed = LocalNode(tmp_path / "seed", model="none", port=free_port(), extra_args=["--max-streams-per-peer", "1"]).start()
+    try:
+        with seed.client() as s:
+            manifest = s.manifest(s.stage(make_adapter(tmp_path / "big", size_mib=20, hidden=1024, rank=64), "big").adapter_id)
+        channels = PeerChannels(data=DataChannels())
+        fallbacks = sum(DATA_FALLBACKS.labels(reason)._value.get() for reason in ("busy", "broken"))
+        over_grpc = FETCH_STREAMS.labels("grpc")._value.get()
+        try:
+            for round_ in range(3):
+                stats = PeerPuller(AdapterStore(tmp_path / f"store-{round_}"), channels=channels).pull([seed.address], "big")[1]
+                assert stats.bytes_transferred == manifest.weights.size
+        finally:
+            channels.close()
+        assert not channels.takes_streams_beside(seed.address)  # a second stream was refused, and that was learned
+        assert sum(DATA_FALLBACKS.labels(reason)._value.get() for reason in ("busy", "broken")) == fallbacks
+        assert FETCH_STREAMS.labels("grpc")._value.get() == over_grpc  # every stream over the data channel
+    finally:
         seed.stop()

@@ -426,3 +426,16 @@ def test_seed_hands_out_each_chunk_once_then_sends_swarm_callers_elsewhere(tmp_p
             slow.cancel()
     finally:
         seed.stop()
+
+
+def test_a_peer_that_refused_a_stream_beside_ours_is_asked_no_more_than_it_took() -> None:
+    plan = plan_of(40, {"seed": None})
+    first = swarm.plan_requests(plan, now=0.0, window=2, max_run=10)
+    assert len(first) == 2 and all(r.beside for r in first)  # several at once: a busy refusal is not sent to gRPC
+    swarm.finish(plan, first[1])  # refused: the peer took one
+    plan.peers["seed"].cap = 1
+    assert swarm.plan_requests(plan, now=0.0, window=2, max_run=10) == []  # its cap is in flight
+    swarm.finish(plan, first[0])
+    (alone,) = swarm.plan_requests(plan, now=0.0, window=2, max_run=10)
+    assert not alone.beside
+    assert not any(r.beside for r in swarm.plan_requests(plan_of(40, {"a": None, "b": None}), now=0.0, window=1, max_run=10))
