@@ -55,8 +55,18 @@ from adapter_fabric.harness import adapter_sets  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode, free_port, start_all  # noqa: E402
 
 QUICK = {"nodes": 4, "adapters": 120, "requests": 400, "baseline": 8, "jobs": 1}
-#: bounds on the flags (a run is a few processes on one machine)
-LIMITS = {"nodes": (3, 64), "adapters": (10, 100_000), "requests": (1, 1_000_000), "in_flight": (1, 64), "baseline": (1, 1000)}
+#: bounds on the flags, and why (a run is a few processes on one machine)
+LIMITS = {
+    "nodes": (3, 64, "the origin and two caches at least; each node a process on this machine"),
+    "adapters": (10, 100_000, "each staged on the origin before the stream"),
+    "requests": (1, 1_000_000, "the stream is timed request by request"),
+    "in_flight": (1, 64, "engines resolving adapters side by side"),
+    "baseline": (1, 1000, "pulls timed alone before the stream"),
+    "jobs": (1, 16, "processes staging the origin's adapters"),
+    "zipf": (0, 3, "the Zipf exponent s"),
+    "cache_share": (0.01, 1, "each cache's byte limit as a share of the origin's bytes"),
+    "warmup": (0, 0.9, "the share of the stream before the origin's bytes are counted"),
+}
 
 
 def zipf_stream(count: int, requests: int, caches: int, s: float, seed: int) -> list[tuple[int, int]]:
@@ -295,7 +305,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=8, help="nodes, the origin node included (3 to 64; with --homes every node is a cache)")
     parser.add_argument("--homes", type=int, default=0, help="placement: homes per adapter among the nodes, the adapters at a file:// --origin "
-                        "(0: node 0 holds them and the caches ask every peer)")
+                        "(0 to --nodes; 0: node 0 holds them and the caches ask every peer)")
     parser.add_argument("--adapters", type=int, default=2000, help="adapters on the origin (10 to 100,000)")
     parser.add_argument("--requests", type=int, default=20000, help="requests in the stream (1 to 1,000,000)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the ranking, the stream and the caches' peer order")
@@ -313,13 +323,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         for name, value in QUICK.items():
             setattr(args, name, value)
-    for name, (low, high) in LIMITS.items():
-        if not low <= getattr(args, name) <= high:
-            parser.error(f"--{name.replace('_', '-')} must be {low} to {high}, got {getattr(args, name)}")
-    checks = {"--zipf": (args.zipf, 0, 3), "--cache-share": (args.cache_share, 0.01, 1), "--warmup": (args.warmup, 0, 0.9), "--jobs": (args.jobs, 1, 16)}
-    for flag, (value, low, high) in checks.items():
-        if not low <= value <= high:
-            parser.error(f"{flag} must be {low} to {high}, got {value}")
+    for name, (low, high, why) in LIMITS.items():
+        if not low <= getattr(args, name) <= high:  # NaN too: no comparison holds
+            parser.error(f"--{name.replace('_', '-')} takes {low} to {high} ({why}), not {getattr(args, name)}")
+    if not 0 <= args.homes <= args.nodes:
+        parser.error(f"--homes takes 0 (node 0 holds the adapters, the caches ask every peer) to --nodes ({args.nodes}), not {args.homes}")
     return args
 
 

@@ -57,6 +57,7 @@ from adapter_fabric.format.safetensors_index import read_index
 from adapter_fabric.harness.adapter_sets import adapter_id as set_id
 from adapter_fabric.harness.baseline import baseline_env
 from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.node.slots import MAX_PAGE_SIZE
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.store.files import decode_id
@@ -64,6 +65,8 @@ from adapter_fabric.store.manifest import CONFIG_FILE, WEIGHTS_FILE, hash_bytes,
 from adapter_fabric.v1 import fabric_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the most ids a store here is filled with: the project's 100,000 on a node, with room
+MAX_IDS = 200_000
 #: the log line a node writes when its start-up collection ended (adapter_fabric.node.background)
 COLLECTED = "collected what no ref reaches after the restart"
 
@@ -313,12 +316,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="with --nodes: baseline and this tree measured this many times each, in turn")
     parser.add_argument("--work", default="/dev/shm/fabric-bench-listing", help="with --nodes: where the store is written (tmpfs: no disk in the figures)")
     parser.add_argument("--keep", action="store_true", help="with --nodes: keep the store for the next run")
-    parser.add_argument("--page", type=int, default=1000, help="ids per page (the node's default page)")
+    parser.add_argument("--page", type=int, default=1000, help=f"ids per page (1 to {MAX_PAGE_SIZE}; default: the node's default page)")
     parser.add_argument("--quotas", type=int, default=1, help="with --nodes: [[quota]] tables in the node's policy (the scoped tenant's and others)")
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
     if not 1 <= args.quotas <= MAX_QUOTAS:
         parser.error(f"--quotas takes 1 to {MAX_QUOTAS} (a policy holds at most that many [[quota]] tables), not {args.quotas}")
+    if not (args.nodes == 0 or 8 <= args.nodes <= MAX_IDS):
+        parser.error(f"--nodes takes 0 (in-process) or 8 to {MAX_IDS} (adapters in the nodes' store; the scoped caller's is the 8th), not {args.nodes}")
+    sizes = args.sizes.split(",")
+    if not all(size.isascii() and size.isdigit() and 1 <= int(size) <= MAX_IDS for size in sizes):
+        parser.error(f"--sizes takes store sizes separated by commas, each 1 to {MAX_IDS} (ids written in-process), not {args.sizes!r}")
+    for flag, value, low, high, why in (
+        ("--page", args.page, 1, MAX_PAGE_SIZE, "a node's most ids per ListAdapters page"),
+        ("--reps", args.reps, 1, 1000, "calls timed per figure, a median"),
+        ("--rounds", args.rounds, 1, 50, "each round starts both trees' nodes on the whole store"),
+    ):
+        if not low <= value <= high:
+            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
     with tempfile.TemporaryDirectory() as tmp:
         adapter = make_peft_adapter(Path(tmp) / "a", base_model=build_tiny_model(), r=4, lora_alpha=8, target_modules=["q_proj"], seed=1)
         (nodes if args.nodes else in_process)(args, adapter, Path(tmp))

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from adapter_fabric.harness import adapter_sets  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode  # noqa: E402
+from adapter_fabric.node.slots import MAX_PAGE_SIZE  # noqa: E402
 
 #: the largest count a run may ask for (the issue's 100,000 with room)
 MAX_COUNT = 200_000
@@ -142,7 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", default="1000,100000", help=f"comma-separated adapter counts, smallest first (each 1 to {MAX_COUNT:,})")
     parser.add_argument("--probes", type=int, default=7, help="calls timed per Locate and store-status figure (1 to 100)")
-    parser.add_argument("--page-size", type=int, default=0, help="adapters per listing page (0: the node's default)")
+    parser.add_argument("--page-size", type=int, default=0, help=f"adapters per listing page (0 to {MAX_PAGE_SIZE}; 0: the node's default)")
     parser.add_argument("--jobs", type=int, default=2, help="processes staging the adapters (1 to 16)")
     parser.add_argument("--quick", action="store_true", help=f"counts {QUICK_COUNTS}")
     parser.add_argument("--work", default="/dev/shm/fabric-bench-metadata", help="the stores (tmpfs keeps the disk out of the figures)")
@@ -152,11 +153,16 @@ def main() -> None:
     try:
         counts = [int(c) for c in (QUICK_COUNTS if args.quick else args.counts).split(",")]
     except ValueError:
-        parser.error(f"--counts must be whole numbers separated by commas, got {args.counts!r}")
-    if not all(1 <= c <= MAX_COUNT for c in counts) or counts != sorted(counts):
-        parser.error(f"--counts must be 1 to {MAX_COUNT:,} each, smallest first, got {counts}")
-    if not (1 <= args.probes <= 100 and 1 <= args.jobs <= 16 and 0 <= args.page_size < 1 << 32):
-        parser.error("--probes must be 1 to 100, --jobs 1 to 16, --page-size 0 or more")
+        counts = []
+    if not counts or not all(1 <= c <= MAX_COUNT for c in counts) or counts != sorted(counts):
+        parser.error(f"--counts takes adapter counts separated by commas, smallest first, each 1 to {MAX_COUNT} (a store per count), not {args.counts!r}")
+    for flag, value, low, high, why in (
+        ("--probes", args.probes, 1, 100, "calls timed per figure, a median"),
+        ("--page-size", args.page_size, 0, MAX_PAGE_SIZE, "0: the node's default; a node sends at most that many per page"),
+        ("--jobs", args.jobs, 1, 16, "processes staging the adapters"),
+    ):
+        if not low <= value <= high:
+            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
     work = Path(args.work)
     try:
         rows = [measure(populated(work, count, args.jobs, args.reuse), count, args.probes, args.page_size) for count in counts]

@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5, help="nodes started each way (1-50)")
     args = parser.parse_args()
     if not 1 <= args.nodes <= 50:
-        parser.error(f"--nodes {args.nodes} must be from 1 to 50")
+        parser.error(f"--nodes takes 1 to 50 (tiny-model nodes started each way, one after another), not {args.nodes}")
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-node-start-") as tmp:
         root = Path(tmp)

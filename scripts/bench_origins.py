@@ -99,10 +99,16 @@ def report(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mib", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--size-mib", type=int, default=64, help="the adapter's size (1 to 2048)")
+    parser.add_argument("--rounds", type=int, default=5, help="misses timed per origin (1 to 1000)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    for flag, value, low, high, why in (
+        ("--size-mib", args.size_mib, 1, 2048, "every origin and node here holds a copy, on this machine's disk"),
+        ("--rounds", args.rounds, 1, 1000, "misses timed per origin, a median"),
+    ):
+        if not low <= value <= high:
+            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
     result = run(args)
     print(report(result))
     if args.json:

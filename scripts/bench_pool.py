@@ -40,7 +40,8 @@ from typing import Callable
 
 import torch
 
-from adapter_fabric.serving.device import resolve_device, synchronize
+from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.serving.device import DEVICE_CHOICES, resolve_device, synchronize
 from adapter_fabric.serving.multi_lora import MultiLoraModel
 from adapter_fabric.serving.pool import SlotPool
 from adapter_fabric.serving.shape_only import LLAMA3_8B, llama_module_shapes
@@ -281,7 +282,7 @@ def side_by_side(args: argparse.Namespace, passed: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)}")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=32)
@@ -292,8 +293,21 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)  # a child's rows, for --baseline
     args = parser.parse_args()
     args.sections = [part for part in args.sections.split(",") if part]
-    if not args.sections or set(args.sections) - set(SECTIONS) or not 1 <= args.rounds <= 50 or not 1 <= args.reps <= 1000 or not 0 <= args.threads <= 256:
-        parser.error(f"--sections takes {', '.join(SECTIONS)}; --rounds 1 to 50; --reps 1 to 1000; --threads 0 to 256")
+    if not args.sections or set(args.sections) - set(SECTIONS):
+        parser.error(f"--sections takes {', '.join(SECTIONS)}, separated by commas, not {','.join(args.sections)!r}")
+    for flag, value, low, high, why in (
+        ("--reps", args.reps, 1, 1000, "timed calls per row, a median"),
+        ("--batch", args.batch, 1, 256, "rows of the forward's batch"),
+        ("--seq", args.seq, 1, 256, "tokens per row: the medium model's max_position_embeddings"),
+        ("--threads", args.threads, 0, 256, "0: torch's default"),
+        ("--rounds", args.rounds, 1, 50, "with --baseline: each round runs both trees' children"),
+    ):
+        if not low <= value <= high:
+            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    try:
+        resolve_device(args.device)
+    except InvalidArgument:
+        parser.error(f"--device takes {', '.join(DEVICE_CHOICES)} (cuda only where torch sees a CUDA device), not {args.device!r}")
     if args.baseline:
         passed = ["--device", args.device, "--reps", str(args.reps), "--batch", str(args.batch), "--seq", str(args.seq),
                   "--sections", ",".join(args.sections), "--threads", str(args.threads)]

@@ -243,11 +243,13 @@ def summarize(values: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds, each running every row once")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds, each running every row once (1 to 1000)")
     parser.add_argument("--profile", help="write a cProfile of the promote rounds to this file")
     parser.add_argument("--before", action="store_true", help="stage the slot row after the pull, from the blob (no stage-while-receiving)")
     parser.add_argument("--http-only", action="store_true", help="only the raw socket, two-node and HTTP rows (runs on older trees too)")
     args = parser.parse_args()
+    if not 1 <= args.rounds <= 1000:
+        parser.error(f"--rounds takes 1 to 1000 (timed rounds, each moving the 84 MB adapter on every row), not {args.rounds}")
     wire.tune_malloc()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     t_start = time.perf_counter()

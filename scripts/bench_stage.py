@@ -107,14 +107,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=16, help=f"concurrent Stage calls of the bulk path (1 to {MAX_WORKERS})")
     parser.add_argument("--dir", type=Path, default=None, help="where the adapters and stores go (default: a temp directory, removed after)")
     parser.add_argument("--baseline", default="", help="a git revision: its node's bulk path measured beside this tree's, in turn")
-    parser.add_argument("--rounds", type=int, default=1, help="with --baseline: each bulk run this many times, in turn (medians)")
+    parser.add_argument("--rounds", type=int, default=1, help="with --baseline: each bulk run this many times, in turn (medians; 1 to 50)")
     parser.add_argument("--bulk-only", action="store_true", help="leave out the one-at-a-time row (slow at thousands)")
     parser.add_argument("--ask-each", action="store_true", help="the bulk path with an UploadOffset call per adapter beside this tree's, in turn")
     parser.add_argument("--quota", action="store_true", help="every node's policy puts the staged ids' tenant under a [[quota]]")
     parser.add_argument("--per-adapter", action="store_true", help="this tree's Stage call per adapter (no StageMany) beside its StageMany path, in turn")
     args = parser.parse_args(argv)
-    if not 1 <= args.adapters <= MAX_ADAPTERS or not 1 <= args.workers <= MAX_WORKERS:
-        parser.error(f"--adapters takes 1 to {MAX_ADAPTERS}, --workers 1 to {MAX_WORKERS}")
+    for flag, value, low, high, why in (
+        ("--adapters", args.adapters, 1, MAX_ADAPTERS, "each made and staged on every run"),
+        ("--workers", args.workers, 1, MAX_WORKERS, "concurrent Stage calls"),
+        ("--rounds", args.rounds, 1, 50, "each round stages every adapter on both paths' nodes"),
+    ):
+        if not low <= value <= high:
+            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    if args.dir is not None and not args.dir.is_dir():
+        parser.error(f"--dir takes a directory that exists (a temporary one is made in it), not {str(args.dir)!r}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         (root / "adapters").mkdir()

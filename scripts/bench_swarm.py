@@ -51,6 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PORT = 50051
 ADAPTER_ID = "bench/swarm"
+#: the most nodes a run starts: each a node process (and a namespace) on this machine
+MAX_NODES = 64
 
 
 # ------------------------------------------------------------------ inner: runs in the ctl namespace
@@ -275,10 +277,10 @@ def run_count(args: argparse.Namespace, count: int, adapter: Path, pythonpath: s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", default="8,16", help="comma-separated node counts (seed included)")
-    parser.add_argument("--rate-mbit", type=float, default=200.0, help="each link, each direction")
-    parser.add_argument("--size-mib", type=int, default=64)
-    parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--nodes", default="8,16", help=f"comma-separated node counts (seed included; each 2 to {MAX_NODES})")
+    parser.add_argument("--rate-mbit", type=float, default=200.0, help="each link, each direction (10 to 10000)")
+    parser.add_argument("--size-mib", type=int, default=64, help="the adapter's size (1 to 1024)")
+    parser.add_argument("--chunk-kib", type=int, default=1024, help="the nodes' --chunk-size (4 to 4096)")
     parser.add_argument("--skip-star", action="store_true", help="leave out the slow seeder-only baseline")
     parser.add_argument("--prefix", default="fswb")
     parser.add_argument("--subnet", default="10.203.0", help="the bridge's /24 (node i is .i+1)")
@@ -286,15 +288,29 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep-traces", default="", help="copy each mode's pull traces under this directory")
     parser.add_argument("--baseline", default="", help="a git revision: its nodes run in turn with this tree's, on the same links")
-    parser.add_argument("--rounds", type=int, default=1, help="with --baseline or --ideal: runs of each, in turn")
+    parser.add_argument("--rounds", type=int, default=1, help="with --baseline or --ideal: runs of each, in turn (1 to 50)")
     parser.add_argument("--ideal", action="store_true", help="also the physical limit: minimal forwarders on the same links (scripts/swarm_ideal.py)")
-    parser.add_argument("--mtu", type=int, default=0, help="the veths' MTU (0: the kernel's 1500)")
-    parser.add_argument("--idle-s", type=float, default=0.0, help="first measure the nodes' CPU this many seconds idle")
+    parser.add_argument("--mtu", type=int, default=0, help="the veths' MTU (0: the kernel's 1500; else 68 to 65535)")
+    parser.add_argument("--idle-s", type=float, default=0.0, help="first measure the nodes' CPU this many seconds idle (0 to 600)")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--node-pythonpath", default="", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--adapter", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    counts = [int(c) if c.isascii() and c.isdigit() else 0 for c in args.nodes.split(",")]
+    if not all(2 <= c <= MAX_NODES for c in counts):
+        parser.error(f"--nodes takes node counts separated by commas, each 2 to {MAX_NODES} (a seed and a receiver at least; each node a process here), not {args.nodes!r}")
+    for flag, value, low, high, why in (
+        ("--rate-mbit", args.rate_mbit, 10, 10_000, "each link's tbf rate in Mbit/s; slower links stretch a run to hours"),
+        ("--size-mib", args.size_mib, 1, 1024, "every node stores a copy under --work, tmpfs by default"),
+        ("--chunk-kib", args.chunk_kib, 4, 4096, "a node's --chunk-size takes 4 KiB to 4 MiB"),
+        ("--rounds", args.rounds, 1, 50, "each round sets up the links and nodes again"),
+        ("--idle-s", args.idle_s, 0, 600, "seconds the nodes' CPU is measured idle first"),
+    ):
+        if not low <= value <= high:  # NaN too: no comparison holds
+            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    if not (args.mtu == 0 or 68 <= args.mtu <= 65535):
+        parser.error(f"--mtu takes 0 (the kernel's 1500) or 68 to 65535 (IPv4's least, a veth's most), not {args.mtu}")
 
     if args.inner:
         print(json.dumps(inner(args)))
@@ -313,7 +329,7 @@ def main() -> None:
         trees.append(("ideal", None))  # None: the forwarders, not nodes
     results = []
     try:
-        for count in [int(c) for c in args.nodes.split(",")]:
+        for count in counts:
             for round_ in range(args.rounds if len(trees) > 1 else 1):
                 for tree, pythonpath in trees:
                     print(f"{count} nodes, {args.rate_mbit:g} Mbit/s links{f', MTU {args.mtu}' if args.mtu else ''}, {args.size_mib} MiB adapter, {args.chunk_kib} KiB chunks ({tree}, round {round_ + 1}):", file=sys.stderr, flush=True)

@@ -97,11 +97,17 @@ def paths(quick: bool) -> list[TransferPath]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mib", type=int, default=256, help="payload size in MiB")
-    parser.add_argument("--rounds", type=int, default=5, help="timed transfers per path, interleaved")
+    parser.add_argument("--mib", type=int, default=256, help="payload size in MiB (1 to 4096)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed transfers per path, interleaved (1 to 1000)")
     parser.add_argument("--quick", action="store_true", help="headline paths only, no sweeps")
     parser.add_argument("--sweep-options", action="store_true", help="compare candidate gRPC options instead")
     args = parser.parse_args()
+    for flag, value, low, high, why in (
+        ("--mib", args.mib, 1, 4096, "the payload is held in memory here and in each client"),
+        ("--rounds", args.rounds, 1, 1000, "timed transfers per path, a median"),
+    ):
+        if not low <= value <= high:
+            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
     size = args.mib * MIB
 
     t0 = time.perf_counter()

@@ -386,6 +386,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--origin-rate", type=float, default=200e6, help="bytes/s of one object from the origin")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    for flag, value, low, high, why in (
+        ("--nodes", args.nodes, 2, 20_000, "a leave must leave a member; 10,000 takes minutes here"),
+        ("--adapters", args.adapters, 50, 200_000, "a membership change checks the placement of 50"),
+        ("--requests", args.requests, 1, 1_000_000, "200,000 take minutes here"),
+        ("--homes", args.homes, 1, 64, "a node's --homes takes at most 64; 0, no placement, is nothing to simulate"),
+        ("--zipf", args.zipf, 0, 3, "the popularity exponent s"),
+        ("--rate", args.rate, 0.01, 1_000_000_000, "requests per simulated second"),
+        ("--churn", args.churn, 0, 1000, "0: no member leaves or joins; each change scores every adapter's homes again"),
+        ("--capacity-share", args.capacity_share, 0.01, 100, "each store over its fair share of the home copies"),
+        ("--link", args.link, 1_000_000, 1_000_000_000_000, "bytes/s of a node's link"),
+        ("--rtt", args.rtt, 0, 10, "simulated seconds per lookup call"),
+        ("--origin-latency", args.origin_latency, 0, 600, "simulated seconds before the origin's first byte"),
+        ("--origin-rate", args.origin_rate, 1_000_000, 1_000_000_000_000, "bytes/s of one object from the origin"),
+        ("--seed", args.seed, 0, 2**32 - 1, "numpy's generators take no negative seed"),
+    ):
+        if not low <= value <= high:  # NaN too: no comparison holds
+            parser.error(f"{flag} takes {low:,} to {high:,} ({why}), not {value}")
     started = time.monotonic()
     sim = Sim(args)
     sim.run()

@@ -41,8 +41,10 @@ def sample(pid: int) -> tuple[int, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long the three threads run (1 to 86400)")
     args = parser.parse_args()
+    if not 1 <= args.seconds <= 86_400:  # NaN too: no comparison holds
+        parser.error(f"--seconds takes 1 to 86400 (a soak of a day at most), not {args.seconds}")
     root = Path(tempfile.mkdtemp(prefix="soak-"))
     base = build_tiny_model()
     dirs = {f"s{i}": make_peft_adapter(root / f"a{i}", base_model=base, r=8, lora_alpha=16, target_modules=ALL, seed=40 + i) for i in range(4)}

@@ -34,6 +34,8 @@ PORT = 50071
 PIPE_BYTES = 1 << 20  # /proc/sys/fs/pipe-max-size's default
 LOW_MARK = 256 << 10  # wake the receiver per 256 KiB, not per few segments
 CONNECT_S = 30.0  # a parent that never listens fails the run instead of hanging it
+MAX_SIZE = 4 << 30  # bytes a forwarder moves: bench_swarm.py's adapter is 1 GiB at most
+MAX_CHILDREN = 63  # a forwarder's children: bench_swarm.py runs at most 64 nodes
 
 
 def parent_of(i: int, topology: str) -> int:
@@ -218,7 +220,16 @@ def main() -> None:
     parser.add_argument("--source", default="", help="the seed: the file to send")
     parser.add_argument("--parent", default="", help="a receiver: host:port to receive from")
     parser.add_argument("--out", default="", help="a receiver: where the bytes land")
-    print(json.dumps(forward(parser.parse_args())), flush=True)
+    args = parser.parse_args()
+    if not 1 <= args.size <= MAX_SIZE:
+        parser.error(f"--size takes 1 to {MAX_SIZE} (bytes of the file to forward), not {args.size}")
+    if not 0 <= args.children <= MAX_CHILDREN:
+        parser.error(f"--children takes 0 to {MAX_CHILDREN} (forwarders this one sends to), not {args.children}")
+    if bool(args.source) == bool(args.parent) or bool(args.parent) != bool(args.out):
+        parser.error("--forward takes --source (the seed) or --parent and --out (a receiver)")
+    if args.source and not os.path.isfile(args.source):
+        parser.error(f"--source takes the file to send, not {args.source!r}")
+    print(json.dumps(forward(args)), flush=True)
     sys.stdin.readline()  # the driver reads this namespace's counters through us first, then closes our stdin
 
 
