@@ -103,7 +103,7 @@ class SwarmPull:
         self.plan = swarm.new_plan(self.weights.chunk_count, self.done, peers)
         self.channels = channels
         self.window = swarm.window_for(len(self.plan.peers), settings.window)
-        if settings.window is None and not channels.takes_streams_beside(next(iter(self.plan.peers))):
+        if self.window > 1 and settings.window is None and len(self.plan.peers) == 1 and not channels.takes_streams_beside(peers[0]):
             self.window = 1  # it refused a stream beside another of ours lately
         self.max_run = swarm.run_length(self.weights.chunk_size, self.weights.chunk_count, len(peers), self.window)
         self.events: queue.SimpleQueue[SwarmEvent] = queue.SimpleQueue()
