@@ -1,7 +1,9 @@
-"""The benchmarks' own bounds: a flag past its bound is refused by name before anything is built or started."""
+"""The benchmarks' own bounds: a flag past its bound is refused by name before anything is built or started (each script's
+cases run in one process of their own: its imports once)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -91,17 +93,47 @@ OTHERS = [
     ("swarm_ideal.py", ["--forward", "--host", "127.0.0.1", "--size", "10", "--children", "0"], "--forward takes --source (the seed) or --parent and --out"),
     ("swarm_ideal.py", [*NEEDS["swarm_ideal.py"]], "--source takes the file to send"),
 ]
-CASES = [
-    *(pytest.param(script, [*NEEDS.get(script, []), flag, value], words, id=f"{script} {flag} {value}")
-      for script, flag, under, over, words in BOUNDS for value in (under, over)),
-    *(pytest.param(script, flags, words, id=f"{script} {' '.join(flags[-2:])}") for script, flags, words in OTHERS),
-]  # fmt: skip
+CASES: dict[str, list[tuple[list[str], str]]] = {}
+for _script, _flag, _under, _over, _words in BOUNDS:
+    CASES.setdefault(_script, []).extend(([*NEEDS.get(_script, []), _flag, value], _words) for value in (_under, _over))
+for _script, _flags, _words in OTHERS:
+    CASES.setdefault(_script, []).append((_flags, _words))
+
+#: runs one script's cases in one process (its imports, torch among them, once): its ``main`` under each argv, the exit
+#: code and what it wrote to stderr; a case that does not exit stops the run (the test's timeout bounds it)
+DRIVER = """
+import contextlib, importlib.util, io, json, os, sys, traceback
+script, cases = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, os.path.dirname(script))  # as when the script is run: its folder first
+spec = importlib.util.spec_from_file_location("script_under_test", script)
+module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+spec.loader.exec_module(module)
+answers = []
+for argv in cases:
+    sys.argv, err = [script, *argv], io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            module.main()
+        code = "returned"
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        code, err = "raised", io.StringIO(traceback.format_exc())
+    answers.append([code, err.getvalue()])
+print(json.dumps(answers))
+"""
 
 
-@pytest.mark.parametrize("script, flag, words", CASES)
-def test_a_flag_past_its_bound_is_refused_by_name(tmp_path: Path, script: str, flag: list[str], words: str) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *flag], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_a_flag_past_its_bound_is_refused_by_name(tmp_path: Path, script: str) -> None:
+    cases = CASES[script]
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(ROOT / "scripts" / script), json.dumps([argv for argv, _ in cases])],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for (argv, words), (code, stderr) in zip(cases, json.loads(done.stdout.splitlines()[-1]), strict=True):
+        assert code == 2 and words in stderr and "Traceback" not in stderr, (argv, code, stderr[-2000:])
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
