@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from adapter_fabric.errors import AdapterNotFound, QuotaExceeded  # noqa: E402
 from adapter_fabric.harness import adapter_sets  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode, free_port, start_all  # noqa: E402
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range  # noqa: E402
 
 QUICK = {"nodes": 4, "adapters": 120, "requests": 400, "baseline": 8, "jobs": 1}
 #: bounds on the flags, and why (a run is a few processes on one machine)
@@ -323,9 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         for name, value in QUICK.items():
             setattr(args, name, value)
-    for name, (low, high, why) in LIMITS.items():
-        if not low <= getattr(args, name) <= high:  # NaN too: no comparison holds
-            parser.error(f"--{name.replace('_', '-')} takes {low} to {high} ({why}), not {getattr(args, name)}")
+    refuse_out_of_range(parser, ((f"--{name.replace('_', '-')}", getattr(args, name), low, high, why) for name, (low, high, why) in LIMITS.items()))
     if not 0 <= args.homes <= args.nodes:
         parser.error(f"--homes takes 0 (node 0 holds the adapters, the caches ask every peer) to --nodes ({args.nodes}), not {args.homes}")
     return args

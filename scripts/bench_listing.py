@@ -57,6 +57,7 @@ from adapter_fabric.format.safetensors_index import read_index
 from adapter_fabric.harness.adapter_sets import adapter_id as set_id
 from adapter_fabric.harness.baseline import baseline_env
 from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range
 from adapter_fabric.node.slots import MAX_PAGE_SIZE
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.store import AdapterStore
@@ -327,13 +328,11 @@ def main() -> None:
     sizes = args.sizes.split(",")
     if not all(size.isascii() and size.isdigit() and 1 <= int(size) <= MAX_IDS for size in sizes):
         parser.error(f"--sizes takes store sizes separated by commas, each 1 to {MAX_IDS} (ids written in-process), not {args.sizes!r}")
-    for flag, value, low, high, why in (
+    refuse_out_of_range(parser, (
         ("--page", args.page, 1, MAX_PAGE_SIZE, "a node's most ids per ListAdapters page"),
         ("--reps", args.reps, 1, 1000, "calls timed per figure, a median"),
         ("--rounds", args.rounds, 1, 50, "each round starts both trees' nodes on the whole store"),
-    ):
-        if not low <= value <= high:
-            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    ))
     with tempfile.TemporaryDirectory() as tmp:
         adapter = make_peft_adapter(Path(tmp) / "a", base_model=build_tiny_model(), r=4, lora_alpha=8, target_modules=["q_proj"], seed=1)
         (nodes if args.nodes else in_process)(args, adapter, Path(tmp))

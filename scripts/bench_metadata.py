@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from adapter_fabric.harness import adapter_sets  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode  # noqa: E402
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range  # noqa: E402
 from adapter_fabric.node.slots import MAX_PAGE_SIZE  # noqa: E402
 
 #: the largest count a run may ask for (the issue's 100,000 with room)
@@ -156,13 +157,11 @@ def main() -> None:
         counts = []
     if not counts or not all(1 <= c <= MAX_COUNT for c in counts) or counts != sorted(counts):
         parser.error(f"--counts takes adapter counts separated by commas, smallest first, each 1 to {MAX_COUNT} (a store per count), not {args.counts!r}")
-    for flag, value, low, high, why in (
+    refuse_out_of_range(parser, (
         ("--probes", args.probes, 1, 100, "calls timed per figure, a median"),
         ("--page-size", args.page_size, 0, MAX_PAGE_SIZE, "0: the node's default; a node sends at most that many per page"),
         ("--jobs", args.jobs, 1, 16, "processes staging the adapters"),
-    ):
-        if not low <= value <= high:
-            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    ))
     work = Path(args.work)
     try:
         rows = [measure(populated(work, count, args.jobs, args.reuse), count, args.probes, args.page_size) for count in counts]

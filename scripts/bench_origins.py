@@ -29,6 +29,7 @@ from pathlib import Path
 from adapter_fabric.harness.bench import make_adapter
 from adapter_fabric.harness.cluster import LocalNode, free_port
 from adapter_fabric.harness import origin_servers as servers
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range
 
 ID = "bench/origin"
 
@@ -103,12 +104,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="misses timed per origin (1 to 1000)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    for flag, value, low, high, why in (
+    refuse_out_of_range(parser, (
         ("--size-mib", args.size_mib, 1, 2048, "every origin and node here holds a copy, on this machine's disk"),
         ("--rounds", args.rounds, 1, 1000, "misses timed per origin, a median"),
-    ):
-        if not low <= value <= high:
-            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    ))
     result = run(args)
     print(report(result))
     if args.json:

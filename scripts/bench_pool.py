@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 
 from adapter_fabric.errors import InvalidArgument
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range
 from adapter_fabric.serving.device import DEVICE_CHOICES, resolve_device, synchronize
 from adapter_fabric.serving.multi_lora import MultiLoraModel
 from adapter_fabric.serving.pool import SlotPool
@@ -295,15 +296,13 @@ def main() -> None:
     args.sections = [part for part in args.sections.split(",") if part]
     if not args.sections or set(args.sections) - set(SECTIONS):
         parser.error(f"--sections takes {', '.join(SECTIONS)}, separated by commas, not {','.join(args.sections)!r}")
-    for flag, value, low, high, why in (
+    refuse_out_of_range(parser, (
         ("--reps", args.reps, 1, 1000, "timed calls per row, a median"),
         ("--batch", args.batch, 1, 256, "rows of the forward's batch"),
         ("--seq", args.seq, 1, 256, "tokens per row: the medium model's max_position_embeddings"),
         ("--threads", args.threads, 0, 256, "0: torch's default"),
         ("--rounds", args.rounds, 1, 50, "with --baseline: each round runs both trees' children"),
-    ):
-        if not low <= value <= high:
-            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    ))
     try:
         resolve_device(args.device)
     except InvalidArgument:

@@ -43,6 +43,7 @@ from adapter_fabric.client.node_client import UPLOAD_PIECE  # noqa: E402
 from adapter_fabric.harness.baseline import baseline_env  # noqa: E402
 from adapter_fabric.harness.bench import make_small_adapters  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode  # noqa: E402
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range  # noqa: E402
 
 #: bounds on the flags: a typo must not fill the disk
 MAX_ADAPTERS = 20_000
@@ -113,13 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quota", action="store_true", help="every node's policy puts the staged ids' tenant under a [[quota]]")
     parser.add_argument("--per-adapter", action="store_true", help="this tree's Stage call per adapter (no StageMany) beside its StageMany path, in turn")
     args = parser.parse_args(argv)
-    for flag, value, low, high, why in (
+    refuse_out_of_range(parser, (
         ("--adapters", args.adapters, 1, MAX_ADAPTERS, "each made and staged on every run"),
         ("--workers", args.workers, 1, MAX_WORKERS, "concurrent Stage calls"),
         ("--rounds", args.rounds, 1, 50, "each round stages every adapter on both paths' nodes"),
-    ):
-        if not low <= value <= high:
-            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    ))
     if args.dir is not None and not args.dir.is_dir():
         parser.error(f"--dir takes a directory that exists (a temporary one is made in it), not {str(args.dir)!r}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -46,6 +46,7 @@ import swarm_ideal  # scripts/: this script's folder is on sys.path
 from adapter_fabric.harness import netlab
 from adapter_fabric.harness.baseline import baseline_env
 from adapter_fabric.harness.bench import make_adapter
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -300,15 +301,13 @@ def main() -> None:
     counts = [int(c) if c.isascii() and c.isdigit() else 0 for c in args.nodes.split(",")]
     if not all(2 <= c <= MAX_NODES for c in counts):
         parser.error(f"--nodes takes node counts separated by commas, each 2 to {MAX_NODES} (a seed and a receiver at least; each node a process here), not {args.nodes!r}")
-    for flag, value, low, high, why in (
+    refuse_out_of_range(parser, (
         ("--rate-mbit", args.rate_mbit, 10, 10_000, "each link's tbf rate in Mbit/s; slower links stretch a run to hours"),
         ("--size-mib", args.size_mib, 1, 1024, "every node stores a copy under --work, tmpfs by default"),
         ("--chunk-kib", args.chunk_kib, 4, 4096, "a node's --chunk-size takes 4 KiB to 4 MiB"),
         ("--rounds", args.rounds, 1, 50, "each round sets up the links and nodes again"),
         ("--idle-s", args.idle_s, 0, 600, "seconds the nodes' CPU is measured idle first"),
-    ):
-        if not low <= value <= high:  # NaN too: no comparison holds
-            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    ))
     if not (args.mtu == 0 or 68 <= args.mtu <= 65535):
         parser.error(f"--mtu takes 0 (the kernel's 1500) or 68 to 65535 (IPv4's least, a veth's most), not {args.mtu}")
 

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from adapter_fabric.harness.bench import MIB, ServerProcess, TransferPath, run_client
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range
 
 
 # ------------------------------------------------------------------ driver
@@ -102,12 +103,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="headline paths only, no sweeps")
     parser.add_argument("--sweep-options", action="store_true", help="compare candidate gRPC options instead")
     args = parser.parse_args()
-    for flag, value, low, high, why in (
+    refuse_out_of_range(parser, (
         ("--mib", args.mib, 1, 4096, "the payload is held in memory here and in each client"),
         ("--rounds", args.rounds, 1, 1000, "timed transfers per path, a median"),
-    ):
-        if not low <= value <= high:
-            parser.error(f"{flag} takes {low} to {high} ({why}), not {value}")
+    ))
     size = args.mib * MIB
 
     t0 = time.perf_counter()

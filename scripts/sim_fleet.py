@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range
 from adapter_fabric.store.eviction import Candidate, choose_victims
 from adapter_fabric.transport import home_copies, placement, rehoming
 from adapter_fabric.transport.holder_directory import HolderDirectory
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--origin-rate", type=float, default=200e6, help="bytes/s of one object from the origin")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    for flag, value, low, high, why in (
+    refuse_out_of_range(parser, (
         ("--nodes", args.nodes, 2, 20_000, "a leave must leave a member; 10,000 takes minutes here"),
         ("--adapters", args.adapters, 50, 200_000, "a membership change checks the placement of 50"),
         ("--requests", args.requests, 1, 1_000_000, "200,000 take minutes here"),
@@ -400,9 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         ("--origin-latency", args.origin_latency, 0, 600, "simulated seconds before the origin's first byte"),
         ("--origin-rate", args.origin_rate, 1_000_000, 1_000_000_000_000, "bytes/s of one object from the origin"),
         ("--seed", args.seed, 0, 2**32 - 1, "numpy's generators take no negative seed"),
-    ):
-        if not low <= value <= high:  # NaN too: no comparison holds
-            parser.error(f"{flag} takes {low:,} to {high:,} ({why}), not {value}")
+    ), grouped=True)
     started = time.monotonic()
     sim = Sim(args)
     sim.run()

@@ -72,17 +72,9 @@ def test_a_request_that_verified_chunks_counts_as_progress_when_it_ends(staged, 
 
     stats = PullStats(digest=manifest.digest)
     monkeypatch.setenv(TRACE_ENV, str(tmp_path))  # the trace: what the coordinator took as verified, and when
-    pull = SwarmPull(
-        manifest, partial, [PEER], stats, settings=PullSettings(stall_timeout=STALL_S, window=1), channels=PeerChannels(),  # the script: one request at a time
-        download_limit=None, holding=lambda peer, digest: peer_calls.holding(PeerChannels(), peer, digest),
-    )
+    pull = _scripted(manifest, partial, stats, PullSettings(stall_timeout=STALL_S, window=1), fetch)  # the script: one request at a time
     assert not pull.workers.each_chunk  # one peer: no event per chunk
-    pull.workers.fetch = fetch  # type: ignore[method-assign]
-    try:
-        pull.run()
-        committed = partial.commit("one/peer")
-    finally:
-        partial.close()
+    committed = _run(pull, partial)
     assert committed.digest == manifest.digest and stats.corrupt_chunks == 1
     assert [type(e).__name__ for e in reported][:3] == ["FetchCorrupt", "FetchBusy", "FetchDone"]
     assert weights.chunk_count > 16
@@ -130,15 +122,25 @@ def test_a_pull_from_one_peer_runs_two_requests_at_once_over_halves_of_the_file(
         except BaseException as exc:
             pull.events.put(FetchFailed(request, exc))
 
+    pull = _scripted(manifest, partial, PullStats(digest=manifest.digest), PullSettings(stall_timeout=STALL_S), fetch)
+    assert _run(pull, partial).digest == manifest.digest
+    assert sorted(started) == [list(range(9)), list(range(9, 17))]  # 17 chunks in file order: runs of 9, both at once
+
+
+def _scripted(manifest, partial, stats: PullStats, settings: PullSettings, fetch) -> SwarmPull:
+    """A coordinator over the real partial from ``PEER`` alone, its worker's fetch replaced by ``fetch``."""
     pull = SwarmPull(
-        manifest, partial, [PEER], PullStats(digest=manifest.digest), settings=PullSettings(stall_timeout=STALL_S), channels=PeerChannels(),
+        manifest, partial, [PEER], stats, settings=settings, channels=PeerChannels(),
         download_limit=None, holding=lambda peer, digest: peer_calls.holding(PeerChannels(), peer, digest),
     )
     pull.workers.fetch = fetch  # type: ignore[method-assign]
+    return pull
+
+
+def _run(pull: SwarmPull, partial):
+    """Run ``pull`` and commit what it brought; the partial is closed either way."""
     try:
         pull.run()
-        committed = partial.commit("one/peer")
+        return partial.commit("one/peer")
     finally:
         partial.close()
-    assert committed.digest == manifest.digest
-    assert sorted(started) == [list(range(9)), list(range(9, 17))]  # 17 chunks in file order: runs of 9, both at once
