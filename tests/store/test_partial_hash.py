@@ -10,6 +10,7 @@ sinks that see each verified chunk from the buffer it was written from.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from pathlib import Path
@@ -233,3 +234,29 @@ def test_a_sink_sees_every_verified_chunk_once_including_those_found_on_resume(t
     assert sink.seen == dict(enumerate(chunks))
     partial.detach(sink)
     partial.commit("c")
+
+
+# ---------------------------------------------------------------- the header against the manifest
+
+
+def test_a_manifest_whose_tensor_index_disagrees_with_the_files_header_is_refused_at_commit(tmp_path: Path, adapter) -> None:
+    """Two tensors of one shape with their offsets swapped: every chunk verifies (the bytes are the file's), and the
+    manifest is consistent in itself, but it would put each tensor's bytes under the other's name."""
+    directory, manifest = adapter
+    chunks = _chunks(directory, manifest)
+    by_shape: dict[tuple, list[int]] = {}
+    for i, t in enumerate(manifest.tensors):
+        by_shape.setdefault((t.dtype, t.shape), []).append(i)
+    i, j = next(pair[:2] for pair in by_shape.values() if len(pair) > 1)
+    tensors = list(manifest.tensors)
+    a, b = tensors[i], tensors[j]
+    tensors[i], tensors[j] = dataclasses.replace(a, begin=b.begin, end=b.end), dataclasses.replace(b, begin=a.begin, end=a.end)
+    lying = dataclasses.replace(manifest, tensors=tuple(sorted(tensors, key=lambda t: t.begin)))
+    store = AdapterStore(tmp_path, chunk_size=CHUNK)
+    before = _committed(tmp_path)
+    partial = store.open_partial(lying)
+    for index, chunk in enumerate(chunks):
+        partial.write_chunk(index, chunk)
+    with pytest.raises(IntegrityError, match="the safetensors header differs from the tensor index in its manifest"):
+        partial.commit("c")
+    assert _committed(tmp_path) == before and store.list() == []
