@@ -58,6 +58,7 @@ import torch
 from adapter_fabric.harness.bench import ServerProcess, TransferPath, run_client
 from adapter_fabric.transport import wire
 from adapter_fabric.harness.cluster import LocalNode
+from adapter_fabric.harness.flag_bounds import refuse_out_of_range
 from adapter_fabric.harness.receive_floor import receive_floor
 from adapter_fabric.serving.shape_only import LLAMA3_8B, ShapeOnlyModel, llama_module_shapes
 from adapter_fabric.store import AdapterStore, PartialDownload
@@ -89,6 +90,16 @@ def make_llama3_adapter(directory: Path, rank: int = 16, dtype: torch.dtype = to
     return directory
 
 
+#: ``BENCH_WINDOW`` (the environment): requests a promote keeps outstanding on the seeder, at most this many
+MAX_BENCH_WINDOW = 8
+
+
+def bench_window() -> int | None:
+    """``BENCH_WINDOW`` (checked by ``main``), or None when unset: the node's own (``swarm.window_for``)."""
+    window = os.environ.get("BENCH_WINDOW", "")
+    return int(window) if window else None
+
+
 class Receiver:
     """The receiving node's promote path, in this process."""
 
@@ -109,7 +120,7 @@ class Receiver:
         root = self.workdir / f"store-{self.rounds}-{int(self.data_channel)}"
         store = AdapterStore(root)
         channels = PeerChannels(data=DataChannels() if self.data_channel else None)  # as a node's pull: the seeder's data channel, or gRPC only
-        window = int(os.environ["BENCH_WINDOW"]) if os.environ.get("BENCH_WINDOW") else None  # None: the node's (swarm.window_for)
+        window = bench_window()  # None: the node's (swarm.window_for)
         puller = PeerPuller(store, channels=channels, window=window)
         model = self.model
         try:
@@ -248,8 +259,10 @@ def main() -> None:
     parser.add_argument("--before", action="store_true", help="stage the slot row after the pull, from the blob (no stage-while-receiving)")
     parser.add_argument("--http-only", action="store_true", help="only the raw socket, two-node and HTTP rows (runs on older trees too)")
     args = parser.parse_args()
-    if not 1 <= args.rounds <= 1000:
-        parser.error(f"--rounds takes 1 to 1000 (timed rounds, each moving the 84 MB adapter on every row), not {args.rounds}")
+    refuse_out_of_range(parser, (("--rounds", args.rounds, 1, 1000, "timed rounds, each moving the 84 MB adapter on every row"),))
+    window = os.environ.get("BENCH_WINDOW", "")
+    if window and not (window.isascii() and window.isdigit() and 1 <= int(window) <= MAX_BENCH_WINDOW):
+        parser.error(f"BENCH_WINDOW takes 1 to {MAX_BENCH_WINDOW} (requests outstanding on the seeder; unset: the node's), not {window!r}")
     wire.tune_malloc()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     t_start = time.perf_counter()

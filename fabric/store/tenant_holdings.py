@@ -81,7 +81,7 @@ class TenantHoldings:
                 return _copy(held, wanted)
 
     def _trusted(self, prefixes: tuple[str, ...]) -> bool:
-        return self._held is not None and tuple(self._held) == prefixes and self._epoch == self.live.epoch and self.live.current()
+        return tuple(self._held or ()) == prefixes and self._epoch == self.live.epoch and self.live.current()
 
     def _take(self, prefixes: tuple[str, ...]) -> dict[str, Holding]:
         held = {p: Holding() for p in prefixes}

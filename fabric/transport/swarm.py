@@ -141,12 +141,12 @@ def new_plan(chunk_count: int, verified: Iterable[int], peers: Sequence[str], se
     return SwarmPlan(chunk_count=chunk_count, needed={i for i in range(chunk_count) if i not in done}, peers=views, tiebreak=tiebreak)
 
 
-def window_for(peers: int, window: int | None = None) -> int:
+def window_for(peers: int, window: int | None = None, *, several: bool = True) -> int:
     """Requests outstanding per peer for a pull from ``peers`` sources: ``window`` when given, else ONE_SOURCE_WINDOW
-    from one source and WINDOW from several."""
+    from one source (unless it takes no ``several`` streams of ours at once) and WINDOW from several."""
     if window is not None:
         return window
-    return ONE_SOURCE_WINDOW if peers <= 1 else WINDOW
+    return ONE_SOURCE_WINDOW if peers <= 1 and several else WINDOW
 
 
 def run_length(chunk_size: int, chunk_count: int, peers: int, window: int = WINDOW) -> int:

@@ -102,10 +102,10 @@ class SwarmPull:
         self.done: set[int] = set(partial.verified_chunks)  # workers add to it (set.add is atomic)
         self.plan = swarm.new_plan(self.weights.chunk_count, self.done, peers)
         self.channels = channels
-        self.window = swarm.window_for(len(self.plan.peers), settings.window)
-        if self.window > 1 and settings.window is None and len(self.plan.peers) == 1 and not channels.takes_streams_beside(peers[0]):
-            self.window = 1  # it refused a stream beside another of ours lately
-        self.max_run = swarm.run_length(self.weights.chunk_size, self.weights.chunk_count, len(peers), self.window)
+        sources = list(self.plan.peers)
+        # a lone source that refused a stream beside another of ours lately is asked one at a time
+        self.window = swarm.window_for(len(sources), settings.window, several=len(sources) != 1 or channels.takes_streams_beside(sources[0]))
+        self.max_run = swarm.run_length(self.weights.chunk_size, self.weights.chunk_count, len(sources), self.window)
         self.events: queue.SimpleQueue[SwarmEvent] = queue.SimpleQueue()
         self.active: dict[int, FetchHandle] = {}
         self.polling: set[str] = set()

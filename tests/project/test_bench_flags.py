@@ -93,14 +93,24 @@ OTHERS = [
     ("swarm_ideal.py", ["--forward", "--host", "127.0.0.1", "--size", "10", "--children", "0"], "--forward takes --source (the seed) or --parent and --out"),
     ("swarm_ideal.py", [*NEEDS["swarm_ideal.py"]], "--source takes the file to send"),
 ]
-CASES: dict[str, list[tuple[list[str], str]]] = {}
+#: the environment's variables a script reads, past their bounds
+VARIABLES = [
+    ("bench_promote.py", {"BENCH_WINDOW": "0"}, "BENCH_WINDOW takes 1 to 8"),
+    ("bench_promote.py", {"BENCH_WINDOW": "9"}, "BENCH_WINDOW takes 1 to 8"),
+    ("bench_promote.py", {"BENCH_WINDOW": "two"}, "BENCH_WINDOW takes 1 to 8"),
+]
+#: script -> its cases: (argv, the refusal's words, the environment's variables set for it)
+CASES: dict[str, list[tuple[list[str], str, dict[str, str]]]] = {}
 for _script, _flag, _under, _over, _words in BOUNDS:
-    CASES.setdefault(_script, []).extend(([*NEEDS.get(_script, []), _flag, value], _words) for value in (_under, _over))
+    CASES.setdefault(_script, []).extend(([*NEEDS.get(_script, []), _flag, value], _words, {}) for value in (_under, _over))
 for _script, _flags, _words in OTHERS:
-    CASES.setdefault(_script, []).append((_flags, _words))
+    CASES.setdefault(_script, []).append((_flags, _words, {}))
+for _script, _variables, _words in VARIABLES:
+    CASES.setdefault(_script, []).append(([], _words, _variables))
 
-#: runs one script's cases in one process (its imports, torch among them, once): its ``main`` under each argv, the exit
-#: code and what it wrote to stderr; a case that does not exit stops the run (the test's timeout bounds it)
+#: runs one script's cases in one process (its imports, torch among them, once): its ``main`` under each argv and
+#: environment, the exit code and what it wrote to stderr; a case that does not exit stops the run (the test's timeout
+#: bounds it)
 DRIVER = """
 import contextlib, importlib.util, io, json, os, sys, traceback
 script, cases = sys.argv[1], json.loads(sys.argv[2])
@@ -109,8 +119,9 @@ spec = importlib.util.spec_from_file_location("script_under_test", script)
 module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
 spec.loader.exec_module(module)
 answers = []
-for argv in cases:
+for argv, variables in cases:
     sys.argv, err = [script, *argv], io.StringIO()
+    os.environ.update(variables)
     try:
         with contextlib.redirect_stderr(err):
             module.main()
@@ -119,6 +130,8 @@ for argv in cases:
         code = exc.code
     except BaseException:
         code, err = "raised", io.StringIO(traceback.format_exc())
+    for name in variables:
+        del os.environ[name]
     answers.append([code, err.getvalue()])
 print(json.dumps(answers))
 """
@@ -128,12 +141,12 @@ print(json.dumps(answers))
 def test_a_flag_past_its_bound_is_refused_by_name(tmp_path: Path, script: str) -> None:
     cases = CASES[script]
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(ROOT / "scripts" / script), json.dumps([argv for argv, _ in cases])],
+        [sys.executable, "-c", DRIVER, str(ROOT / "scripts" / script), json.dumps([[argv, variables] for argv, _, variables in cases])],
         cwd=tmp_path, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    for (argv, words), (code, stderr) in zip(cases, json.loads(done.stdout.splitlines()[-1]), strict=True):
-        assert code == 2 and words in stderr and "Traceback" not in stderr, (argv, code, stderr[-2000:])
+    for (argv, words, variables), (code, stderr) in zip(cases, json.loads(done.stdout.splitlines()[-1]), strict=True):
+        assert code == 2 and words in stderr and "Traceback" not in stderr, (argv, variables, code, stderr[-2000:])
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 

@@ -124,7 +124,7 @@ def test_non_finite_values_are_refused_naming_the_tensor(adapters, tmp_path) -> 
 
 @pytest.mark.parametrize("chunk_size", [1000, 4096])
 @pytest.mark.parametrize("where", ["first", "last"])
-def test_a_value_that_overflows_the_pools_dtype_is_refused_as_its_chunk_lands(adapters, tmp_path, chunk_size, where) -> None:
+def test_a_value_that_overflows_the_pools_dtype_is_refused_wherever_it_sits_in_a_piece_split_over_chunks(adapters, tmp_path, chunk_size, where) -> None:
     """Checked piece by piece as chunks land, in the pool's dtype: a finite fp32 value beyond fp16's range is inf in
     an fp16 row, wherever it sits in a piece split across chunks."""
     directory = tmp_path / "big"

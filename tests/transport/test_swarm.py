@@ -95,6 +95,7 @@ def test_a_pull_from_one_source_keeps_two_requests_outstanding_unless_told_other
     assert swarm.window_for(1) == swarm.ONE_SOURCE_WINDOW == 2  # the passes of each chunk run on two cores
     assert swarm.window_for(2) == swarm.window_for(16) == swarm.WINDOW == 1  # a swarm has a stream per peer already
     assert swarm.window_for(1, 1) == 1 and swarm.window_for(16, 3) == 3  # a set window is kept as it is
+    assert swarm.window_for(1, several=False) == 1  # a source that refused a second stream of ours lately
 
 
 def test_verified_chunks_are_never_asked_for() -> None:
