@@ -147,7 +147,7 @@ class DeferredSyncs:
         """Sync the files written here (and in ``also``, in the same round: one journal commit for both)."""
         files = self._files + (also._files if also is not None else [])
         syncs: list[Callable[[], None]] = [functools.partial(os.fsync, fd) for fd, _, _ in files]
-        syncs += [functools.partial(_fsync_path, path) for path in self._placed]
+        syncs += [functools.partial(fsync_file, path) for path in self._placed]
         sync_all(self.pool, lambda sync: sync(), syncs)
         self._placed = []
 
@@ -178,7 +178,8 @@ class DeferredSyncs:
         self._dirs = {}
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """Sync the bytes of the file at ``path`` (a descriptor of its own: the writer may have closed it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
