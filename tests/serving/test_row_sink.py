@@ -105,16 +105,21 @@ def test_a_row_handed_over_before_every_byte_landed_is_refused(adapters) -> None
     sink.abandon()
 
 
-def test_non_finite_values_are_refused_naming_the_tensor(adapters, tmp_path) -> None:
+@pytest.mark.parametrize("chunk_size", [1000, 4096])
+@pytest.mark.parametrize("tensor,where", [(0, "first"), (1, "last"), (-1, "first"), (-1, "last"), (-2, "last")])
+def test_non_finite_values_are_refused_naming_the_tensor(adapters, tmp_path, chunk_size, tensor, where) -> None:
+    """In the pool's dtype a chunk's pieces end to end are checked in one pass: a NaN at either end of any piece, the
+    first or last of a chunk's run or inside it, is found and named."""
     directory = tmp_path / "nan"
     directory.mkdir()
     (directory / CONFIG_FILE).write_bytes((adapters["narrow"] / CONFIG_FILE).read_bytes())
     data = bytearray((adapters["narrow"] / WEIGHTS_FILE).read_bytes())
-    manifest = _manifest(adapters["narrow"], 4096)
-    victim = manifest.tensors[-1]
-    struct.pack_into("<f", data, manifest.index.data_offset + victim.begin, float("nan"))
+    manifest = _manifest(adapters["narrow"], chunk_size)
+    victim = manifest.tensors[tensor]
+    at = victim.begin if where == "first" else victim.end - 4
+    struct.pack_into("<f", data, manifest.index.data_offset + at, float("nan"))
     (directory / WEIGHTS_FILE).write_bytes(bytes(data))
-    manifest = _manifest(directory, 4096)
+    manifest = _manifest(directory, chunk_size)
     model = _model()
     sink = model.row_sink(manifest)
     _feed(sink, directory, manifest)
