@@ -14,6 +14,7 @@ Module matching follows PEFT 0.21 (``check_target_module_exists`` and
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -325,7 +326,13 @@ def _parse_layers_pattern(value: Any) -> tuple[str, ...] | None:
 def _matches(names: tuple[str, ...] | str, module_name: str) -> bool:
     if isinstance(names, str):
         return re.fullmatch(names, module_name) is not None
-    return module_name in names or any(module_name.endswith(f".{n}") for n in names)
+    return module_name in names or module_name.endswith(_dotted(tuple(names)))
+
+
+@functools.lru_cache(maxsize=64)
+def _dotted(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``.name`` of each name, for one ``endswith`` per module (a manifest asks for each of its hundreds of modules)."""
+    return tuple(f".{n}" for n in names)
 
 
 def _pattern_key(patterns: Mapping[str, Any], module_name: str) -> str | None:

@@ -154,8 +154,13 @@ def parse_header(
 
 def check_entries(tensors: tuple[TensorInfo, ...]) -> None:
     """Entries claimed elsewhere (a manifest's tensor index) held to ``parse_header``'s checks of each entry, without a
-    JSON round trip: a string name that is not ``__metadata__``, a known dtype, integer shape and offsets that agree."""
+    JSON round trip: a string name that is not ``__metadata__``, a known dtype, integer shape and offsets that agree.
+
+    An entry that passes one expression of strict checks (plain ints, at most four dimensions) is accepted as it is; only
+    the others go through the checks that name what is wrong (~1 ms of each pull of a 448-tensor adapter)."""
     for info in tensors:
+        if _plainly_valid(info):
+            continue
         name = info.name
         if not isinstance(name, str) or name == METADATA_KEY:
             raise InvalidHeader(f"{name!r} is not a tensor name")
@@ -163,6 +168,22 @@ def check_entries(tensors: tuple[TensorInfo, ...]) -> None:
         shape = _parse_shape(name, list(info.shape) if isinstance(info.shape, tuple) else info.shape)
         begin, end = _parse_offsets(name, [info.begin, info.end])
         _check_byte_size(name, dtype, shape, end - begin)
+
+
+def _plainly_valid(info: TensorInfo) -> bool:
+    """A subset of what ``check_entries``' detailed checks accept: built-in str and int only (no bool, no subclass), a
+    shape of at most four dimensions below 2**64 whose elements fill the offsets' span exactly."""
+    name, dtype, shape, begin, end = info.name, info.dtype, info.shape, info.begin, info.end
+    if type(name) is not str or name == METADATA_KEY or type(dtype) is not str or type(shape) is not tuple or len(shape) > 4:
+        return False
+    if type(begin) is not int or type(end) is not int or not 0 <= begin <= end <= _U64_MAX:
+        return False
+    bits = DTYPE_BITS.get(dtype, 0)
+    for dim in shape:
+        if type(dim) is not int or not 0 <= dim <= _U64_MAX:
+            return False
+        bits *= dim
+    return dtype in DTYPE_BITS and bits == (end - begin) * 8
 
 
 def check_layout(tensors: tuple[TensorInfo, ...]) -> None:

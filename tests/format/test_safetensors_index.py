@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 import struct
 from pathlib import Path
 from typing import Any
@@ -13,12 +15,14 @@ import torch
 from safetensors import safe_open
 
 from adapter_fabric.errors import InvalidHeader
+from adapter_fabric.format import safetensors_index
 from adapter_fabric.format.safetensors_index import (
     DTYPE_BITS,
     DTYPE_SIZES,
     MAX_HEADER_BYTES,
     SafetensorsIndex,
     TensorInfo,
+    check_entries,
     header_length,
     parse_header,
     read_index,
@@ -344,3 +348,58 @@ def test_missing_tensor_lookup() -> None:
     assert index.tensor("x") == TensorInfo("x", "F32", (2,), 0, 8)
     with pytest.raises(InvalidHeader, match="tensor 'y' is not in the header; it holds 1 tensors: x"):
         index.tensor("y")
+
+
+# ---------------------------------------------------------------- a manifest's claimed entries: the quick acceptance
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+_NAMES = ["w", "__metadata__", _Str("w"), 3, None]
+_DTYPES = ["BF16", "F32", "F4", "BOOL", "bf16", "Q8", 16, None]
+_DIMS = [0, 1, 2, 3, 16, 4096, 2**64 - 1, 2**64, -1, True, _Int(2), 2.0, "2"]
+_OFFSETS = [0, 1, 2, 3, 4, 6, 8, 16, 32, 64, 131072, 2**64 - 1, 2**64, -1, True, _Int(8), 8.0]
+
+
+def _detailed(info: TensorInfo, monkeypatch) -> bool:
+    """What ``check_entries`` decides with its quick acceptance turned off."""
+    with monkeypatch.context() as m:
+        m.setattr(safetensors_index, "_plainly_valid", lambda info: False)
+        try:
+            check_entries((info,))
+        except InvalidHeader:
+            return False
+    return True
+
+
+def test_the_quick_acceptance_of_a_claimed_entry_accepts_only_what_the_detailed_checks_accept(monkeypatch) -> None:
+    """``_plainly_valid`` skips the detailed checks for plain entries: it must never accept one they refuse (a peer's
+    manifest would otherwise carry it past the header parser's rules). Random entries over edge values of every field,
+    and every valid one of them is also taken quickly (else the quick path would buy nothing)."""
+    rng = random.Random(34)
+    accepted = quick = 0
+    for _ in range(6000):
+        shape = tuple(rng.choice(_DIMS) for _ in range(rng.choice([0, 1, 2, 2, 2, 3, 4, 5])))
+        begin = rng.choice(_OFFSETS)
+        end = begin + rng.choice(_OFFSETS) if type(begin) is int and rng.random() < 0.7 else rng.choice(_OFFSETS)
+        if rng.random() < 0.4 and all(type(d) is int and 0 <= d < 2**20 for d in shape):  # sizes that agree, often
+            dtype = rng.choice(["BF16", "F32", "BOOL"])
+            end = begin + math.prod(shape) * DTYPE_BITS[dtype] // 8 if type(begin) is int else end
+        else:
+            dtype = rng.choice(_DTYPES)
+        name = "w" if rng.random() < 0.6 else rng.choice(_NAMES)
+        info = TensorInfo(name=name, dtype=dtype, shape=shape, begin=begin, end=end)
+        fast, detailed = safetensors_index._plainly_valid(info), _detailed(info, monkeypatch)
+        assert not fast or detailed, f"the quick check accepted what the detailed checks refuse: {info!r}"
+        plain = type(info.name) is str and all(type(d) is int for d in shape) and type(begin) is int and type(end) is int
+        if detailed and plain and len(shape) <= 4:
+            assert fast, f"a plain valid entry missed the quick path: {info!r}"
+        accepted += detailed
+        quick += fast
+    assert accepted > 250 and quick > 200, (accepted, quick)  # 321 and 275 with this seed
