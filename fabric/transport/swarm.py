@@ -129,6 +129,15 @@ class SwarmPlan:
     offered: dict[int, int] = field(default_factory=dict)  # chunk -> id of the one request that may pick it (``offer``)
     outstanding: dict[int, Request] = field(default_factory=dict)
     durations: list[float] = field(default_factory=list)  # seconds per finished request
+    # Rarity, kept as holdings change (set_holding, forget_chunks, mark_dead), not counted over every peer per call:
+    # a pull on a node knowing 1,000 members planned for 383 ms of its 84 requests. Live peers holding chunk c:
+    # ``whole`` + ``partly[c]``.
+    whole: int = 0  # live peers holding every chunk
+    partly: list[int] = field(default_factory=list)  # per chunk: live peers, not whole, that announced it
+
+    def __post_init__(self) -> None:
+        if not self.partly:
+            self.partly = [0] * self.chunk_count
 
 
 def new_plan(chunk_count: int, verified: Iterable[int], peers: Sequence[str], seed: int | None = None) -> SwarmPlan:
@@ -166,21 +175,37 @@ def run_length(chunk_size: int, chunk_count: int, peers: int, window: int = WIND
 def set_holding(plan: SwarmPlan, address: str, have: Iterable[int], complete: bool = False) -> None:
     """Record what a peer announced (an Availability answer, or complete for the manifest's source)."""
     peer = plan.peers[address]
+    _count(plan, peer, -1)
     peer.complete = complete
     peer.have = set() if complete else {i for i in have if 0 <= i < plan.chunk_count}
+    _count(plan, peer, +1)
 
 
 def forget_chunks(plan: SwarmPlan, address: str, chunks: Iterable[int]) -> None:
     """A peer refused chunks it had announced (it lost them): stop asking it until it announces them again."""
     peer = plan.peers[address]
+    _count(plan, peer, -1)
     if peer.complete:
         peer.complete = False
         peer.have = set(range(plan.chunk_count))
     peer.have.difference_update(chunks)
+    _count(plan, peer, +1)
 
 
 def mark_dead(plan: SwarmPlan, address: str) -> None:
-    plan.peers[address].dead = True
+    peer = plan.peers[address]
+    _count(plan, peer, -1)
+    peer.dead = True
+
+
+def _count(plan: SwarmPlan, peer: PeerView, sign: int) -> None:
+    """Add (+1) or take back (-1) a live peer's holdings in the plan's rarity counts."""
+    if peer.dead:
+        return
+    if peer.complete:
+        plan.whole += sign
+    for chunk in peer.have:
+        plan.partly[chunk] += sign
 
 
 def chunk_verified(plan: SwarmPlan, chunk: int, request: Request | None = None) -> None:
@@ -205,7 +230,6 @@ def plan_requests(plan: SwarmPlan, now: float, window: int = WINDOW, max_run: in
     """New requests that fill every live peer's window; they are registered as outstanding."""
     if all(p.dead or p.inflight >= (p.cap or window) or p.resume_at > now for p in plan.peers.values()):
         return []  # the common case when an event arrives: nothing to do
-    counts = _Rarity(plan)
     wait = endgame_after(plan)
     made: list[Request] = []
     # Round-robin over the peers, one request each per round, so one peer does
@@ -213,9 +237,9 @@ def plan_requests(plan: SwarmPlan, now: float, window: int = WINDOW, max_run: in
     while True:
         progressed = False
         for peer in plan.peers.values():
-            if peer.dead or peer.inflight >= (peer.cap or window) or peer.resume_at > now:
-                continue
-            request = _fresh(plan, peer, counts, now, max_run) or _endgame(plan, peer, now, wait)
+            if peer.dead or peer.inflight >= (peer.cap or window) or peer.resume_at > now or not (peer.complete or peer.have):
+                continue  # a peer that announced nothing has nothing to ask for, fresh or in the endgame
+            request = _fresh(plan, peer, now, max_run) or _endgame(plan, peer, now, wait)
             if request is None:
                 continue
             request.beside = (peer.cap or window) > 1
@@ -226,24 +250,13 @@ def plan_requests(plan: SwarmPlan, now: float, window: int = WINDOW, max_run: in
             return made
 
 
-class _Rarity(dict):
-    """Live holders per chunk, counted on first use (most calls never need them)."""
-
-    def __init__(self, plan: SwarmPlan) -> None:
-        super().__init__()
-        self._live = live_peers(plan)
-
-    def __missing__(self, chunk: int) -> int:
-        count = self[chunk] = sum(1 for p in self._live if p.holds(chunk))
-        return count
-
-
-def _fresh(plan: SwarmPlan, peer: PeerView, counts: dict[int, int], now: float, max_run: int) -> Request | None:
+def _fresh(plan: SwarmPlan, peer: PeerView, now: float, max_run: int) -> Request | None:
     pool = plan.needed if peer.complete else peer.have & plan.needed
     candidates = [c for c in pool if _unclaimed(plan, c)]
     if not candidates:
         return None
-    first = min(candidates, key=lambda c: (counts[c], plan.tiebreak[c]))
+    partly, tiebreak = plan.partly, plan.tiebreak  # rarest first: ``whole`` is the same for every chunk
+    first = min(candidates, key=lambda c: (partly[c], tiebreak[c]))
     run = [first]
     while len(run) < max_run:
         nxt = run[-1] + 1

@@ -63,6 +63,49 @@ def test_rarest_chunk_first() -> None:
     assert [r.chunks for r in made if r.peer == "seed"] == [[5]]
 
 
+def test_the_rarity_kept_as_holdings_change_equals_a_count_over_every_live_peer() -> None:
+    """The plan keeps each chunk's live holders as announcements, losses and deaths arrive (``whole`` + ``partly``);
+    after every change of a random sequence it must equal the count over every live peer, the way it used to be made."""
+    rng = random.Random(34)
+    chunks, addresses = 40, [f"p{i}" for i in range(12)]
+    plan = swarm.new_plan(chunks, (), addresses, seed=1)
+    for _ in range(600):
+        address, kind = rng.choice(addresses), rng.random()
+        if kind < 0.55:
+            swarm.set_holding(plan, address, rng.sample(range(chunks + 3), rng.randint(0, 20)), complete=rng.random() < 0.2)
+        elif kind < 0.9:
+            swarm.forget_chunks(plan, address, rng.sample(range(chunks), rng.randint(0, 10)))
+        elif not plan.peers[address].dead:
+            swarm.mark_dead(plan, address)
+        live = swarm.live_peers(plan)
+        assert [plan.whole + plan.partly[c] for c in range(chunks)] == [sum(p.holds(c) for p in live) for c in range(chunks)]
+
+
+def test_planning_a_pull_costs_about_the_same_whatever_the_number_of_peers_that_hold_nothing() -> None:
+    """A pull on a node that knows many members: they hold nothing of it, so planning each request must not walk them
+    for every chunk (a node knowing 1,000 members planned its 84 requests in ~380 ms). Counted in ``holds`` calls, not
+    timed: 84 one-chunk requests from the only holder, with 1,000 empty peers beside it."""
+    calls = 0
+    real = swarm.PeerView.holds
+
+    def counted(self, chunk: int) -> bool:
+        nonlocal calls
+        calls += 1
+        return real(self, chunk)
+
+    plan = plan_of(84, {"seed": None, **{f"m{i}": set() for i in range(1000)}})
+    swarm.PeerView.holds = counted
+    try:
+        while plan.needed:
+            for request in swarm.plan_requests(plan, now=0.0, window=1, max_run=1):
+                for c in request.chunks:
+                    swarm.chunk_verified(plan, c, request)
+                swarm.finish(plan, request, 0.0)
+    finally:
+        swarm.PeerView.holds = real
+    assert calls < 84 * 84, f"{calls} holds() calls: planning walks the peers that hold nothing"
+
+
 def test_random_order_differs_between_nodes() -> None:
     # Two nodes asking one seeder, and each other, start at different chunks, so they soon have something to trade
     # (a plan of one source has no one to trade with: it asks in file order, below).
