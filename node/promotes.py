@@ -25,6 +25,7 @@ from adapter_fabric.node.signed import SignedAdapters
 from adapter_fabric.store.ids import validate_adapter_id, validate_name
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport.pull import PullStats, SinkFor
+from adapter_fabric.transport.swarm import swarm_peers
 from adapter_fabric.v1 import fabric_pb2
 
 log = logging.getLogger("fabric.node")
@@ -159,7 +160,7 @@ class Promotes:
         return manifest, stats
 
     async def _pull_peers(self, request: fabric_pb2.PromoteRequest) -> list[str]:
-        """The named peer first, then every known one (unless the caller asked for the named one alone).
+        """The named peer first, then the known ones, at most ``SWARM_PEERS`` of them (unless the caller asked for the named one alone).
 
         A named peer that is not a member of this node's cluster is refused before it is dialled (``NotAMember``), unless the
         node has no credential to withhold or pulls from such peers anonymously (``adapter_fabric.transport.membership``).
@@ -170,7 +171,7 @@ class Promotes:
             members.check_named(request.peer)
         if request.named_peer_only:
             return [request.peer]
-        return list(dict.fromkeys([request.peer, *await self.context.known_peers()]))  # the named peer may be a known one too
+        return swarm_peers(request.peer, await self.context.known_peers())  # the named peer may be a known one too
 
     async def _pull_only(self, request: fabric_pb2.PromoteRequest) -> fabric_pb2.PromoteResponse:
         """Promote with stage_only: bring the bytes into the store (and serve them on), load no slot."""

@@ -42,6 +42,9 @@ ONE_SOURCE_WINDOW = 2
 #: bytes per request at most: long runs amortize a call's set-up and round trip (measured: 32 MiB runs
 #: saved ~25% of an 84 MB one-peer pull against 1 MiB ones); ``run_length`` shortens them to spread a rollout
 RUN_BYTES = 32 << 20
+#: known peers a pull asks besides the one it names, at most: each is polled every 0.5-2 s while the pull lasts, so a
+#: node that knows a thousand members would poll them all (BitTorrent's clients keep a few dozen peers per torrent)
+SWARM_PEERS = 32
 #: an outstanding request younger than this is never duplicated by the endgame
 ENDGAME_MIN_S = 1.0
 #: ... nor one younger than this many times the median request time
@@ -148,6 +151,15 @@ def new_plan(chunk_count: int, verified: Iterable[int], peers: Sequence[str], se
     # Random first chunks spread a rollout's first copies; from one source, file order keeps each request one run.
     tiebreak = [float(i) for i in range(chunk_count)] if len(views) <= 1 else [rng.random() for _ in range(chunk_count)]
     return SwarmPlan(chunk_count=chunk_count, needed={i for i in range(chunk_count) if i not in done}, peers=views, tiebreak=tiebreak)
+
+
+def swarm_peers(named: str, known: Sequence[str], rng: random.Random | None = None, limit: int = SWARM_PEERS) -> list[str]:
+    """The peers of a pull that names ``named``: it first, then up to ``limit`` of the ``known`` others, at random when
+    there are more (each puller of a large rollout its own sample, so the swarm stays connected)."""
+    others = [p for p in dict.fromkeys(known) if p != named]
+    if len(others) > limit:
+        others = (rng or random).sample(others, limit)
+    return [named, *others]
 
 
 def window_for(peers: int, window: int | None = None, *, several: bool = True) -> int:

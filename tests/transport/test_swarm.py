@@ -106,6 +106,19 @@ def test_planning_a_pull_costs_about_the_same_whatever_the_number_of_peers_that_
     assert calls < 84 * 84, f"{calls} holds() calls: planning walks the peers that hold nothing"
 
 
+def test_a_pull_naming_a_peer_asks_it_first_and_at_most_swarm_peers_of_the_known_others() -> None:
+    """A node knowing a thousand members does not put them all in one pull (each would be polled every 0.5-2 s): the
+    named peer, then the known others as they are when few, else a sample of SWARM_PEERS, different per puller."""
+    few = ["b:1", "a:1", "b:1", "c:1"]
+    assert swarm.swarm_peers("a:1", few) == ["a:1", "b:1", "c:1"]
+    members = [f"m{i}:1" for i in range(1000)]
+    samples = [swarm.swarm_peers("m7:1", members, random.Random(seed)) for seed in range(3)]
+    for peers in samples:
+        assert peers[0] == "m7:1" and len(peers) == 1 + swarm.SWARM_PEERS and len(set(peers)) == len(peers)
+        assert set(peers) <= set(members)
+    assert len({tuple(p) for p in samples}) == 3, "every puller of a rollout draws its own sample"
+
+
 def test_random_order_differs_between_nodes() -> None:
     # Two nodes asking one seeder, and each other, start at different chunks, so they soon have something to trade
     # (a plan of one source has no one to trade with: it asks in file order, below).
