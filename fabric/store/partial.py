@@ -358,12 +358,9 @@ class PartialDownload:
     def _check_complete(self) -> None:
         if self.complete:
             return
-        weights = self.manifest.weights
-        missing = len(self._verified) - sum(self._verified)
-        raise InvalidArgument(
-            f"partial download of {self.manifest.digest} is incomplete: {missing} of {weights.chunk_count} chunks missing, "
-            f"first is chunk {self._prefix} at offset {self._prefix * weights.chunk_size}"
-        )
+        missing, weights = len(self._verified) - sum(self._verified), self.manifest.weights
+        raise InvalidArgument(f"partial download of {self.manifest.digest} is incomplete: {missing} of {weights.chunk_count} chunks "
+                              f"missing, first is chunk {self._prefix} at offset {self._prefix * weights.chunk_size}")
 
     def _check_whole_file(self) -> None:
         """Every chunk is verified, so the file is, unless someone else changed it since our last write: then re-verify each chunk."""
@@ -396,10 +393,13 @@ class PartialDownload:
         """Let go of the partial, keeping its verified bytes on disk (synced) for a later resume."""
         with self._lock:
             if self._directory is not None and self._fd is not None:
-                os.fdatasync(self._open_fd)
-                fsync_file(self._open_directory / "manifest.json")
-                fsync_dir(self._open_directory)
-                self._close_locked(remove=False, committed=False)
+                try:  # a failed sync still closes (and is raised): a resume re-hashes what is on disk, and rewrites a lost note
+                    os.fdatasync(self._open_fd)
+                    if (note := self._open_directory / "manifest.json").is_file():
+                        fsync_file(note)
+                    fsync_dir(self._open_directory)
+                finally:
+                    self._close_locked(remove=False, committed=False)
             self._release_tenant()
 
     def _close_locked(self, remove: bool, committed: bool = True) -> None:

@@ -113,3 +113,23 @@ def test_a_closed_download_leaves_its_manifest_synced_for_a_resume(tmp_path: Pat
     assert synced == ["manifest.json"]
     resumed = store.open_partial(partial.manifest)
     assert resumed.complete and resumed.commit("x").digest == partial.manifest.digest
+
+
+def test_a_download_closes_whatever_its_syncs_meet_and_resumes(tmp_path: Path, store_adapters: dict[str, Path], monkeypatch) -> None:
+    """Its resume note gone (a resume writes it again), or a sync that fails (raised, but the download is closed all the
+    same: not left open and unusable): the next open resumes from what is on disk and commits."""
+    store, partial, _ = _download(tmp_path / "s", store_adapters["a"])
+    (tmp_path / "s" / "partial" / partial.manifest.digest / "manifest.json").unlink()
+    partial.close()
+    again = store.open_partial(partial.manifest)
+    assert again.complete
+
+    def failing(path: Path) -> None:
+        raise OSError(errno.EIO, "injected: the disk failed a sync", str(path))
+
+    monkeypatch.setattr(partial_module, "fsync_dir", failing)
+    with pytest.raises(OSError, match="injected"):
+        again.close()
+    monkeypatch.undo()
+    resumed = store.open_partial(partial.manifest)
+    assert resumed is not again and resumed.complete and resumed.commit("x").digest == partial.manifest.digest
