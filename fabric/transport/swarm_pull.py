@@ -62,6 +62,9 @@ DROPPED_PEER_STALL_S = 3.0
 MAX_REASONS_PER_PEER = 2
 #: seconds before asking again a peer that refused a stream as busy (RESOURCE_EXHAUSTED)
 BUSY_BACKOFF_S = 0.5
+#: Availability polls of one pull in flight at most: they share its threads with its fetches, and a poll to a member that
+#: does not answer holds its thread for peer_calls.AVAILABILITY_TIMEOUT_S (a pull asks up to swarm.SWARM_PEERS peers)
+MAX_POLLING = 16
 #: threads of one pull at most (fetches beyond wait for a free one)
 MAX_PULL_THREADS = 64
 #: a directory: every pull writes a JSON trace of its requests there (scripts/bench_swarm.py reads them)
@@ -233,6 +236,8 @@ class SwarmPull:
 
     def _poll_due(self, now: float) -> None:
         for peer in swarm.live_peers(self.plan):
+            if len(self.polling) >= MAX_POLLING:
+                return  # the rest stay due, and are asked as these answer
             address = peer.address
             # A peer answering a request of ours says what it holds at the request's END: only an idle one is asked.
             if peer.complete or peer.inflight or address in self.polling or now - self.last_poll.get(address, -POLL_S) < self.poll_gap.get(address, POLL_S):

@@ -1,6 +1,8 @@
 """A pull from one peer: its worker reports a request's chunks when the request ends, not each as it lands
 (``SwarmWorkers.each_chunk``), and the coordinator still counts them as progress.
 
+Beside many members that hold nothing, its polls of them are bounded (``MAX_POLLING`` in flight).
+
 The coordinator (``SwarmPull``) is the part under test; the worker's fetch is replaced by a script of what a peer did
 (its chunks verified and written into the real partial, then how the request ended), so the order of events is exact.
 """
@@ -19,9 +21,9 @@ from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport import peer_calls, swarm
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.pull_values import PullSettings, PullStats
-from adapter_fabric.transport.swarm_events import FetchBusy, FetchCorrupt, FetchDone, FetchFailed
+from adapter_fabric.transport.swarm_events import ChunkVerified, FetchBusy, FetchCorrupt, FetchDone, FetchFailed
 from adapter_fabric.transport.swarm_fetch import FetchHandle
-from adapter_fabric.transport.swarm_pull import TRACE_ENV, SwarmPull
+from adapter_fabric.transport.swarm_pull import MAX_POLLING, TRACE_ENV, SwarmPull
 
 PEER = "127.0.0.1:1"
 STALL_S = 1.0  # above the busy back-off (0.5 s), which a pull waits out without progress
@@ -144,3 +146,44 @@ def _run(pull: SwarmPull, partial):
         return partial.commit("one/peer")
     finally:
         partial.close()
+
+
+def test_a_pull_beside_many_members_polls_at_most_max_polling_of_them_at_once(staged) -> None:
+    """Polls share a pull's threads with its fetches, and one to a member that does not answer holds its thread for
+    seconds: beside 40 members that hold nothing (each poll answers after 0.1 s), at most MAX_POLLING are in flight,
+    and every member is still asked. The holder's first request waits until they all were."""
+    store, manifest, blob = staged
+    weights = manifest.weights
+    partial = store.open_partial(manifest)
+    members = [f"127.0.0.1:{1000 + i}" for i in range(40)]
+    lock, in_flight, most, asked = threading.Lock(), [0], [0], set()
+    all_asked = threading.Event()
+
+    def holding(peer: str, digest: str) -> peer_calls.Holding:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.1)
+        with lock:
+            in_flight[0] -= 1
+            asked.add(peer)
+            if len(asked) == len(members):
+                all_asked.set()
+        return peer_calls.Holding(set(), False, 0)
+
+    def fetch(request: swarm.Request, handle: FetchHandle) -> None:
+        all_asked.wait(10)
+        for index in request.chunks:
+            offset, length = weights.chunk_span(index)
+            partial.write_chunk(index, blob[offset : offset + length])
+            pull.done.add(index)
+            pull.events.put(ChunkVerified(request, index))  # several peers: an event per chunk
+        pull.events.put(FetchDone(request))
+
+    pull = SwarmPull(
+        manifest, partial, [PEER, *members], PullStats(digest=manifest.digest), settings=PullSettings(stall_timeout=30.0),
+        channels=PeerChannels(), download_limit=None, holding=holding,
+    )
+    pull.workers.fetch = fetch  # type: ignore[method-assign]
+    assert _run(pull, partial).digest == manifest.digest
+    assert asked == set(members) and 1 < most[0] <= MAX_POLLING, (len(asked), most[0])
