@@ -152,8 +152,7 @@ class SwarmPull:
         plan = self.plan
         source = next(iter(plan.peers))
         for whole in {source} | (self.complete & set(plan.peers)):
-            swarm.set_holding(plan, whole, (), complete=True)
-            self.held_whole.add(whole)
+            self._hold(whole, (), complete=True)
         last_progress = time.monotonic()
         # The source serves at once; peers are first asked POLL_S in. Pullers of one rollout start together, and a
         # poll at the start found nothing (half of a 16-node rollout's polls); one already holding chunks waits POLL_S.
@@ -314,9 +313,7 @@ class SwarmPull:
         view = self.plan.peers[peer]
         if not view.dead:
             before = view.have
-            swarm.set_holding(self.plan, peer, event.have, event.complete)
-            if event.complete:
-                self.held_whole.add(peer)
+            self._hold(peer, event.have, event.complete)
             useful = event.complete or bool((view.have - before) & self.plan.needed)
             self.poll_gap[peer] = POLL_S if useful else min(POLL_MAX_S, 2 * self.poll_gap.get(peer, POLL_S))
         return False
@@ -326,10 +323,14 @@ class SwarmPull:
         self.last_poll[event.peer] = now
         view = self.plan.peers[event.peer]
         if not view.dead and not view.complete:
-            swarm.set_holding(self.plan, event.peer, event.have, event.complete)
-            if event.complete:
-                self.held_whole.add(event.peer)
+            self._hold(event.peer, event.have, event.complete)
         return False
+
+    def _hold(self, peer: str, have: Collection[int], complete: bool) -> None:
+        """Record what ``peer`` holds in the plan; one that held every chunk is remembered so (a refusal's wording)."""
+        swarm.set_holding(self.plan, peer, have, complete)
+        if complete:
+            self.held_whole.add(peer)
 
     def _on_poll_failed(self, event: PollFailed, now: float) -> bool:
         self.polling.discard(event.peer)

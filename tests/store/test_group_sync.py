@@ -23,16 +23,22 @@ def _blobs(root: Path) -> list[str]:
     return sorted(p.name for p in (root / "blobs" / "blake3").rglob("*") if p.is_file())
 
 
-def test_a_stage_syncs_its_blobs_in_the_batch_round_before_its_ref(tmp_path: Path, store_adapters: dict[str, Path], monkeypatch) -> None:
+def _synced_before_ref(monkeypatch, ref: Path) -> list[str]:
+    """The names of the files the store's path-sync helper syncs from now on, each checked to come before ``ref`` is placed."""
     synced: list[str] = []
     real = durable.fsync_file
 
     def sync(path: Path) -> None:
-        assert not (tmp_path / "s" / "refs" / "x").exists(), "a ref was placed before its blob's bytes were synced"
+        assert not ref.exists(), "a ref was placed before its blob's bytes were synced"
         synced.append(path.name)
         real(path)
 
     monkeypatch.setattr(durable, "fsync_file", sync)
+    return synced
+
+
+def test_a_stage_syncs_its_blobs_in_the_batch_round_before_its_ref(tmp_path: Path, store_adapters: dict[str, Path], monkeypatch) -> None:
+    synced = _synced_before_ref(monkeypatch, tmp_path / "s" / "refs" / "x")
     store = AdapterStore(tmp_path / "s", chunk_size=SMALL_CHUNK)
     manifest = store.stage(store_adapters["a"], "x")
     assert sorted(synced) == sorted(f.root for f in manifest.files) == _blobs(tmp_path / "s")
@@ -69,15 +75,7 @@ def _download(root: Path, directory: Path) -> tuple[AdapterStore, object, list[b
 
 def test_a_peer_download_syncs_both_its_files_in_the_commit_round_before_its_ref(tmp_path: Path, store_adapters: dict[str, Path], monkeypatch) -> None:
     store, partial, _ = _download(tmp_path / "s", store_adapters["a"])
-    synced: list[str] = []
-    real = durable.fsync_file
-
-    def sync(path: Path) -> None:
-        assert not (tmp_path / "s" / "refs" / "x").exists(), "a ref was placed before its blob's bytes were synced"
-        synced.append(path.name)
-        real(path)
-
-    monkeypatch.setattr(durable, "fsync_file", sync)
+    synced = _synced_before_ref(monkeypatch, tmp_path / "s" / "refs" / "x")
     manifest = partial.commit("x")
     assert sorted(synced) == sorted(f.root for f in manifest.files) == _blobs(tmp_path / "s")
     assert store.verify("x").digest == manifest.digest
