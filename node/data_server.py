@@ -230,7 +230,7 @@ class DataServer:
         if isinstance(piece, BytesPiece):
             kind, offset, payload = data_frames.CHUNK, piece.offset, piece.data
         elif isinstance(piece, Picked):
-            kind, offset, payload = data_frames.PICKED, 0, data_frames.encode_picked(piece.chunks)
+            kind, (offset, payload) = data_frames.PICKED, data_frames.encode_picked(piece.chunks, piece.others)
         else:
             kind, offset, payload = data_frames.END, 0, data_frames.encode_end(piece.complete, piece.bitmap)
         writer.write(data_frames.frame_header(kind, offset, len(payload)))

@@ -29,6 +29,7 @@ from adapter_fabric.store.ids import validate_adapter_id
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport import fetch_metadata, swarm, wire
 from adapter_fabric.transport.pull import PeerPuller
+from adapter_fabric.transport.recent_pullers import RecentPullers
 from adapter_fabric.trust.signing import signatures_to_proto
 from adapter_fabric.v1 import fabric_pb2
 
@@ -58,9 +59,10 @@ class BytesPiece:
 
 @dataclass(frozen=True)
 class Picked:
-    """The chunks a super-seeding node will send (first, before any bytes)."""
+    """The chunks a super-seeding node will send (first, before any bytes), and how many others pull it from here."""
 
     chunks: list[int]
+    others: int | None = None  # recent_pullers; None: not said (a partial's pick, or an unnamed puller)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class PeerReads:
         # Per digest, how often each chunk was handed out to swarm pulls (super-seeding); touched on the event loop only.
         self._sent: dict[str, list[int]] = {}
         self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
+        self._pullers = RecentPullers()  # per digest, who asked lately: each swarm puller is told how many others did
         self._rng = random.Random()
         self.announce = announce
         self._cut: str = ""  # set while draining, once streams still sending must end: why
@@ -190,7 +193,7 @@ class PeerReads:
                 elif isinstance(piece, BytesPiece):
                     yield wire.encode_chunk(piece.offset, piece.data)
                 elif isinstance(piece, Picked):
-                    await context.send_initial_metadata(fetch_metadata.picked(piece.chunks))
+                    await context.send_initial_metadata(fetch_metadata.picked(piece.chunks, piece.others))
                 else:
                     held = fetch_metadata.complete() if piece.complete else fetch_metadata.verified(piece.bitmap or b"")
                     context.set_trailing_metadata((*held, *self.announce))  # and where its data channel is, for the next stream
@@ -223,7 +226,7 @@ class PeerReads:
         if request.accept_bitmap and entry.name == manifest.weights.name:
             self.store.touch(manifest.adapter_id)
             with self.context.in_use.hold(manifest.digest):
-                async with aclosing(self._seed(manifest, chunks, request)) as pieces:  # its counts are settled in its finally
+                async with aclosing(self._seed(manifest, chunks, request, holder)) as pieces:  # its counts are settled in its finally
                     async for piece in pieces:
                         yield piece
             return
@@ -238,16 +241,19 @@ class PeerReads:
                     yield FilePiece(offset, length, f)
         yield Holds(complete=True)
 
-    async def _seed(self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest) -> AsyncGenerator[Piece, None]:
+    async def _seed(
+        self, manifest: Manifest, requested: Sequence[int], request: fabric_pb2.FetchRequest, holder: tuple[str, int, bytes] | None,
+    ) -> AsyncGenerator[Piece, None]:
         """A swarm request to a node holding the whole adapter: super-seeding.
 
         It gets the acceptable chunks handed out least. While first copies
         are still on their way to other nodes and this caller takes only
         chunks handed out already, it is told to ask again (busy): the seed's
         upload carries every chunk once before it carries any twice, and the
-        caller gets the rest from the nodes that received them.
+        caller gets the rest from the nodes that received them. Its pick says how many other pullers asked lately.
         """
         weights, digest = manifest.weights, manifest.digest
+        others = self._pullers.others(digest, holder[:2] if holder is not None else None)
         accept = swarm.bitmap_to_chunks(request.accept_bitmap, weights.chunk_count) | set(requested)
         sent = self._sent_counts(digest, weights.chunk_count)
         first_inflight = self._first_inflight.setdefault(digest, set())
@@ -262,7 +268,7 @@ class PeerReads:
         first_inflight.update(firsts)
         served: set[int] = set()
         try:
-            yield Picked(chunks)
+            yield Picked(chunks, others)
             with _open_blob(await self.context.io(self.store.verified_weights, manifest), manifest) as f:
                 for index in chunks:
                     offset, length = weights.chunk_span(index)

@@ -122,6 +122,7 @@ def inner(args: argparse.Namespace) -> dict:
         print(f"  {mode:<6} {len(targets):>2} receivers: slowest {seconds[-1]:6.2f} s  median {row['median_s']:6.2f} s  fastest {seconds[0]:6.2f} s", file=sys.stderr, flush=True)
         row["trace"] = analyse_traces(trace_dir, seed)
         if args.keep_traces:
+            Path(args.keep_traces).mkdir(parents=True, exist_ok=True)  # cp -r names, it does not make, the parent
             subprocess.run(["cp", "-r", str(trace_dir), f"{args.keep_traces}/{args.count}-{mode}"], check=True)
         print("         " + format_trace(row["trace"]), file=sys.stderr, flush=True)
         print("         " + format_cpu("node processes", row["node_cpu_s"]), file=sys.stderr, flush=True)

@@ -223,7 +223,7 @@ class DataCall:
         self._buffer: bytearray | None = None  # from RECEIVE_BUFFERS at the first chunk, given back at END
         self._header = bytearray(data_frames.FRAME.size)
         self._pending: tuple[int, int, int] | None = None  # a frame header read ahead by initial_metadata
-        self._picked: list[int] | None = None
+        self._picked: tuple[list[int], int | None] | None = None  # the PICKED frame's chunks and other pullers
         self.grpc_when_busy = True  # False for one of several streams to the peer: its limit would refuse gRPC's too
         self._trailer: tuple[bytes | None, bool] | None = None
         self._cancelled = False
@@ -370,10 +370,10 @@ class DataCall:
         if self._picked is None and self._pending is not None and self._pending[0] == data_frames.PICKED:
             header, self._pending = self._pending, None
             try:
-                self._picked = data_frames.decode_picked(self._payload(header[2]))
+                self._picked = data_frames.decode_picked(self._payload(header[2]), header[1])
             except (DataChannelFailed, IntegrityError) as exc:
                 self._fail(exc)  # raised by the first next()
-        return fetch_metadata.picked(self._picked) if self._picked is not None else ()
+        return fetch_metadata.picked(*self._picked) if self._picked is not None else ()
 
     def trailing_metadata(self) -> tuple[tuple[str, Any], ...]:
         """What the node holds, as Fetch's trailer says it (``fetch_metadata.holding`` reads it), and this channel's port."""

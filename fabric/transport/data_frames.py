@@ -14,7 +14,8 @@ length-prefixed pieces), is a fixed header and then raw bytes:
   bytes, offset u64, length u32) and ``length`` bytes of payload:
 
   ``CHUNK``  offset = the chunk's offset in the file, payload = its bytes
-  ``PICKED`` payload = the chunk indexes a super-seeding node will send (as Fetch's initial metadata)
+  ``PICKED`` payload = the chunk indexes a super-seeding node will send (as Fetch's initial metadata); offset = 1 + the
+           other pullers it served lately (``fabric-other-pullers``), 0 when it does not say (older nodes)
   ``END``    the stream ended well; payload = what the node holds (``b"C"`` all, ``b"V"`` + bitmap, or empty)
   ``ERROR``  the stream ended with an error; payload = a serialized ``ErrorDetail`` (as Fetch's trailer)
 
@@ -91,15 +92,16 @@ def parse_frame_header(header: bytes | bytearray | memoryview) -> tuple[int, int
     return kind, offset, length
 
 
-def encode_picked(chunks: list[int]) -> bytes:
-    """A PICKED payload: the chunk indexes, comma-separated ASCII (as Fetch's ``fabric-picked-chunks``)."""
-    return ",".join(map(str, chunks)).encode("ascii")
+def encode_picked(chunks: list[int], others: int | None = None) -> tuple[int, bytes]:
+    """A PICKED frame's offset and payload: the other pullers (1 + the count; 0: not said), and the chunk indexes,
+    comma-separated ASCII (as Fetch's ``fabric-picked-chunks``). An older puller reads the payload and ignores the offset."""
+    return (0 if others is None else 1 + others), ",".join(map(str, chunks)).encode("ascii")
 
 
-def decode_picked(payload: bytes) -> list[int]:
-    """The chunk indexes of a PICKED payload; IntegrityError when malformed."""
+def decode_picked(payload: bytes, offset: int = 0) -> tuple[list[int], int | None]:
+    """The chunk indexes of a PICKED frame, and the other pullers it says (None: not said); IntegrityError when malformed."""
     try:
-        return [int(c) for c in payload.decode("ascii").split(",") if c]
+        return [int(c) for c in payload.decode("ascii").split(",") if c], (offset - 1 if offset else None)
     except (UnicodeDecodeError, ValueError):
         raise IntegrityError(f"malformed PICKED frame {payload[:100]!r}") from None
 

@@ -2,7 +2,8 @@
 
 Initial metadata ``fabric-picked-chunks``: the chunk indexes (comma-separated)
 a node serving a request with ``accept_bitmap`` will send, so the caller knows
-before the bytes arrive (and asks no one else for them meanwhile).
+before the bytes arrive (and asks no one else for them meanwhile). Beside it, a node holding the whole adapter says
+``fabric-other-pullers``: how many other nodes pulled it from there lately (``recent_pullers``); absent from older nodes.
 
 Trailing metadata, on a stream that ended well: ``fabric-complete: 1`` from a
 node holding every chunk, or ``fabric-verified-bin`` (its verified_bitmap, as
@@ -29,6 +30,7 @@ from typing import Any
 from adapter_fabric.errors import IntegrityError
 
 PICKED_CHUNKS_KEY = "fabric-picked-chunks"
+OTHER_PULLERS_KEY = "fabric-other-pullers"
 VERIFIED_KEY = "fabric-verified-bin"
 COMPLETE_KEY = "fabric-complete"
 HOLDER_PORT_KEY = "fabric-holder-port"
@@ -36,9 +38,18 @@ HOLDER_BITMAP_KEY = "fabric-holder-bin"
 DATA_PORT_KEY = "fabric-data-port"
 
 
-def picked(chunks: list[int]) -> tuple[tuple[str, str], ...]:
-    """Initial metadata announcing the chunks a serving node will send."""
-    return ((PICKED_CHUNKS_KEY, ",".join(map(str, chunks))),)
+def picked(chunks: list[int], others: int | None = None) -> tuple[tuple[str, str], ...]:
+    """Initial metadata announcing the chunks a serving node will send, and how many others pull the adapter from it."""
+    told = ((OTHER_PULLERS_KEY, str(others)),) if others is not None else ()
+    return ((PICKED_CHUNKS_KEY, ",".join(map(str, chunks))), *told)
+
+
+def other_pullers(metadata: Any) -> int | None:
+    """How many other pullers a serving node said it has lately; None when it did not say (or said nonsense)."""
+    for key, value in metadata or ():
+        if key == OTHER_PULLERS_KEY:
+            return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 10 else None
+    return None
 
 
 def picked_chunks(metadata: Any) -> list[int] | None:

@@ -153,6 +153,12 @@ def new_plan(chunk_count: int, verified: Iterable[int], peers: Sequence[str], se
     return SwarmPlan(chunk_count=chunk_count, needed={i for i in range(chunk_count) if i not in done}, peers=views, tiebreak=tiebreak)
 
 
+def order_chunks(plan: SwarmPlan, in_file_order: bool, rng: random.Random | None = None) -> None:
+    """Break ties among equally rare chunks in file order (a lone pull: runs stay whole), or at random (a swarm)."""
+    count = plan.chunk_count
+    plan.tiebreak = [float(i) for i in range(count)] if in_file_order else [(rng or random).random() for _ in range(count)]
+
+
 def swarm_peers(named: str, known: Sequence[str], rng: random.Random | None = None, limit: int = SWARM_PEERS) -> list[str]:
     """The peers of a pull that names ``named``: it first, then up to ``limit`` of the ``known`` others, at random when
     there are more (each puller of a large rollout its own sample, so the swarm stays connected)."""

@@ -39,10 +39,12 @@ class ChunkVerified:
 
 @dataclass(frozen=True)
 class ChunksPicked:
-    """The serving peer said it sends ``chunks`` in place of those ``request`` asked for (super-seeding)."""
+    """The serving peer said it sends ``chunks`` in place of those ``request`` asked for (super-seeding), and how many
+    ``others`` pull the adapter from it lately (None: it did not say)."""
 
     request: swarm.Request
     chunks: list[int]
+    others: int | None = None
 
     def trace_row(self) -> list | None:
         """Not traced."""

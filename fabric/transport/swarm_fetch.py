@@ -164,10 +164,11 @@ class SwarmWorkers:
         position = 0
         try:
             if request.accept:
-                picked = fetch_metadata.picked_chunks(call.initial_metadata())
+                said = call.initial_metadata()
+                picked = fetch_metadata.picked_chunks(said)
                 if picked is not None:
                     expected = picked
-                    self.report(ChunksPicked(request, picked))
+                    self.report(ChunksPicked(request, picked, fetch_metadata.other_pullers(said)))
             for got, data in call:
                 handle.feed()
                 self._count(peer, len(data))

@@ -21,6 +21,7 @@ from adapter_fabric.errors import AdapterNotFound, PeerUnavailable
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport import peer_calls, swarm
 from adapter_fabric.transport.channels import PeerChannels
+from adapter_fabric.transport.pace import pace_for
 from adapter_fabric.transport.pull_values import PullSettings, PullStats
 from adapter_fabric.transport.rate import TokenBucket
 from adapter_fabric.transport.swarm_events import (
@@ -107,8 +108,8 @@ class SwarmPull:
         self.channels = channels
         sources = list(self.plan.peers)
         # a lone source that refused a stream beside another of ours lately is asked one at a time
-        self.window = swarm.window_for(len(sources), settings.window, several=len(sources) != 1 or channels.takes_streams_beside(sources[0]))
-        self.max_run = swarm.run_length(self.weights.chunk_size, self.weights.chunk_count, len(sources), self.window)
+        several = channels.takes_streams_beside(sources[0])
+        self.pace = pace_for(self.weights.chunk_size, self.weights.chunk_count, len(sources), settings.window, several)
         self.events: queue.SimpleQueue[SwarmEvent] = queue.SimpleQueue()
         self.active: dict[int, FetchHandle] = {}
         self.polling: set[str] = set()
@@ -125,7 +126,7 @@ class SwarmPull:
             manifest, partial, self.done, stats, self.events.put,
             settings=settings, channels=channels, download_limit=download_limit, holding=holding, each_chunk=len(self.plan.peers) > 1,
         )
-        workers = len(peers) * self.window + len(peers)
+        workers = len(peers) * max(self.pace.swarm_window, self.pace.lone_window) + len(peers)
         self.pool = ThreadPoolExecutor(max_workers=min(MAX_PULL_THREADS, workers), thread_name_prefix="pull")
         # One handler per kind of event; each returns True when a chunk was verified (progress).
         self._handlers: dict[type, Callable[[Any, float], bool]] = {
@@ -163,7 +164,7 @@ class SwarmPull:
             while plan.needed:
                 now = time.monotonic()
                 self._poll_due(now)
-                for request in swarm.plan_requests(plan, now, self.window, self.max_run):
+                for request in swarm.plan_requests(plan, now, self.pace.window, self.pace.max_run):
                     self._start(request)
                 for request in swarm.redundant(plan):
                     self.active[request.id].cancel()
@@ -301,6 +302,7 @@ class SwarmPull:
 
     def _on_picked(self, event: ChunksPicked, now: float) -> bool:
         swarm.retarget(self.plan, event.request, event.chunks)
+        self.pace.heard(self.plan, event.others)
         return False
 
     def _on_duplicate(self, event: DuplicateChunk, now: float) -> bool:

@@ -21,7 +21,7 @@ from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport import peer_calls, swarm
 from adapter_fabric.transport.channels import PeerChannels
 from adapter_fabric.transport.pull_values import PullSettings, PullStats
-from adapter_fabric.transport.swarm_events import ChunkVerified, FetchBusy, FetchCorrupt, FetchDone, FetchFailed
+from adapter_fabric.transport.swarm_events import ChunksPicked, ChunkVerified, FetchBusy, FetchCorrupt, FetchDone, FetchFailed
 from adapter_fabric.transport.swarm_fetch import FetchHandle
 from adapter_fabric.transport.swarm_pull import MAX_POLLING, TRACE_ENV, SwarmPull
 
@@ -187,3 +187,46 @@ def test_a_pull_beside_many_members_polls_at_most_max_polling_of_them_at_once(st
     pull.workers.fetch = fetch  # type: ignore[method-assign]
     assert _run(pull, partial).digest == manifest.digest
     assert asked == set(members) and 1 < most[0] <= MAX_POLLING, (len(asked), most[0])
+
+
+@pytest.mark.parametrize("others", [0, 3, None])
+def test_a_pull_beside_idle_members_ramps_to_long_runs_only_when_the_holder_says_nobody_else_pulls(staged, others) -> None:
+    """The holder's pick says how many others pull from it (``recent_pullers``): 0 ramps the runs (1, 2, 4, 8, up to one
+    source's 9 of 17 chunks) on two streams; others, or an older holder that says nothing, keep a swarm's pace (one
+    chunk, one request at a time)."""
+    store, manifest, blob = staged
+    weights = manifest.weights
+    partial = store.open_partial(manifest)
+    members = [f"127.0.0.1:{1000 + i}" for i in range(6)]
+    runs: list[list[int]] = []
+    lock, in_flight, most = threading.Lock(), [0], [0]
+
+    def fetch(request: swarm.Request, handle: FetchHandle) -> None:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            runs.append(list(request.chunks))
+        pull.events.put(ChunksPicked(request, list(request.chunks), others))
+        time.sleep(0.01)  # long enough for the coordinator to plan beside it
+        for index in request.chunks:
+            offset, length = weights.chunk_span(index)
+            partial.write_chunk(index, blob[offset : offset + length])
+            pull.done.add(index)
+            pull.events.put(ChunkVerified(request, index))
+        with lock:
+            in_flight[0] -= 1
+        pull.events.put(FetchDone(request))
+
+    pull = SwarmPull(
+        manifest, partial, [PEER, *members], PullStats(digest=manifest.digest), settings=PullSettings(stall_timeout=30.0),
+        channels=PeerChannels(), download_limit=None, holding=lambda peer, digest: peer_calls.Holding(set(), False, 0),
+    )
+    pull.workers.fetch = fetch  # type: ignore[method-assign]
+    assert _run(pull, partial).digest == manifest.digest
+    assert sorted(c for run in runs for c in run) == list(range(weights.chunk_count))
+    if others == 0:
+        # one chunk at random, then runs in file order (cut only by a chunk asked for already): 5-7 requests for 17
+        assert len(runs[0]) == 1 and max(map(len, runs)) >= 4 and len(runs) <= 7 and most[0] == 2, runs
+        assert all(run == list(range(run[0], run[-1] + 1)) for run in runs), runs
+    else:
+        assert [len(run) for run in runs] == [1] * weights.chunk_count and most[0] == 1, runs

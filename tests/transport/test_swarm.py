@@ -16,6 +16,7 @@ import pytest
 from adapter_fabric.transport import swarm
 
 from adapter_fabric.transport import fetch_metadata, wire
+from adapter_fabric.transport.swarm_pull import TRACE_ENV
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.harness.cluster import LocalNode, free_port
 from adapter_fabric.transport.discovery import PeerSource, resolve
@@ -415,7 +416,7 @@ def test_rollout_cli_forms_a_pipeline_and_locate_finds_holders(tmp_path, big_ada
     traces.mkdir()
     nodes = [
         LocalNode(tmp_path / f"n{i}", model="none", port=port, peers=[a for a in addresses if a != addresses[i]], extra_args=SMALL_CHUNK,
-                  env={"FABRIC_PULL_TRACE": str(traces)})
+                  env={TRACE_ENV: str(traces)})
         for i, port in enumerate(ports)
     ]
     start_all([seed, *nodes])
@@ -493,3 +494,34 @@ def test_a_peer_that_refused_a_stream_beside_ours_is_asked_no_more_than_it_took(
     (alone,) = swarm.plan_requests(plan, now=0.0, window=2, max_run=10)
     assert not alone.beside
     assert not any(r.beside for r in swarm.plan_requests(plan_of(40, {"a": None, "b": None}), now=0.0, window=1, max_run=10))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("channel", ["data channel", "gRPC"])
+def test_a_pull_naming_the_only_holder_beside_an_idle_member_takes_long_runs(tmp_path, big_adapter, channel) -> None:
+    """The seeder says, in each pick, that nobody else pulls the adapter from it (``recent_pullers``), on either channel:
+    the puller leaves the swarm's pace (runs of 3 of the ~30 chunks, beside one member) for a lone pull's."""
+    extra = ["--data-port", "off"] if channel == "gRPC" else []
+    seed = store_node(tmp_path, "seed", extra=extra)
+    member = store_node(tmp_path, "member", extra=extra)
+    start_all([seed, member])
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    puller = store_node(tmp_path, "puller", peers=[seed.address, member.address], extra=extra)
+    puller.env = {TRACE_ENV: str(traces)}
+    puller.start()
+    try:
+        with NodeClient(seed.address) as client:
+            digest = client.stage(big_adapter, "big").digest
+            count = client.manifest("big").files[-1].chunk_count
+        with NodeClient(puller.address) as client:
+            reply = client.promote("big", peer=seed.address, stage_only=True)
+        assert reply.digest == digest
+        (trace,) = traces.glob("pull-*.json")
+        pulled = json.loads(trace.read_text())
+        assert pulled["peers"] == [seed.address, member.address]
+        runs = [chunks for _, kind, peer, chunks in pulled["events"] if kind == "start"]
+        assert max(map(len, runs)) > swarm.run_length(4096, count, 2) and len(runs) < count / 3, runs
+    finally:
+        for node in (seed, member, puller):
+            node.stop()
