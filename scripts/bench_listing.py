@@ -55,7 +55,7 @@ from adapter_fabric.access.policy import MAX_QUOTAS
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.format.safetensors_index import read_index
 from adapter_fabric.harness.adapter_sets import adapter_id as set_id
-from adapter_fabric.harness.baseline import baseline_env
+from adapter_fabric.harness.baseline import baseline_env, refuse_unknown_revision
 from adapter_fabric.harness.cluster import LocalNode
 from adapter_fabric.harness.flag_bounds import refuse_out_of_range
 from adapter_fabric.node.slots import MAX_PAGE_SIZE
@@ -333,6 +333,7 @@ def main() -> None:
         ("--reps", args.reps, 1, 1000, "calls timed per figure, a median"),
         ("--rounds", args.rounds, 1, 50, "each round starts both trees' nodes on the whole store"),
     ))
+    refuse_unknown_revision(parser, ROOT, args.baseline if args.nodes else "")  # --baseline is for --nodes only
     with tempfile.TemporaryDirectory() as tmp:
         adapter = make_peft_adapter(Path(tmp) / "a", base_model=build_tiny_model(), r=4, lora_alpha=8, target_modules=["q_proj"], seed=1)
         (nodes if args.nodes else in_process)(args, adapter, Path(tmp))

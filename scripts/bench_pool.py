@@ -307,6 +307,9 @@ def main() -> None:
         resolve_device(args.device)
     except InvalidArgument:
         parser.error(f"--device takes {', '.join(DEVICE_CHOICES)} (cuda only where torch sees a CUDA device), not {args.device!r}")
+    from adapter_fabric.harness.baseline import refuse_unknown_revision
+
+    refuse_unknown_revision(parser, ROOT, args.baseline)
     if args.baseline:
         passed = ["--device", args.device, "--reps", str(args.reps), "--batch", str(args.batch), "--seq", str(args.seq),
                   "--sections", ",".join(args.sections), "--threads", str(args.threads)]

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from adapter_fabric.client.bulk import BatchStage, stage_many  # noqa: E402
 from adapter_fabric.client.node_client import UPLOAD_PIECE  # noqa: E402
-from adapter_fabric.harness.baseline import baseline_env  # noqa: E402
+from adapter_fabric.harness.baseline import baseline_env, refuse_unknown_revision  # noqa: E402
 from adapter_fabric.harness.bench import make_small_adapters  # noqa: E402
 from adapter_fabric.harness.cluster import LocalNode  # noqa: E402
 from adapter_fabric.harness.flag_bounds import refuse_out_of_range  # noqa: E402
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     ))
     if args.dir is not None and not args.dir.is_dir():
         parser.error(f"--dir takes a directory that exists (a temporary one is made in it), not {str(args.dir)!r}")
+    refuse_unknown_revision(parser, ROOT, args.baseline)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         (root / "adapters").mkdir()

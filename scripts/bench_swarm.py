@@ -44,7 +44,7 @@ from pathlib import Path
 
 import swarm_ideal  # scripts/: this script's folder is on sys.path
 from adapter_fabric.harness import netlab
-from adapter_fabric.harness.baseline import baseline_env
+from adapter_fabric.harness.baseline import baseline_env, refuse_unknown_revision
 from adapter_fabric.harness.bench import make_adapter
 from adapter_fabric.harness.flag_bounds import refuse_out_of_range
 
@@ -311,6 +311,7 @@ def main() -> None:
     ))
     if not (args.mtu == 0 or 68 <= args.mtu <= 65535):
         parser.error(f"--mtu takes 0 (the kernel's 1500) or 68 to 65535 (IPv4's least, a veth's most), not {args.mtu}")
+    refuse_unknown_revision(parser, ROOT, args.baseline)
 
     if args.inner:
         print(json.dumps(inner(args)))

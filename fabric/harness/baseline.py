@@ -8,6 +8,7 @@ this tree's side by side, in one run, on the same machine (``scripts/bench_listi
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 from pathlib import Path
 
@@ -23,3 +24,16 @@ def baseline_env(repo: Path, rev: str, into: Path) -> dict[str, str]:
         (package / entry.name).symlink_to(entry)
     (package / "node").symlink_to(into / "node")
     return {"PYTHONPATH": str(into / "path")}
+
+
+
+def refuse_unknown_revision(parser: argparse.ArgumentParser, repo: Path, rev: str) -> None:
+    """``parser.error`` (exit 2) when ``rev`` (a script's ``--baseline``; '' asks for none) names no commit of ``repo``:
+    checked before anything is built or started, not as ``git archive``'s traceback minutes in."""
+    if not rev:
+        return
+    if rev.startswith("-") or len(rev) > 200:
+        parser.error(f"--baseline takes a git revision of this repository (a commit, a branch or a tag), not {rev[:200]!r}")
+    found = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], capture_output=True, timeout=30)
+    if found.returncode != 0:
+        parser.error(f"--baseline takes a git revision of this repository (a commit, a branch or a tag); {rev!r} names none here")

@@ -41,6 +41,8 @@ BOUNDS = [
     ("bench_pool.py", "--seq", "0", "257", "--seq takes 1 to 256"),
     ("bench_pool.py", "--threads", "-1", "257", "--threads takes 0 to 256"),
     ("bench_pool.py", "--rounds", "0", "51", "--rounds takes 1 to 50"),
+    ("bench_members.py", "--members", "0", "33", "--members takes 1 to 32"),
+    ("bench_members.py", "--rounds", "0", "1001", "--rounds takes 1 to 1000"),
     ("bench_promote.py", "--rounds", "0", "1001", "--rounds takes 1 to 1000"),
     ("bench_stage.py", "--adapters", "0", "20001", "--adapters takes 1 to 20000"),
     ("bench_stage.py", "--workers", "0", "65", "--workers takes 1 to 64"),
@@ -90,6 +92,10 @@ OTHERS = [
     ("bench_pool.py", ["--sections", "swap,nap"], "--sections takes swap, load, forward"),
     ("bench_pool.py", ["--device", "tpu"], "--device takes auto, cpu, cuda"),
     ("bench_stage.py", ["--dir", "absent"], "--dir takes a directory that exists"),
+    # a --baseline that names no commit is refused before a node starts, not by git archive's traceback minutes in
+    *((script, [*NEEDS.get(script, []), f"--baseline={rev}"], f"--baseline takes a git revision of this repository{words}")
+      for script in ("bench_listing.py", "bench_members.py", "bench_pool.py", "bench_stage.py", "bench_swarm.py")
+      for rev, words in (("no-such-revision", " (a commit, a branch or a tag); 'no-such-revision' names none here"), ("--all", ""))),
     ("swarm_ideal.py", ["--forward", "--host", "127.0.0.1", "--size", "10", "--children", "0"], "--forward takes --source (the seed) or --parent and --out"),
     ("swarm_ideal.py", [*NEEDS["swarm_ideal.py"]], "--source takes the file to send"),
 ]
