@@ -128,14 +128,17 @@ def test_a_hand_off_that_hangs_holds_up_no_read_and_no_stage_and_loses_no_last_c
 
 
 def slow_engine_case(tmp_path, seeder, newcomer, *engine_flags: str) -> None:  # noqa: F811
-    """C full of two adapters the seeder holds (so either may go) and an engine that keeps the eviction waiting: every other
-    call answers at once, and the Stage that needs room answers within the writer's wait, staged or refused by name."""
+    """C full of two adapters the seeder holds, ``a`` kept (so ``b`` goes), and an engine that keeps the eviction waiting:
+    every other call answers at once, and the Stage that needs room answers within the writer's wait, staged or refused
+    by name. ``a`` is kept so that ``a-again`` (its bytes under another id) needs no room: were ``a`` the victim, its
+    bytes gone by then, ``a-again`` took the room made for ``x`` (it failed so once in a full suite)."""
     peer = seeder["node"].address
     node = cache_node(tmp_path, seeder, *engine_flags)
     try:
         with node.client() as c:
             c.stage(seeder["dirs"]["a"], "a")  # staged here (at C's chunk size), and the seeder holds it too: it may go
             c.pull("b", peer=peer)
+            c.keep("a")
             with stage_in_background(c, newcomer["dir"], "x") as needing_room:
                 reads_answer_at_once(c, "a")
                 alias, took = timed(lambda: c.stage(seeder["dirs"]["a"], "a-again", timeout=60))  # bytes held here: no room needed
