@@ -26,7 +26,6 @@ def baseline_env(repo: Path, rev: str, into: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(into / "path")}
 
 
-
 def refuse_unknown_revision(parser: argparse.ArgumentParser, repo: Path, rev: str) -> None:
     """``parser.error`` (exit 2) when ``rev`` (a script's ``--baseline``; '' asks for none) names no commit of ``repo``:
     checked before anything is built or started, not as ``git archive``'s traceback minutes in."""

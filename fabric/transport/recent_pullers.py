@@ -6,7 +6,7 @@ costs a round trip and a request's set-up per chunk (an 84 MB pull beside six em
 naming the peer alone). The puller cannot tell the two cases apart (a poll at a rollout's start finds nothing
 either); the seeder can: it serves them all. It counts the pullers (by the address they serve on, which every swarm
 request carries: ``fetch_metadata.holder``) that asked for the digest in the last ``LATELY_S`` seconds, and says how
-many others there were in its pick (``fetch_metadata.picked``); ``swarm.Pace`` turns "none" into longer runs.
+many others there were in its pick (``fetch_metadata.picked``); ``pace.Pace`` turns "none" into longer runs.
 """
 
 from __future__ import annotations

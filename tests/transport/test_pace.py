@@ -113,7 +113,7 @@ def test_what_the_seeder_remembers_is_bounded_in_digests_and_in_pullers() -> Non
     for i in range(DIGESTS_KEPT):
         pullers.others(f"d{i}", ("10.0.0.1", 1))
     assert pullers.others("first", ("10.0.0.3", 1)) == 0  # forgotten: the most recent DIGESTS_KEPT are kept
-    assert len(pullers._seen) == DIGESTS_KEPT  # noqa: SLF001 (the bound itself)
+    assert pullers.others(f"d{DIGESTS_KEPT - 1}", ("10.0.0.3", 1)) == 1  # the most recent ones are not
 
 
 def test_the_count_travels_in_grpc_metadata_and_a_missing_or_junk_one_reads_as_not_said() -> None:
