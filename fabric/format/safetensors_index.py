@@ -186,6 +186,44 @@ def _plainly_valid(info: TensorInfo) -> bool:
     return dtype in DTYPE_BITS and bits == (end - begin) * 8
 
 
+def header_matches(data: bytes | bytearray | memoryview, tensors: tuple[TensorInfo, ...], file_size: int) -> bool:
+    """Whether ``parse_header`` would accept the header in ``data`` (a file's first ``8 + N`` of ``file_size`` bytes) and
+    return ``tensors``, found without building the index (1.3 against 2.3 ms for 448 tensors, at a pull's commit).
+    False says only "parse it": ``parse_header`` then names what is wrong, or the caller what differs."""
+    try:
+        n = header_length(data)
+        if len(data) < 8 + n or not all(_plainly_valid(t) for t in tensors):
+            return False
+        check_layout(tuple(sorted(tensors, key=lambda t: (t.begin, t.end, t.name))))
+        raw = _decode_json(bytes(data[8 : 8 + n]))
+        expected = {t.name: t for t in tensors}
+        metadata = 0
+        for name, value in raw:
+            info = expected.pop(name, None)  # popped: a name written twice finds nothing the second time
+            if name == METADATA_KEY:
+                metadata += 1
+                _parse_metadata(value)  # its refusal is a mismatch
+            elif info is None or not _entry_is(value, info):
+                return False
+    except InvalidHeader:
+        return False
+    data_size = max((t.end for t in tensors), default=0)
+    return metadata <= 1 and not expected and len(tensors) == len({t.name for t in tensors}) and file_size == 8 + n + data_size
+
+
+def _entry_is(value: Any, info: TensorInfo) -> bool:
+    """A decoded tensor entry is ``info``'s, in built-in types only (no bool for an int, no float)."""
+    if type(value) is not _Pairs or len(value) != 3:
+        return False
+    entry = dict(value)  # three pairs, and each of the three keys found: no key missing, extra or written twice
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    return (
+        type(dtype) is str and dtype == info.dtype
+        and type(shape) is list and all(type(d) is int for d in shape) and tuple(shape) == info.shape
+        and type(offsets) is list and len(offsets) == 2 and all(type(o) is int for o in offsets) and offsets == [info.begin, info.end]
+    )  # fmt: skip
+
+
 def check_layout(tensors: tuple[TensorInfo, ...]) -> None:
     """Entries in offset order lie end to end from the data section's start (``parse_header``'s layout check)."""
     _check_contiguous(tensors)

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from adapter_fabric.errors import IntegrityError, InvalidArgument, QuotaExceeded
-from adapter_fabric.format.safetensors_index import read_index
+from adapter_fabric.format.safetensors_index import header_matches, read_index
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.stamps import FileStamp, file_stamp
 
@@ -151,8 +151,17 @@ def writer_alive(temp_name: str) -> bool:
 
 
 def check_header(manifest: Manifest, path: Path) -> None:
-    """The file's own header must be the one the manifest describes (refusals name the adapter, not the node's path)."""
+    """The file's own header must be the one the manifest describes (refusals name the adapter, not the node's path).
+
+    Its bytes are compared with the manifest's entries first (``header_matches``); only a header that differs is parsed
+    whole, for the refusal that names why."""
     what = f"the weights of {manifest.adapter_id!r} ({manifest.digest})"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) == 8 and int.from_bytes(head, "little") == manifest.header_size:  # else it differs: parse it, to say how
+            head += f.read(manifest.header_size)
+            if header_matches(head, manifest.tensors, os.fstat(f.fileno()).st_size):
+                return
     index = read_index(path, name=what)
     if index.header_size != manifest.header_size or index.tensors != manifest.tensors:
         raise IntegrityError(f"{what}: the safetensors header differs from the tensor index in its manifest")

@@ -403,3 +403,87 @@ def test_the_quick_acceptance_of_a_claimed_entry_accepts_only_what_the_detailed_
         accepted += detailed
         quick += fast
     assert accepted > 250 and quick > 200, (accepted, quick)  # 321 and 275 with this seed
+
+
+def _header_bytes(entries: list[tuple[str, str]], file_extra: int = 0) -> bytes:
+    """A file's first 8 + N bytes from hand-written ``(key, JSON value)`` pairs (duplicates and odd types as written)."""
+    text = "{" + ",".join(f"{json.dumps(key)}:{value}" for key, value in entries) + "}"
+    return struct.pack("<Q", len(text.encode())) + text.encode()
+
+
+def test_a_header_matched_quickly_against_a_manifest_is_what_the_parser_returns() -> None:
+    """``header_matches`` lets a pull's commit skip building the index of the file it wrote: it must never say "the
+    same" of a header ``parse_header`` refuses or reads otherwise. Random edits of a valid header (every field's type
+    and value, keys missing, extra or written twice, tensors missing, extra or written twice, metadata, the lengths)
+    and of the claimed entries; an edit that changes nothing the parser reads (key order, spacing) still matches."""
+    rng = random.Random(35)
+    claimed = []
+    begin = 0
+    for i in range(6):
+        shape = (1, 8) if i == 0 else (rng.choice([1, 4, 16]), rng.choice([2, 8]))  # t0: a 1 that true equals, at offset 0
+        dtype = rng.choice(["BF16", "F32"])
+        end = begin + math.prod(shape) * DTYPE_BITS[dtype] // 8
+        claimed.append(TensorInfo(name=f"t{i}", dtype=dtype, shape=shape, begin=begin, end=end))
+        begin = end
+    data_size = begin
+
+    def entry_json(info: TensorInfo, edits: dict[str, str]) -> str:
+        fields = {"dtype": json.dumps(info.dtype), "shape": json.dumps(list(info.shape)), "data_offsets": json.dumps([info.begin, info.end])}
+        fields.update(edits)
+        pairs = [(k, v) for k, v in fields.items() if v is not None]
+        rng.shuffle(pairs)
+        return "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs) + "}"
+
+    field_edits = {
+        "dtype": ['"F16"', '"bf16"', "16", "null", '"BF16"'],
+        "shape": ["[1, 2]", "[true, 2]", "[1.0, 2]", "[]", '["1", 2]', "[16, 8, 1]", "[-1, 2]"],
+        "data_offsets": ["[0, 8]", "[0]", "[0, 8.0]", "[false, 8]", "[0, 18446744073709551616]"],
+        "extra": ["1"],
+    }
+    matched = refused_or_other = 0
+    for _ in range(3000):
+        tensors = list(claimed)
+        entries = [(t.name, entry_json(t, {})) for t in tensors]
+        edit = rng.randrange(12)
+        if edit == 0:  # one field of one entry changed; values equal to the right ones in another type, often
+            i, key = rng.randrange(len(entries)), rng.choice(list(field_edits))
+            info = tensors[i]
+            lookalikes = {
+                "shape": [json.dumps([float(info.shape[0]), info.shape[1]]), json.dumps([True if info.shape[0] == 1 else info.shape[0], info.shape[1]])],
+                "data_offsets": [json.dumps([info.begin, float(info.end)]), json.dumps([False if info.begin == 0 else info.begin, info.end])],
+            }.get(key, [])
+            entries[i] = (entries[i][0], entry_json(info, {key: rng.choice(field_edits[key] + lookalikes * 2)}))
+        elif edit == 1:  # a key of one entry dropped or written twice
+            i = rng.randrange(len(entries))
+            body = entries[i][1]
+            entries[i] = (entries[i][0], body.replace("{", '{"dtype": "F64", ', 1) if rng.random() < 0.5 else body.replace('"shape"', '"shapes"'))
+        elif edit == 2:  # a tensor missing, written twice, or one more
+            i = rng.randrange(len(entries))
+            entries = [e for j, e in enumerate(entries) if j != i] if rng.random() < 0.5 else [*entries, entries[i] if rng.random() < 0.5 else ("extra", entries[i][1])]
+        elif edit == 3:  # metadata, valid or not, once or twice
+            entries.insert(rng.randrange(len(entries) + 1), ("__metadata__", rng.choice(['{"format": "pt"}', '{"format": 1}', "[]", '{"a": "b", "a": "c"}'])))
+            if rng.random() < 0.3:
+                entries.append(("__metadata__", '{"format": "pt"}'))
+        elif edit == 4:  # a claimed entry that disagrees with itself (its size), the file written to match it
+            i = rng.randrange(len(tensors))
+            tensors[i] = TensorInfo(tensors[i].name, tensors[i].dtype, (tensors[i].shape[0] + 1, tensors[i].shape[1]), tensors[i].begin, tensors[i].end)
+            entries[i] = (tensors[i].name, entry_json(tensors[i], {}))
+        elif edit == 5:  # two claimed entries under one name
+            tensors[1] = TensorInfo(tensors[0].name, tensors[1].dtype, tensors[1].shape, tensors[1].begin, tensors[1].end)
+        rng.shuffle(entries)
+        head = _header_bytes(entries)
+        size = len(head) + data_size + (rng.choice([-1, 1, 7]) if edit == 6 else 0)
+        if edit == 7:  # the length prefix says more or less than the JSON
+            head = struct.pack("<Q", len(head) - 8 + rng.choice([-1, 1])) + head[8:]
+        fast = safetensors_index.header_matches(head, tuple(tensors), size)
+        try:
+            parsed = parse_header(head + b"\0" * max(0, size - len(head)), size)
+            same = parsed.tensors == tuple(sorted(tensors, key=lambda t: (t.begin, t.end, t.name)))
+        except InvalidHeader:
+            same = False
+        assert not fast or same, f"matched quickly what the parser refuses or reads otherwise (edit {edit}): {head[8:]!r}"
+        if edit >= 8:  # nothing changed but key order and spacing: the quick path must take it
+            assert fast, head[8:]
+        matched += fast
+        refused_or_other += not same
+    assert matched > 900 and refused_or_other > 900, (matched, refused_or_other)
