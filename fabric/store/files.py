@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from adapter_fabric.errors import IntegrityError, InvalidArgument, QuotaExceeded
-from adapter_fabric.format.safetensors_index import header_matches, read_index
+from adapter_fabric.format.safetensors_index import MAX_HEADER_BYTES, header_matches, read_index
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.store.stamps import FileStamp, file_stamp
 
@@ -158,7 +158,8 @@ def check_header(manifest: Manifest, path: Path) -> None:
     what = f"the weights of {manifest.adapter_id!r} ({manifest.digest})"
     with open(path, "rb") as f:
         head = f.read(8)
-        if len(head) == 8 and int.from_bytes(head, "little") == manifest.header_size:  # else it differs: parse it, to say how
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n == manifest.header_size and n <= MAX_HEADER_BYTES:  # else it differs (or is over the bound): parse it, to say how
             head += f.read(manifest.header_size)
             if header_matches(head, manifest.tensors, os.fstat(f.fileno()).st_size):
                 return
