@@ -193,4 +193,5 @@ def test_peers_that_refused_a_stream_beside_ours_are_remembered_for_a_while_and_
         peers.refused_beside(f"p{n}:1")
     assert not peers.takes_streams_beside(f"p{channels_module.MAX_ONE_STREAM_PEERS + 4}:1")
     assert peers.takes_streams_beside("p0:1")  # the oldest are forgotten first
-    assert len(peers._pool.one_stream) == channels_module.MAX_ONE_STREAM_PEERS
+    marked = [n for n in range(channels_module.MAX_ONE_STREAM_PEERS + 5) if not peers.takes_streams_beside(f"p{n}:1")]
+    assert marked == list(range(5, channels_module.MAX_ONE_STREAM_PEERS + 5))  # the bound: exactly the newest are kept
