@@ -1,12 +1,9 @@
 """Who pulled an adapter from this node lately: a seeder tells each swarm puller how many others there are.
 
-A Promote naming a peer on a node that knows members pulls as a swarm: one-chunk requests, one at a time per peer, so a
-rollout's first copies spread. When the named peer is the only holder and nobody else pulls the adapter, that pace
-costs a round trip and a request's set-up per chunk (an 84 MB pull beside six empty members: 127 ms against 82 ms
-naming the peer alone). The puller cannot tell the two cases apart (a poll at a rollout's start finds nothing
-either); the seeder can: it serves them all. It counts the pullers (by the address they serve on, which every swarm
-request carries: ``fetch_metadata.holder``) that asked for the digest in the last ``LATELY_S`` seconds, and says how
-many others there were in its pick (``fetch_metadata.picked``); ``pace.Pace`` turns "none" into longer runs.
+Why a puller needs to know is ``pace``'s docstring (a lone pull beside idle members, against a rollout's start). This
+node counts the pullers that asked for a digest in the last ``LATELY_S`` seconds, told apart by the port they serve on
+(every swarm request carries it: ``fetch_metadata.holder``), and says how many others there were in its pick
+(``fetch_metadata.picked``).
 """
 
 from __future__ import annotations

@@ -47,6 +47,9 @@ def test_one_answer_naming_other_pullers_returns_to_the_swarm_s_pace_and_a_silen
     assert (pace.window, pace.max_run) == (2, 8)
     pace.heard(plan, 3)
     assert (pace.window, pace.max_run) == swarm_pace
+    _lone_answers(pace, plan, 2)
+    pace.heard(plan, 2**64 - 2)  # the most a data channel frame can say
+    assert (pace.window, pace.max_run) == swarm_pace
     # a rollout's first puller heard "nobody" once, before the others asked: it took one run of two chunks
     assert _lone_answers(pace, plan, 1) == [(2, 2)]
     pace.heard(plan, 1)
@@ -132,6 +135,7 @@ def test_the_count_rides_in_the_picked_frame_s_offset_which_older_pullers_ignore
     assert data_frames.decode_picked(*reversed(data_frames.encode_picked([2], 7))) == ([2], 7)
     assert data_frames.encode_picked([5], None) == (0, b"5")
     assert data_frames.decode_picked(b"5", 0) == ([5], None)  # an older seeder's frame: not said
+    assert data_frames.decode_picked(b"5", 2**64 - 1) == ([5], 2**64 - 2)  # the frame's largest offset: "many", no error
     rng = random.Random(4)
     for _ in range(200):
         chunks, others = rng.sample(range(1000), rng.randint(0, 20)), rng.choice([None, 0, rng.randint(1, 10**6)])
