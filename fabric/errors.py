@@ -103,10 +103,25 @@ class StoreMissing(FabricError):
     """The store's directory, or one of its parts, is gone from under the running node (deleted by hand, an unmounted volume)."""
 
 
+#: ``QuotaExceeded.bound``: the bounds a puller tells apart (``ErrorDetail.bound`` on the wire). Only the data channel's
+#: own bound sends a refused stream over gRPC: the others refuse gRPC Fetch the same way.
+PEER_STREAMS_BOUND = "peer-streams"  # --max-streams-per-peer: gRPC Fetch and the data channel count together
+FIRST_COPIES_BOUND = "first-copies"  # a seed sends a swarm caller to the nodes its first copies went to
+DATA_CONNECTIONS_BOUND = "data-connections"  # the data channel's connections, which gRPC Fetch is not under
+NAMED_BOUNDS = frozenset({PEER_STREAMS_BOUND, FIRST_COPIES_BOUND, DATA_CONNECTIONS_BOUND})
+
+
 class QuotaExceeded(FabricError):
-    """Accepting this would pass a configured limit (store bytes, adapter size, streams)."""
+    """Accepting this would pass a configured limit (store bytes, adapter size, streams).
+
+    ``bound``: which of ``NAMED_BOUNDS`` refused it; "" for any other, and when an older node did not say.
+    """
 
     retryable = True
+
+    def __init__(self, message: str = "", bound: str = "") -> None:
+        super().__init__(message)
+        self.bound = bound
 
 
 class StoreFull(QuotaExceeded):

@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import cast
 
-from adapter_fabric.errors import QuotaExceeded
+from adapter_fabric.errors import DATA_CONNECTIONS_BOUND, QuotaExceeded
 from adapter_fabric.node.data_admission import Admission
 from adapter_fabric.observability.logs import StateLog
 from adapter_fabric.observability.metrics import DATA_STREAMS_SERVED
@@ -188,7 +188,7 @@ class Listener:
         log.debug("data channel connection from %s refused: %d connections open (%d from one address at most)",
                   connection.host, self.admission.max_connections, self.admission.max_per_source)
         if self.tls is None:
-            busy = QuotaExceeded(f"this node's data channel holds {self.admission.max_connections} connections already; fetch over gRPC or retry")
+            busy = QuotaExceeded(f"this node's data channel holds {self.admission.max_connections} connections already; fetch over gRPC or retry", DATA_CONNECTIONS_BOUND)
             payload = error_detail(busy, public_message(busy))
             try:
                 connection.sock.send(data_frames.frame_header(data_frames.ERROR, 0, len(payload)) + payload)  # a fresh socket's buffer takes it

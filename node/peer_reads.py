@@ -18,7 +18,7 @@ from typing import IO
 import grpc
 from aiolimiter import AsyncLimiter
 
-from adapter_fabric.errors import AdapterNotFound, InvalidArgument, PeerUnavailable, QuotaExceeded
+from adapter_fabric.errors import FIRST_COPIES_BOUND, AdapterNotFound, InvalidArgument, PeerUnavailable, QuotaExceeded
 from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.origin_fetch import OriginFetches
@@ -260,7 +260,7 @@ class PeerReads:
         if first_inflight and all(sent[c] for c in accept):
             raise QuotaExceeded(
                 f"every chunk of {digest} the caller takes has left this node already and {len(first_inflight)} first copies are on their way: "
-                f"fetch from the nodes that received them, or ask again shortly"
+                f"fetch from the nodes that received them, or ask again shortly", FIRST_COPIES_BOUND,
             )
         fresh = {c for c in accept if sent[c] == 0}
         chunks = swarm.pick_chunks(requested, accept, lambda c: True, sent, self._rng)

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from adapter_fabric.errors import PeerUnavailable, QuotaExceeded
+from adapter_fabric.errors import PEER_STREAMS_BOUND, PeerUnavailable, QuotaExceeded
 from adapter_fabric.rpc.status import abort_with
 
 #: largest adapter (weights file) a node accepts by default: well above any LoRA of a 70B model at rank 64
@@ -67,7 +67,7 @@ class PeerStreamLimit(grpc.aio.ServerInterceptor):
             self.unheard.discard(host)  # it has heard why
             raise PeerUnavailable(self.closed)
         if self.open.get(host, 0) >= self.limit:
-            raise QuotaExceeded(f"peer {host} already holds {self.limit} Fetch streams to this node (--max-streams-per-peer); finish one first")
+            raise QuotaExceeded(f"peer {host} already holds {self.limit} Fetch streams to this node (--max-streams-per-peer); finish one first", PEER_STREAMS_BOUND)
         self.open[host] = self.open.get(host, 0) + 1
 
     def leave(self, host: str) -> None:

@@ -89,7 +89,8 @@ def status_code_for(exc: errors.FabricError) -> grpc.StatusCode:
 
 def error_detail(exc: errors.FabricError, message: str) -> bytes:
     """The ``fabric-error-bin`` trailer: the error's type, message and retryability, for clients to rebuild it."""
-    return fabric_pb2.ErrorDetail(kind=type(exc).__name__, message=message, retryable=exc.retryable).SerializeToString()
+    bound = exc.bound if isinstance(exc, errors.QuotaExceeded) else ""
+    return fabric_pb2.ErrorDetail(kind=type(exc).__name__, message=message, retryable=exc.retryable, bound=bound).SerializeToString()
 
 
 def rich_status(exc: errors.FabricError, code: grpc.StatusCode, message: str) -> grpc.Status:
@@ -119,15 +120,19 @@ def public_message(exc: errors.FabricError) -> str:
 
 
 def error_from_detail(detail_bytes: bytes) -> errors.FabricError | None:
-    """The library error a serialized ``ErrorDetail`` names; None when it names no fabric error type (or does not parse)."""
+    """The library error a serialized ``ErrorDetail`` names, with the bound it names when it is one of ``NAMED_BOUNDS``;
+    None when it names no fabric error type (or does not parse)."""
     try:
         detail = fabric_pb2.ErrorDetail.FromString(detail_bytes)
     except Exception:  # noqa: BLE001 (protobuf's DecodeError and friends: a malformed trailer is no error type)
         return None
     kind = getattr(errors, detail.kind, None)
-    if isinstance(kind, type) and issubclass(kind, errors.FabricError):
-        return kind(bounded(detail.message))
-    return None
+    if not (isinstance(kind, type) and issubclass(kind, errors.FabricError)):
+        return None
+    error = kind(bounded(detail.message))
+    if isinstance(error, errors.QuotaExceeded):
+        error.bound = detail.bound if detail.bound in errors.NAMED_BOUNDS else ""
+    return error
 
 
 async def abort_with(context: grpc.aio.ServicerContext, exc: errors.FabricError) -> None:

@@ -11,9 +11,9 @@ which the caller verifies and writes from before asking for the next
 The channel is an optimisation, never a requirement: a peer that announces
 none, or whose port cannot be reached (a firewall, an older node), is fetched
 from over gRPC, and a failed connect keeps that peer on gRPC for
-``RETRY_AFTER_S``. A stream the channel refuses as busy (its connections are bounded; unless it is one of several
-of ours to the peer: ``grpc_when_busy``), or that breaks before its first frame, goes over gRPC at once, the same
-request (nothing of it was received), and keeps that peer on gRPC for ``BUSY_RETRY_AFTER_S`` (counted by reason).
+``RETRY_AFTER_S``. A stream refused by the channel's own bound (``DATA_CONNECTIONS_BOUND``; from an older node, which names
+no bound: unless it is one of several of ours, ``grpc_when_busy``), or that breaks before its first frame, goes over gRPC
+at once (nothing of it was received), and keeps that peer on gRPC for ``BUSY_RETRY_AFTER_S`` (counted by reason).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from adapter_fabric.errors import FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
+from adapter_fabric.errors import DATA_CONNECTIONS_BOUND, FabricError, IntegrityError, PeerUnavailable, QuotaExceeded
 from adapter_fabric.observability.metrics import DATA_CONNECTIONS, DATA_FALLBACKS
 from adapter_fabric.rpc.status import error_from_detail
 from adapter_fabric.store.lock_watch import check_no_store_lock
@@ -58,10 +58,9 @@ READ_TIMEOUT_S = 300.0
 #: a chunk's bytes are read with SO_RCVLOWAT up to this: the reader wakes once per this much, not per few segments
 #: (before: ~34 recv calls, each a GIL hand-off, per 1 MiB chunk at 200 Mbit/s; strace of a swarm node, issue 34)
 WAKE_BYTES = 512 << 10
-#: Linux's TCP_QUICKACK (None elsewhere): set once a chunk is read and nothing more is queued (the reader will wait), it
-#: sends the ACK the kernel would hold back to ride on our next request. A node sending with Nagle on (all before issue
-#: 34's ninth step) held its END behind it for the 40 ms delayed-ACK timer (80 one-chunk requests: 1.18 s, 0.29 s with
-#: it). Set after every chunk, it cost a one-peer pull of 84 MB ~8 ms more CPU (medians of five runs).
+#: Linux's TCP_QUICKACK (None elsewhere): set once a chunk is read and nothing more is queued (the reader will wait), it sends
+#: the ACK the kernel would hold back to ride on our next request. A node sending with Nagle on (all before issue 34's ninth step)
+#: held its END behind it for the 40 ms delayed-ACK timer (80 one-chunk requests: 1.18 s, 0.29 s with it). Set after every chunk, it cost a one-peer pull of 84 MB ~8 ms more CPU (medians of five).
 QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 
 
@@ -196,11 +195,10 @@ class DataChannels:
 class DataCall:
     """One Fetch over the data channel, with gRPC ``FetchCall``'s interface: iterate ``(offset, data)``, cancel from any thread.
 
-    ``data`` is a view of the call's one buffer: valid until the next item is asked for. With a ``fallback``, a stream
-    refused as busy or broken before its first frame becomes that gRPC call (``on_refusal`` is told why, first).
-    ``keep`` takes the connection once its stream ended well (END), for the next request; ``reconnect`` (given when the
-    connection was kept from an earlier request) opens a new one with the same hello sent, for when the kept one turns
-    out closed before the first frame (the node let it go in the meantime: not a failure of the peer).
+    ``data`` is a view of the call's one buffer: valid until the next item is asked for. With a ``fallback``, a stream refused
+    by the channel's own bound or broken before its first frame becomes that gRPC call (``on_refusal`` is told why, first).
+    ``keep`` takes the connection once its stream ended well (END), for the next request; ``reconnect`` (given when the connection
+    was kept from an earlier request) opens a new one, the same hello sent, when the kept one is closed before the first frame (the node let it go meanwhile).
     """
 
     def __init__(
@@ -224,7 +222,7 @@ class DataCall:
         self._header = bytearray(data_frames.FRAME.size)
         self._pending: tuple[int, int, int] | None = None  # a frame header read ahead by initial_metadata
         self._picked: tuple[list[int], int | None] | None = None  # the PICKED frame's chunks and other pullers
-        self.grpc_when_busy = True  # False for one of several streams to the peer: its limit would refuse gRPC's too
+        self.grpc_when_busy = True  # an older node's busy refusal: False for one of several streams (its limit refuses gRPC too)
         self._trailer: tuple[bytes | None, bool] | None = None
         self._cancelled = False
         self._closed = False
@@ -274,7 +272,9 @@ class DataCall:
             header = self._first_header()
             if header[0] == data_frames.ERROR:
                 error = self._error(header[2])
-                if isinstance(error, QuotaExceeded) and self.grpc_when_busy and self._switch("busy", error):
+                # gRPC escapes only the channel's own bound; an older node names none (then guessed: ``grpc_when_busy``)
+                busy = isinstance(error, QuotaExceeded) and (error.bound == DATA_CONNECTIONS_BOUND if error.bound else self.grpc_when_busy)
+                if busy and self._switch("busy", error):
                     return
                 raise DataChannelFailed(error)
             self._pending = header

@@ -130,7 +130,8 @@ def fetch(
     Over the peer's data channel when it announced one that answers, else over
     gRPC (also when the channel refuses the stream as busy or breaks before its first frame). No deadline (see above). ``holder`` is ``(port, verified bitmap)`` of
     this node when it serves what it pulls (``fetch_metadata.holder``). ``beside``: one of several streams of ours to ``peer``
-    at once; refused as busy, it ends so (``FetchBusy``) rather than going to gRPC, which the same per-peer limit refuses.
+    at once; refused as busy by an older node, which names no bound, it ends so (``FetchBusy``) rather than going to gRPC,
+    which the same per-peer limit would refuse (``DataCall``: a newer node's named bound decides).
     """
     metadata = fetch_metadata.holder(*holder) if holder is not None else ()
 

@@ -167,7 +167,7 @@ class FetchMissing(FetchEndedBy):
 
 @dataclass(frozen=True)
 class FetchBusy(FetchEndedBy):
-    """The peer refused the stream for now (RESOURCE_EXHAUSTED: it limits streams per peer)."""
+    """The peer refused the stream for now (RESOURCE_EXHAUSTED: its streams per peer, or a seed's first copies: ``QuotaExceeded.bound``)."""
 
     label: ClassVar[str] = "busy"
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from adapter_fabric.errors import AdapterNotFound, PeerUnavailable
+from adapter_fabric.errors import PEER_STREAMS_BOUND, AdapterNotFound, PeerUnavailable
 from adapter_fabric.store.manifest import Manifest
 from adapter_fabric.transport import peer_calls, swarm
 from adapter_fabric.transport.channels import PeerChannels
@@ -378,11 +378,12 @@ class SwarmPull:
     def _on_busy(self, event: FetchBusy, now: float) -> bool:
         peer = self._finish(event)
         view = self.plan.peers[peer]
-        if view.inflight:  # its per-peer limit: it serves the streams of ours it took; no more of them
+        # its per-peer limit (or, from an older node naming no bound, taken for it): it serves the streams of ours it took
+        if view.inflight and getattr(event.error, "bound", "") in ("", PEER_STREAMS_BOUND):
             view.cap = view.inflight
             self.channels.refused_beside(peer)
             return False
-        # It limits streams per peer: back off, ask the others meanwhile.
+        # Its limit is in use by others, or a seed sends us to the nodes its first copies went to: back off, ask the others.
         self.refused[peer] = ("busy", f"refused the stream as busy (RESOURCE_EXHAUSTED): {event.error}")
         self.plan.peers[peer].resume_at = now + BUSY_BACKOFF_S
         return False

@@ -642,14 +642,16 @@ class TenantUsage(_message.Message):
     def __init__(self, prefix: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_adapters: _Optional[int] = ..., bytes: _Optional[int] = ..., adapters: _Optional[int] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
-    __slots__ = ("kind", "message", "retryable")
+    __slots__ = ("kind", "message", "retryable", "bound")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
     kind: str
     message: str
     retryable: bool
-    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ...) -> None: ...
+    bound: str
+    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ..., bound: _Optional[str] = ...) -> None: ...
 
 class DataHello(_message.Message):
     __slots__ = ("token", "fetch", "holder_port", "holder_bitmap", "on_behalf_of", "keep_open")

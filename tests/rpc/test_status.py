@@ -92,6 +92,20 @@ def test_clients_rebuild_the_library_error_from_the_detail() -> None:
     assert type(rebuilt) is errors.PoolFull and str(rebuilt) == "every slot is busy"
 
 
+@pytest.mark.parametrize("bound", sorted(errors.NAMED_BOUNDS))
+def test_a_refusal_names_its_bound_across_the_wire_and_a_bound_not_named_here_reads_as_none(bound) -> None:
+    def across(detail: bytes) -> errors.FabricError:
+        return error_from_rpc(_FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "x", ((ERROR_DETAIL_KEY, detail),)))
+
+    rebuilt = across(error_detail(errors.QuotaExceeded("busy", bound), "busy"))
+    assert type(rebuilt) is errors.QuotaExceeded and rebuilt.bound == bound
+    assert across(error_detail(errors.StoreFull("full"), "full")).bound == ""  # not one a peer acts on
+    odd = fabric_pb2.ErrorDetail(kind="QuotaExceeded", message="busy", bound=bound + "x" * 1000).SerializeToString()
+    assert across(odd).bound == ""  # a peer's unknown (or newer) bound: as an older node's silence
+    older = fabric_pb2.ErrorDetail(kind="QuotaExceeded", message="busy").SerializeToString()
+    assert across(older).bound == ""
+
+
 def test_a_status_without_detail_still_maps() -> None:
     assert isinstance(error_from_rpc(_FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused"), peer="h:1"), errors.PeerUnavailable)
     assert isinstance(error_from_rpc(_FakeRpcError(grpc.StatusCode.NOT_FOUND, "gone")), errors.AdapterNotFound)

@@ -1,5 +1,6 @@
-"""A data channel stream refused as busy, or broken before its first frame, becomes the gRPC Fetch of the same request at
-once (``DataCall``'s fallback): a raw socket server answering as a node at its connection bound does, no node process."""
+"""A data channel stream refused by the channel's own bound, or broken before its first frame, becomes the gRPC Fetch of the
+same request at once (``DataCall``'s fallback); a refusal by a bound gRPC is under too does not. A raw socket server
+answering as a node at its bounds does, no node process."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from adapter_fabric.errors import AdapterNotFound, QuotaExceeded
+from adapter_fabric.errors import DATA_CONNECTIONS_BOUND, FIRST_COPIES_BOUND, PEER_STREAMS_BOUND, AdapterNotFound, QuotaExceeded
 from adapter_fabric.observability.metrics import DATA_FALLBACKS
 from adapter_fabric.rpc.status import error_detail, public_message
 from adapter_fabric.transport import data_frames, fetch_metadata
@@ -94,6 +95,35 @@ def test_a_stream_refused_as_busy_or_cut_before_its_first_frame_goes_over_grpc_a
     assert call.trailing_metadata() == fetch_metadata.complete()
     assert DATA_FALLBACKS.labels(reason)._value.get() == before + 1
     assert channels.port(peer) is None  # that peer is fetched from over gRPC for a while
+
+
+@pytest.mark.parametrize(
+    ("bound", "beside", "to_grpc"),
+    [
+        (DATA_CONNECTIONS_BOUND, True, True),  # the channel's own bound: gRPC is not under it, even beside other streams
+        (DATA_CONNECTIONS_BOUND, False, True),
+        (PEER_STREAMS_BOUND, False, False),  # a lone stream refused by streams per peer: gRPC counts against it too
+        (FIRST_COPIES_BOUND, False, False),  # a seed sending the caller elsewhere: gRPC would hear the same
+        ("", False, True),  # an older node names no bound: a lone stream is taken as refused by the connection bound
+        ("", True, False),  # ... and one beside others as refused by streams per peer
+    ],
+)
+def test_a_busy_refusal_goes_over_grpc_only_when_its_bound_is_the_channels_own(request_pb, bound, beside, to_grpc) -> None:
+    server = OneAnswer(refusal_frame(QuotaExceeded("refused as busy", bound)))
+    channels, peer = channel_to(server.port)
+    grpc_call = GrpcStandIn()
+    before = DATA_FALLBACKS.labels("busy")._value.get()
+    call = channels.open(peer, request_pb, None, 4096, fallback=grpc_call)
+    assert call is not None
+    call.grpc_when_busy = not beside
+    if to_grpc:
+        assert list(call) == [(0, b"chunk")] and grpc_call.made == 1
+        assert channels.port(peer) is None and DATA_FALLBACKS.labels("busy")._value.get() == before + 1
+        return
+    with pytest.raises(DataChannelFailed) as failed:
+        list(call)
+    assert isinstance(failed.value.error, QuotaExceeded) and failed.value.error.bound == bound and grpc_call.made == 0
+    assert channels.port(peer) == server.port and DATA_FALLBACKS.labels("busy")._value.get() == before  # the channel stays in use
 
 
 def test_a_refusal_of_another_kind_is_the_callers_to_hear(request_pb) -> None:

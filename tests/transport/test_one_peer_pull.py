@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from adapter_fabric.errors import IntegrityError, QuotaExceeded
+from adapter_fabric.errors import FIRST_COPIES_BOUND, PEER_STREAMS_BOUND, IntegrityError, QuotaExceeded
 from adapter_fabric.harness.bench import make_adapter
 from adapter_fabric.store import AdapterStore
 from adapter_fabric.transport import peer_calls, swarm
@@ -127,6 +127,47 @@ def test_a_pull_from_one_peer_runs_two_requests_at_once_over_halves_of_the_file(
     pull = _scripted(manifest, partial, PullStats(digest=manifest.digest), PullSettings(stall_timeout=STALL_S), fetch)
     assert _run(pull, partial).digest == manifest.digest
     assert sorted(started) == [list(range(9)), list(range(9, 17))]  # 17 chunks in file order: runs of 9, both at once
+
+
+@pytest.mark.parametrize(("bound", "capped"), [(PEER_STREAMS_BOUND, True), ("", True), (FIRST_COPIES_BOUND, False)])
+def test_a_refusal_beside_a_stream_in_flight_caps_the_peer_only_when_its_per_peer_limit_refused(staged, bound, capped) -> None:
+    """The second of the two requests is refused as busy while the first is in flight. Refused by the peer's streams per
+    peer (or by an older node, which names no bound: taken for that limit), the peer is asked one stream at a time, now
+    and by later pulls (``refused_beside``). A seed's refusal for its first copies is not that limit: the pull backs off
+    and asks two at a time again, and nothing is remembered."""
+    store, manifest, blob = staged
+    weights = manifest.weights
+    partial = store.open_partial(manifest)
+    calls: list[list[int]] = []
+    lock = threading.Lock()
+    refused = threading.Event()
+    asked_again = threading.Event()
+    overlapped: list[bool] = []  # whether a third request came while the first was in flight
+
+    def fetch(request: swarm.Request, handle: FetchHandle) -> None:
+        with lock:
+            calls.append(list(request.chunks))
+            n = len(calls)
+        if n == 2:
+            pull.events.put(FetchBusy(request, QuotaExceeded("busy", bound)))
+            refused.set()
+            return
+        if n == 1:
+            refused.wait(10)
+            overlapped.append(asked_again.wait(2.0))  # the back-off is 0.5 s: an uncapped peer is asked again well within this
+        elif n == 3:
+            asked_again.set()
+        for index in request.chunks:
+            offset, length = weights.chunk_span(index)
+            partial.write_chunk(index, blob[offset : offset + length])
+            pull.done.add(index)
+        pull.events.put(FetchDone(request))
+
+    pull = _scripted(manifest, partial, PullStats(digest=manifest.digest), PullSettings(stall_timeout=5.0), fetch)
+    assert _run(pull, partial).digest == manifest.digest
+    assert (pull.plan.peers[PEER].cap == 1) is capped
+    assert pull.channels.takes_streams_beside(PEER) is not capped
+    assert overlapped == [not capped]  # capped, the third request waited for the first to end
 
 
 def _scripted(manifest, partial, stats: PullStats, settings: PullSettings, fetch) -> SwarmPull:

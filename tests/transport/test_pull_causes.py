@@ -120,6 +120,8 @@ def test_a_pull_refused_as_busy_names_the_busy_peer_when_it_gives_up(tmp_path, a
             message = str(caught.value)
             assert f"{seed.address}: refused the stream as busy (RESOURCE_EXHAUSTED)" in message, message
             assert "--max-streams-per-peer" in message, message
+            # the refusal named that limit, which gRPC Fetch is under too: the node never sent the pull over gRPC for it
+            assert "fetching from it over gRPC" not in node.log_path.read_text()
         finally:
             held.cancel()
             channel.close()

@@ -20,7 +20,8 @@ from adapter_fabric.transport.swarm_pull import TRACE_ENV
 from adapter_fabric.client.node_client import NodeClient
 from adapter_fabric.harness.cluster import LocalNode, free_port
 from adapter_fabric.transport.discovery import PeerSource, resolve
-from adapter_fabric.errors import AdapterNotFound, InvalidArgument
+from adapter_fabric.errors import FIRST_COPIES_BOUND, AdapterNotFound, InvalidArgument
+from adapter_fabric.rpc.status import error_from_rpc
 from adapter_fabric.serving.tiny import build_tiny_model, make_peft_adapter
 from adapter_fabric.store.digests import chunk_digest, hash_file
 from adapter_fabric.v1 import fabric_pb2
@@ -477,6 +478,7 @@ def test_seed_hands_out_each_chunk_once_then_sends_swarm_callers_elsewhere(tmp_p
             with pytest.raises(grpc.RpcError) as busy:
                 list(fetch(fabric_pb2.FetchRequest(digest=staged.digest, offset=0, length=size, accept_bitmap=every), timeout=30))
             assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error_from_rpc(busy.value).bound == FIRST_COPIES_BOUND  # a puller's data channel keeps to the channel for it
             assert [o for o, _ in fetch(fabric_pb2.FetchRequest(digest=staged.digest, offset=0, length=size), timeout=30)] == [0]
             slow.cancel()
     finally:
