@@ -54,6 +54,8 @@ PORT = 50051
 ADAPTER_ID = "bench/swarm"
 #: the most nodes a run starts: each a node process (and a namespace) on this machine
 MAX_NODES = 64
+#: a node's WARNING line for each data channel fallback (``DataChannels.fall_back``; its wording is the same since f1353b6)
+FALLBACK_LINE = "fetching from it over gRPC"
 
 
 # ------------------------------------------------------------------ inner: runs in the ctl namespace
@@ -91,6 +93,10 @@ def inner(args: argparse.Namespace) -> dict:
         return user / tick, system / tick
     staged = None
 
+    def fallbacks() -> int:
+        """The nodes' data channel fallbacks so far (each a peer fetched from over gRPC for a while): their WARNING lines."""
+        return sum(n.log_path.read_text(errors="replace").count(FALLBACK_LINE) for n in nodes if n.log_path.exists())
+
     def client(address: str) -> NodeClient:
         return NodeClient(address, timeout=1800)
 
@@ -107,7 +113,7 @@ def inner(args: argparse.Namespace) -> dict:
         subprocess.run(["rm", "-rf", str(trace_dir)], check=True)
         trace_dir.mkdir(parents=True)
         net_before = lab.counters(node.pid for node in nodes)
-        cpu_before, host_before, wall_before = nodes_cpu(), swarm_ideal.host_cpu_s(), time.monotonic()
+        cpu_before, host_before, wall_before, fallbacks_before = nodes_cpu(), swarm_ideal.host_cpu_s(), time.monotonic(), fallbacks()
         results = rollout(targets, ADAPTER_ID, seed, stage_only=True, named_peer_only=named_peer_only, client_for=client)
         failed = [r for r in results if not r.ok]
         if failed:
@@ -120,7 +126,7 @@ def inner(args: argparse.Namespace) -> dict:
         row["node_cpu_s"] = {"user": user, "system": system, "wall": time.monotonic() - wall_before, "host_load": os.getloadavg()[0], "host": host}
         row["net"] = swarm_ideal.deltas(net_before, lab.counters(node.pid for node in nodes))
         print(f"  {mode:<6} {len(targets):>2} receivers: slowest {seconds[-1]:6.2f} s  median {row['median_s']:6.2f} s  fastest {seconds[0]:6.2f} s", file=sys.stderr, flush=True)
-        row["trace"] = analyse_traces(trace_dir, seed)
+        row["trace"] = {**analyse_traces(trace_dir, seed), "fallbacks": fallbacks() - fallbacks_before}
         if args.keep_traces:
             Path(args.keep_traces).mkdir(parents=True, exist_ok=True)  # cp -r names, it does not make, the parent
             subprocess.run(["cp", "-r", str(trace_dir), f"{args.keep_traces}/{args.count}-{mode}"], check=True)
@@ -250,7 +256,8 @@ def format_trace(t: dict) -> str:
     return (
         f"seed sent {t['seed_chunks']} chunks ({t['seed_dups']} repeats, all out at {t['seed_done_s']:.1f} s); "
         f"{100 * t['peer_share']:.0f}% from peers; first peer chunk at {t['first_peer_s']:.1f} s; "
-        f"seed link idle {t['seed_idle_s']:.1f} s per pull; request ends {t['ends']}; {t['polls']} Availability polls, {t['free_news']} holdings learnt from Fetch metadata"
+        f"seed link idle {t['seed_idle_s']:.1f} s per pull; request ends {t['ends']}; {t['polls']} Availability polls, {t['free_news']} holdings learnt from Fetch metadata; "
+        f"{t.get('fallbacks', 0)} data channel fallbacks to gRPC"
     )
 
 
