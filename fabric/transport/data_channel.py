@@ -58,9 +58,9 @@ READ_TIMEOUT_S = 300.0
 #: a chunk's bytes are read with SO_RCVLOWAT up to this: the reader wakes once per this much, not per few segments
 #: (before: ~34 recv calls, each a GIL hand-off, per 1 MiB chunk at 200 Mbit/s; strace of a swarm node, issue 34)
 WAKE_BYTES = 512 << 10
-#: Linux's TCP_QUICKACK (None elsewhere): set once a chunk is read and nothing more is queued (the reader will wait), it sends
-#: the ACK the kernel would hold back to ride on our next request. A node sending with Nagle on (all before issue 34's ninth step)
-#: held its END behind it for the 40 ms delayed-ACK timer (80 one-chunk requests: 1.18 s, 0.29 s with it). Set after every chunk, it cost a one-peer pull of 84 MB ~8 ms more CPU (medians of five).
+#: Linux's TCP_QUICKACK (None elsewhere): set once a chunk is read and nothing more is queued (the reader will wait), it sends the ACK
+#: the kernel would hold back to ride on our next request. A node sending with Nagle on (all before issue 34's ninth step) held its END
+#: behind it for the 40 ms delayed-ACK timer (80 one-chunk requests: 1.18 s, 0.29 s with it). Set after every chunk: ~8 ms more CPU a pull.
 QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 
 
