@@ -177,7 +177,7 @@ def build_node(settings: NodeSettings) -> Node:
     retarget = retarget_for(settings, store, origins, export_dir)
     peer_reads = PeerReads(
         context, puller, signed, upload_rate=settings.upload_rate, durable=settings.durable, announce=announce_data_port(data_port), origins=origins,
-        homes=homes, streams_open=lambda: streams.streams_open,
+        homes=homes, streams_open=lambda: streams.streams_open, upload_slots=settings.upload_slots,
     )
     staging = Staging(context, signed, make_room=room.make_room, on_staged=homes.published if homes is not None else None)
     servicer = FabricServicer(

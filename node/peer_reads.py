@@ -23,6 +23,7 @@ from adapter_fabric.node.context import NodeContext
 from adapter_fabric.node.homes import Homes
 from adapter_fabric.node.origin_fetch import OriginFetches
 from adapter_fabric.node.signed import SignedAdapters
+from adapter_fabric.node.upload_slots import UPLOAD_SLOTS, UploadSlots
 from adapter_fabric.observability.metrics import PARTIAL_CHUNKS_SERVED, SERVED_BYTES
 from adapter_fabric.store.digests import check_scheme
 from adapter_fabric.store.ids import validate_adapter_id
@@ -90,12 +91,13 @@ class PeerReads:
     def __init__(
         self, context: NodeContext, puller: PeerPuller, signed: SignedAdapters, upload_rate: int = 0, durable: bool = False,
         announce: tuple[tuple[str, str], ...] = (), origins: OriginFetches | None = None,
-        homes: Homes | None = None, streams_open: Callable[[], int] = lambda: 0,
+        homes: Homes | None = None, streams_open: Callable[[], int] = lambda: 0, upload_slots: int = UPLOAD_SLOTS,
     ) -> None:  # fmt: skip
         """``announce``: metadata naming this node's data channel port (``fetch_metadata.announce_data_port``), sent in replies.
         ``origins``: where ids fetched from an origin came from (GetManifest names the revision). ``homes``: this node's
         part in the fleet (answers a Locate at_home, keeps announcements); ``streams_open``: the Fetch streams it serves
-        now, said in every Availability reply (a puller prefers a holder that is not busy)."""
+        now, said in every Availability reply (a puller prefers a holder that is not busy); ``upload_slots``: how many of
+        them send at once (``node.upload_slots``)."""
         self.context = context
         self.origins = origins
         self.homes = homes
@@ -107,6 +109,7 @@ class PeerReads:
         self.signed = signed
         # One bucket for all streams: --upload-rate bounds what the node serves in total.
         self._upload_limit = AsyncLimiter(upload_rate, 1.0) if upload_rate > 0 else None
+        self._slots = UploadSlots(upload_slots)
         # Per digest, how often each chunk was handed out to swarm pulls (super-seeding); touched on the event loop only.
         self._sent: dict[str, list[int]] = {}
         self._first_inflight: dict[str, set[int]] = {}  # per digest: chunks whose first copy is being sent
@@ -205,9 +208,15 @@ class PeerReads:
 
     async def pieces(self, request: fabric_pb2.FetchRequest, holder: tuple[str, int, bytes] | None) -> AsyncGenerator[Piece, None]:
         """What a Fetch of ``request`` sends: chunks of a committed adapter (re-verified on read), or the verified ones of an
-        adapter still arriving here; ``holder`` is what the caller said it holds (``fetch_metadata.holder_of``)."""
+        adapter still arriving here; ``holder`` is what the caller said it holds (``fetch_metadata.holder_of``). It is sent
+        in one of the node's upload slots: a swarm request's pick is made once it has one."""
         if holder is not None and request.digest:
             self.puller.hint(request.digest, *holder)  # the caller pulls it too: news for our own pull of it
+        async with self._slots.slot(), aclosing(self._pieces(request, holder)) as pieces:
+            async for piece in pieces:
+                yield piece
+
+    async def _pieces(self, request: fabric_pb2.FetchRequest, holder: tuple[str, int, bytes] | None) -> AsyncGenerator[Piece, None]:
         partial = self.store.partial_for(request.digest) if request.digest and self.store.by_digest(request.digest) is None else None
         if partial is not None:
             async with aclosing(self._partial_pieces(partial, request)) as pieces:

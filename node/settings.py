@@ -46,6 +46,7 @@ from adapter_fabric.node.flag_values import (
     size,
     sync_interval,
 )
+from adapter_fabric.node.upload_slots import SLOT_WAIT_S, UPLOAD_SLOTS
 from adapter_fabric.origins.uri import origin_list as origin_uris
 from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
@@ -95,6 +96,7 @@ class NodeSettings:
     max_adapter_bytes: int
     max_header_bytes: int
     max_streams_per_peer: int
+    upload_slots: int  # Fetch streams sent at once; others wait their turn, at most node.upload_slots.SLOT_WAIT_S
     max_store_bytes: int  # 0 = no limit but the disk
     when_full: str  # at --max-store-bytes: evict cold adapters (least recently used), or refuse the commit (a durable node)
     evict_to: float  # the share of --max-store-bytes an eviction frees down to
@@ -188,6 +190,8 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--max-adapter-bytes", positive_size, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
     ("--max-header-bytes", positive_size, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
     ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
+    ("--upload-slots", positive_int, UPLOAD_SLOTS, "Fetch streams this node sends at once; the others wait their turn, each at most "
+     f"{SLOT_WAIT_S:g} s, then send anyway (fewer at once land each chunk sooner: a swarm trades earlier)", "limits"),
     ("--max-store-bytes", size, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
     ("--when-full", choice("evict", "refuse"), "evict", "at --max-store-bytes: 'evict' drops least recently used adapters (never kept, resident, "
      "in-use ones, or a last copy no durable peer took) down to --evict-to; 'refuse' makes a durable node: it never evicts, refuses "

@@ -55,13 +55,18 @@ PULL_BYTES = Counter("fabric_pull_received_bytes_total", "Verified bytes receive
 PULL_RESUMES = Counter("fabric_pull_resumes_total", "Pulls that resumed from chunks verified by an earlier, interrupted pull.", registry=REGISTRY)
 PULL_FAILOVERS = Counter("fabric_pull_failovers_total", "Peers dropped during a pull while chunks were still missing.", registry=REGISTRY)
 SERVED_BYTES = Counter("fabric_served_bytes_total", "Adapter bytes sent to peers in Fetch responses.", registry=REGISTRY)
+UPLOAD_SLOT_WAITS = Counter(
+    "fabric_upload_slot_waits_total", "Fetch streams that found every upload slot (--upload-slots) taken, by outcome: queued (a slot freed within the wait bound) or past_bound (sent without one after it).",
+    ["outcome"], registry=REGISTRY,
+)
 PARTIAL_CHUNKS_SERVED = Counter(
     "fabric_partial_chunks_served_total", "Chunks of a download still arriving here served to peers, by how: sendfile (its file, unchanged since verified), reverified (the file changed on disk) or committed (meanwhile: from the blob).",
     ["how"], registry=REGISTRY,
 )
 FETCH_STREAMS = Counter("fabric_fetch_streams_total", "Fetch streams this node opened to peers, by channel: data (the data channel) or grpc.", ["channel"], registry=REGISTRY)
 DATA_FALLBACKS = Counter(
-    "fabric_data_channel_fallbacks_total", "Fetches sent over gRPC because a peer's announced data channel could not be reached (connect, tls), refused the stream as busy (busy), or broke before its first frame (broken), by reason.",
+    "fabric_data_channel_fallbacks_total",
+    "Fetches sent over gRPC because a peer's announced data channel could not be reached (connect, tls), refused the stream for its connection bound (busy), or broke before its first frame (broken), by reason.",
     ["reason"], registry=REGISTRY,
 )
 DATA_CONNECTIONS = Counter(
