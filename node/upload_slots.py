@@ -5,7 +5,8 @@ chunk of fifteen pullers at a fifteenth of its link each, all of them land late 
 to trade before they do. With a few slots (BitTorrent's unchoked uploads) each stream gets a larger share, its chunks
 land sooner, and the swarm starts trading earlier (docs/BENCHMARKS.md, "upload slots").
 
-Streams past the slots wait in turn, on the event loop, holding nothing. A stream that waited ``SLOT_WAIT_S`` sends
+Streams past the slots wait in turn on the event loop (no buffer, no file: only their connection and their count under
+``--max-streams-per-peer``, as any stream). A stream that waited ``SLOT_WAIT_S`` sends
 anyway (``fabric_upload_slot_waits_total{outcome="past_bound"}``): a peer that holds slots by reading slowly delays
 the others by that much at most and starves none; the stall cut and ``--max-streams-per-peer`` bound it as before.
 """
