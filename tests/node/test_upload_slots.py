@@ -1,5 +1,6 @@
 """Upload slots (``node.upload_slots``, ``--upload-slots``): at most N Fetch streams send at once, the others wait their
-turn, and one that waited the bound sends anyway; a real seed with one slot serves a second stream past a held one."""
+turn, one that waited the bound sends anyway, and a slot goes back at the lease's end; a real seed with one slot
+serves a second stream while a slow reader holds the first."""
 
 from __future__ import annotations
 
@@ -82,6 +83,32 @@ def test_a_stream_that_waited_the_bound_sends_without_a_slot_and_gives_back_none
     assert waits("past_bound") == past + 1
 
 
+def test_a_slow_stream_gives_its_slot_back_when_the_lease_ends_and_only_once() -> None:
+    async def main() -> None:
+        slots = UploadSlots(1, wait_s=30.0, lease_s=0.2)
+        held = asyncio.Event()
+        release = asyncio.Event()
+
+        async def hog() -> None:  # reads slowly for longer than a lease
+            async with slots.slot():
+                held.set()
+                await release.wait()
+
+        hogging = asyncio.create_task(hog())
+        await held.wait()
+        async with slots.slot():  # in turn, once the hog's lease ends: well before the 30 s wait bound
+            pass
+        release.set()
+        await hogging  # its slot went back at the lease's end: not again now
+        async with slots.slot():  # the one slot, with a fresh 0.2 s lease
+            with pytest.raises(TimeoutError):  # a second holder now would mean the slot was given back twice
+                await asyncio.wait_for(slots.slot().__aenter__(), 0.02)
+
+    queued, past = waits("queued"), waits("past_bound")
+    asyncio.run(main())
+    assert waits("queued") == queued + 1 and waits("past_bound") == past
+
+
 def test_a_stream_cancelled_while_it_waits_takes_no_slot() -> None:
     async def main() -> None:
         slots = UploadSlots(1, wait_s=30.0)
@@ -112,5 +139,5 @@ def test_a_seed_with_one_slot_serves_a_second_stream_while_a_slow_reader_holds_i
             chunks = list(wire.fetch_stub(other)(request, timeout=60))  # waits its turn, 1 s at most, then is served whole
             held.cancel()
         assert sum(len(data) for _, data in chunks) == manifest.weights.size
-        samples = scrape(seed)
-        assert samples[("fabric_upload_slot_waits_total", frozenset({("outcome", "past_bound")}))] == 1
+        samples = scrape(seed)  # it took the slot when the held stream's lease ended, before its own wait bound
+        assert samples[("fabric_upload_slot_waits_total", frozenset({("outcome", "queued")}))] == 1
