@@ -46,7 +46,7 @@ from adapter_fabric.node.flag_values import (
     size,
     sync_interval,
 )
-from adapter_fabric.node.upload_slots import SLOT_WAIT_S, UPLOAD_SLOTS
+from adapter_fabric.node.upload_slots import SLOT_LEASE_S, SLOT_WAIT_S, UPLOAD_SLOTS
 from adapter_fabric.origins.uri import origin_list as origin_uris
 from adapter_fabric.rpc.limits import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_STREAMS_PER_PEER
 from adapter_fabric.serving.names import DEFAULT_TARGET_MODULES
@@ -191,7 +191,7 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--max-header-bytes", positive_size, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
     ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
     ("--upload-slots", positive_int, UPLOAD_SLOTS, "Fetch streams this node sends at once; the others wait their turn, each at most "
-     f"{SLOT_WAIT_S:g} s, then send anyway (fewer at once land each chunk sooner: a swarm trades earlier)", "limits"),
+     f"{SLOT_WAIT_S:g} s, then send anyway, and each keeps its slot {SLOT_LEASE_S:g} s at most (fewer at once land each chunk sooner: a swarm trades earlier)", "limits"),
     ("--max-store-bytes", size, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
     ("--when-full", choice("evict", "refuse"), "evict", "at --max-store-bytes: 'evict' drops least recently used adapters (never kept, resident, "
      "in-use ones, or a last copy no durable peer took) down to --evict-to; 'refuse' makes a durable node: it never evicts, refuses "
