@@ -24,6 +24,28 @@ def waits(outcome: str) -> float:
     return UPLOAD_SLOT_WAITS.labels(outcome)._value.get()
 
 
+async def hog(slots: UploadSlots, release: asyncio.Event) -> asyncio.Task:
+    """A stream that takes a slot and keeps sending (a peer reading slowly) until ``release``; returned once it holds it."""
+    held = asyncio.Event()
+
+    async def stream() -> None:
+        async with slots.slot():
+            held.set()
+            await release.wait()
+
+    task = asyncio.create_task(stream())
+    await held.wait()
+    return task
+
+
+async def one_slot_left(slots: UploadSlots) -> None:
+    """Every holder gone, exactly one slot is free: a second holder beside the first would mean one was given back twice
+    (its lease, when it has one, is longer than the 0.02 s this waits)."""
+    async with slots.slot():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(slots.slot().__aenter__(), 0.02)
+
+
 def test_at_most_n_send_at_once_and_the_others_go_in_the_order_they_asked() -> None:
     async def main() -> tuple[int, list[int]]:
         slots = UploadSlots(2, wait_s=30.0)
@@ -58,25 +80,13 @@ def test_at_most_n_send_at_once_and_the_others_go_in_the_order_they_asked() -> N
 def test_a_stream_that_waited_the_bound_sends_without_a_slot_and_gives_back_none() -> None:
     async def main() -> None:
         slots = UploadSlots(1, wait_s=0.05)
-        held = asyncio.Event()
         release = asyncio.Event()
-
-        async def hog() -> None:  # a peer reading slowly keeps its slot
-            async with slots.slot():
-                held.set()
-                await release.wait()
-
-        hogging = asyncio.create_task(hog())
-        await held.wait()
+        hogging = await hog(slots, release)
         async with slots.slot():  # waits 0.05 s, then goes on: it did not starve
             pass
         release.set()
         await hogging
-        # one slot, given back once: the next two take it in turn, neither past the bound
-        async with slots.slot():
-            waiting = asyncio.create_task(asyncio.wait_for(slots.slot().__aenter__(), 0.02))
-            with pytest.raises(TimeoutError):
-                await waiting  # the slot is taken: a second holder would mean it was given back twice
+        await one_slot_left(slots)
 
     past = waits("past_bound")
     asyncio.run(main())
@@ -86,23 +96,13 @@ def test_a_stream_that_waited_the_bound_sends_without_a_slot_and_gives_back_none
 def test_a_slow_stream_gives_its_slot_back_when_the_lease_ends_and_only_once() -> None:
     async def main() -> None:
         slots = UploadSlots(1, wait_s=30.0, lease_s=0.2)
-        held = asyncio.Event()
         release = asyncio.Event()
-
-        async def hog() -> None:  # reads slowly for longer than a lease
-            async with slots.slot():
-                held.set()
-                await release.wait()
-
-        hogging = asyncio.create_task(hog())
-        await held.wait()
+        hogging = await hog(slots, release)  # it reads slowly for longer than a lease
         async with slots.slot():  # in turn, once the hog's lease ends: well before the 30 s wait bound
             pass
         release.set()
         await hogging  # its slot went back at the lease's end: not again now
-        async with slots.slot():  # the one slot, with a fresh 0.2 s lease
-            with pytest.raises(TimeoutError):  # a second holder now would mean the slot was given back twice
-                await asyncio.wait_for(slots.slot().__aenter__(), 0.02)
+        await one_slot_left(slots)
 
     queued, past = waits("queued"), waits("past_bound")
     asyncio.run(main())
