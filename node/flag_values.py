@@ -112,11 +112,24 @@ def k8s_target(text: str) -> str:
 MAX_ORIGIN_CONCURRENCY = 64
 
 
+def _whole_number(text: str, low: int, high: int) -> int:
+    if not _DIGITS.fullmatch(text) or not low <= int(text) <= high:
+        raise ValueError(f"expected a whole number from {low} to {high}")
+    return int(text)
+
+
 def origin_concurrency(text: str) -> int:
     """Origin fetches at once: 1 to MAX_ORIGIN_CONCURRENCY."""
-    if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= MAX_ORIGIN_CONCURRENCY:
-        raise ValueError(f"expected a whole number from 1 to {MAX_ORIGIN_CONCURRENCY}")
-    return int(text)
+    return _whole_number(text, 1, MAX_ORIGIN_CONCURRENCY)
+
+
+#: --upload-slots at most: past the data channel's 256 connections and gRPC's streams, a bound that no longer bounds
+MAX_UPLOAD_SLOTS = 1024
+
+
+def upload_slots(text: str) -> int:
+    """Fetch streams sent at once: 1 to MAX_UPLOAD_SLOTS."""
+    return _whole_number(text, 1, MAX_UPLOAD_SLOTS)
 
 
 #: --base-model's bounds: a few aliases of one model, each a path or hub id

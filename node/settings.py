@@ -45,6 +45,7 @@ from adapter_fabric.node.flag_values import (
     sglang_url,
     size,
     sync_interval,
+    upload_slots,
 )
 from adapter_fabric.node.upload_slots import SLOT_LEASE_S, SLOT_WAIT_S, UPLOAD_SLOTS
 from adapter_fabric.origins.uri import origin_list as origin_uris
@@ -190,7 +191,7 @@ FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
     ("--max-adapter-bytes", positive_size, DEFAULT_MAX_ADAPTER_BYTES, "largest adapter (config + weights) accepted by Stage or pulled from a peer", "limits"),
     ("--max-header-bytes", positive_size, DEFAULT_MAX_HEADER_BYTES, "largest safetensors header accepted", "limits"),
     ("--max-streams-per-peer", positive_int, DEFAULT_MAX_STREAMS_PER_PEER, "concurrent Fetch streams one peer host may hold open", "limits"),
-    ("--upload-slots", positive_int, UPLOAD_SLOTS, "Fetch streams this node sends at once; the others wait their turn, each at most "
+    ("--upload-slots", upload_slots, UPLOAD_SLOTS, "Fetch streams this node sends at once; the others wait their turn, each at most "
      f"{SLOT_WAIT_S:g} s, then send anyway, and each keeps its slot {SLOT_LEASE_S:g} s at most (fewer at once land each chunk sooner: a swarm trades earlier)", "limits"),
     ("--max-store-bytes", size, 0, "total bytes the store may hold, partial downloads and uploads included; 0 = no limit but the disk", "limits"),
     ("--when-full", choice("evict", "refuse"), "evict", "at --max-store-bytes: 'evict' drops least recently used adapters (never kept, resident, "

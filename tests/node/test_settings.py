@@ -53,10 +53,14 @@ def test_peers_from_endpoint_slices_without_placement_stop_the_node_by_name(caps
         (["--base-model", ",".join(f"m{i}" for i in range(17))], "at most 16 names, got 17"),
         (["--base-model", "m" * 513], "at most 512 characters"),
         (["--origin", "ftp://x"], "is not one of s3://"),
+        (["--upload-slots", "0"], "from 1 to 1024"),
+        (["--upload-slots", "1025"], "from 1 to 1024"),
+        (["--upload-slots", "9" * 400], "from 1 to 1024"),
     ],
 )
 def test_the_flags_this_step_added_refuse_values_past_their_bounds_by_name(args, refusal, capsys) -> None:
-    """Every flag issues 28, 31, 32 and 33 added has a bound; a value past it stops the node at start, naming the flag."""
+    """Every flag issues 28, 31, 32, 33 and 34 (``--upload-slots``) added has a bound; a value past it stops the node at
+    start, naming the flag."""
     with pytest.raises(SystemExit) as stopped:
         parse_settings(args, environ={})
     err = capsys.readouterr().err
